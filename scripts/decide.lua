@@ -1,0 +1,340 @@
+-- decide.lua: one all-or-nothing rate-limit decision for every policy of a request, atomically.
+--
+-- This is docs/algorithms.md for Redis. The in-process store (src/limiter/algorithm.rs) does the
+-- same IEEE-754 double arithmetic in the same order, so both give the same outcome to the
+-- microsecond; tests/conformance.rs holds them to it.
+--
+-- KEYS[i]  the counter key of policy i, built by the gateway (hash tag + kind suffix, so one key
+--          always holds one data type). The script never builds a key name.
+-- ARGV[1]  "now" in microseconds for tests; "" in production: the clock is Redis TIME, never a
+--          gateway's, so instances whose clocks disagree still share one limit.
+-- then per policy i, from ARGV[2 + 5*(i-1)]: kind, p1, p2, p3, cost
+--          tb: p1 = rate per second (decimal), p2 = burst, p3 = 0
+--          sw: p1 = limit, p2 = window in microseconds, p3 = buckets (0 = exact log)
+--          cost: units to consume, 0 checks without consuming
+--
+-- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us}.
+--
+-- Every policy is evaluated from the stored state first; only if all allow is anything written,
+-- so a rejected request consumes nothing anywhere. Every written key gets a PEXPIRE.
+
+-- Writes after TIME must replicate as effects (needed before Redis 5; a no-op since).
+if redis.replicate_commands then
+  pcall(redis.replicate_commands)
+end
+
+local MICROS = 1000000.0
+-- Lua numbers become Redis integers by a C cast: keep absurd durations (a rate near zero) in range.
+local MAX_US = 4611686018427387904.0
+
+local function ceil_us(us)
+  if us <= 0 then
+    return 0
+  end
+  local c = math.ceil(us)
+  if c > MAX_US then
+    return MAX_US
+  end
+  return c
+end
+
+-- A limit lowered by a config reload can leave more units counted than it allows.
+local function left(limit, used)
+  if used > limit then
+    return 0
+  end
+  return limit - used
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- Key TTL in milliseconds: the time the state still matters, rounded up, plus one second.
+local function ttl_ms(us)
+  return math.ceil(us / 1000) + 1000
+end
+
+---------------------------------------------------------------------------------------------------
+-- Token bucket: HASH {t = tokens (%.17g), ts = microseconds}.
+
+local function tb_eval(key, rate, burst, cost, now)
+  local h = redis.call('HMGET', key, 't', 'ts')
+  local tokens, ts = burst, now
+  if h[1] and h[2] then
+    tokens, ts = tonumber(h[1]), tonumber(h[2])
+  end
+  local elapsed = now - ts
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  tokens = math.min(burst, tokens + elapsed * rate / MICROS)
+  if ts < now then
+    ts = now
+  end
+  return { key = key, rate = rate, burst = burst, cost = cost, now = now,
+           tokens = tokens, ts = ts, allowed = tokens >= cost }
+end
+
+local function tb_outcome(p, consumed)
+  local after = p.tokens
+  if consumed then
+    after = p.tokens - p.cost
+  end
+  local reset = ceil_us((p.burst - after) * MICROS / p.rate)
+  local retry = 0
+  if not p.allowed then
+    if p.cost > p.burst then
+      retry = reset
+    else
+      retry = ceil_us((p.cost - p.tokens) * MICROS / p.rate)
+    end
+  end
+  p.reset = reset
+  return { p.burst, math.floor(after), reset, retry }
+end
+
+local function tb_commit(p)
+  redis.call('HSET', p.key, 't', string.format('%.17g', p.tokens - p.cost), 'ts', int(p.ts))
+  -- The bucket refills from ts, which a stepped-back clock can put in the future.
+  redis.call('PEXPIRE', p.key, ttl_ms(p.reset + (p.ts - p.now)))
+end
+
+---------------------------------------------------------------------------------------------------
+-- Exact sliding window: ZSET, one member per admitted unit, scored by its time in microseconds.
+--
+-- Members are "t:seq" with t the (clamped) time of the write and seq = count + i. They are
+-- unique: t is never below the newest score, so the members already named "t:*" are exactly the
+-- entries scored t; those were all live when written and cannot expire while the clock stays at or
+-- below t, so count is at least their highest seq, and count + i is new.
+
+local function sw_eval(key, limit, window, cost, now)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local t = now
+  local newest_ts = nil
+  if newest[2] then
+    newest_ts = tonumber(newest[2])
+    if newest_ts > t then
+      t = newest_ts
+    end
+  end
+  local cutoff = t - window
+  local count = redis.call('ZCOUNT', key, '(' .. int(cutoff), '+inf')
+  return { key = key, limit = limit, window = window, cost = cost, now = now, t = t,
+           cutoff = cutoff, count = count, newest_ts = newest_ts,
+           allowed = count + cost <= limit }
+end
+
+local function sw_outcome(p, consumed)
+  local after = p.count
+  local newest = nil
+  if p.count > 0 then
+    newest = p.newest_ts
+  end
+  if consumed then
+    after = p.count + p.cost
+    if p.cost > 0 then
+      newest = p.t
+    end
+  end
+  local reset = 0
+  if newest then
+    reset = newest + p.window - p.t
+  end
+  local retry = 0
+  if not p.allowed then
+    if p.cost > p.limit then
+      retry = p.window
+    else
+      local index = p.count + p.cost - p.limit - 1
+      local e = redis.call('ZRANGEBYSCORE', p.key, '(' .. int(p.cutoff), '+inf',
+                           'WITHSCORES', 'LIMIT', index, 1)
+      if e[2] then
+        retry = tonumber(e[2]) + p.window - p.t
+      else
+        retry = p.window
+      end
+    end
+  end
+  return { p.limit, left(p.limit, after), reset, retry }
+end
+
+local function sw_commit(p)
+  if p.cutoff >= 0 then
+    redis.call('ZREMRANGEBYSCORE', p.key, '-inf', int(p.cutoff))
+  end
+  local score = int(p.t)
+  local args = {}
+  local i = 1
+  while i <= p.cost do
+    args[#args + 1] = score
+    args[#args + 1] = score .. ':' .. int(p.count + i)
+    -- Stay well inside Lua's limit on unpacked arguments.
+    if #args >= 2000 or i == p.cost then
+      redis.call('ZADD', p.key, unpack(args))
+      args = {}
+    end
+    i = i + 1
+  end
+  redis.call('PEXPIRE', p.key, ttl_ms(p.t - p.now + p.window))
+end
+
+---------------------------------------------------------------------------------------------------
+-- Bucketed sliding window: HASH bucket index -> units, buckets older than b - N deleted.
+
+local function swb_eval(key, limit, window, n, cost, now)
+  local width = window / n
+  local raw = redis.call('HGETALL', key)
+  local all = {}
+  local maxj = nil
+  for i = 1, #raw, 2 do
+    local j, c = tonumber(raw[i]), tonumber(raw[i + 1])
+    all[#all + 1] = { j, c }
+    if maxj == nil or j > maxj then
+      maxj = j
+    end
+  end
+  table.sort(all, function(a, b) return a[1] < b[1] end)
+  local current = (now - math.fmod(now, width)) / width
+  if maxj and maxj > current then
+    current = maxj
+  end
+  local oldest = current - n
+  if oldest < 0 then
+    oldest = 0
+  end
+  local live, stale, count = {}, {}, 0
+  for _, e in ipairs(all) do
+    if e[1] < oldest then
+      stale[#stale + 1] = int(e[1])
+    elseif e[2] > 0 then
+      live[#live + 1] = e
+      count = count + e[2]
+    end
+  end
+  return { key = key, limit = limit, window = window, n = n, width = width, cost = cost,
+           now = now, current = current, live = live, stale = stale, count = count,
+           allowed = count + cost <= limit }
+end
+
+local function swb_until_gone(p, j)
+  local us = (j + p.n + 1) * p.width - p.now
+  if us < 0 then
+    return 0
+  end
+  return us
+end
+
+local function swb_outcome(p, consumed)
+  local after = p.count
+  local newest = nil
+  if #p.live > 0 then
+    newest = p.live[#p.live][1]
+  end
+  if consumed then
+    after = p.count + p.cost
+    if p.cost > 0 then
+      newest = p.current
+    end
+  end
+  local reset = 0
+  if newest then
+    reset = swb_until_gone(p, newest)
+  end
+  local retry = 0
+  if not p.allowed then
+    retry = p.window
+    if p.cost <= p.limit then
+      local excess = p.count + p.cost - p.limit
+      local freed = 0
+      for _, e in ipairs(p.live) do
+        freed = freed + e[2]
+        if freed >= excess then
+          retry = swb_until_gone(p, e[1])
+          break
+        end
+      end
+    end
+  end
+  return { p.limit, left(p.limit, after), reset, retry }
+end
+
+local function swb_commit(p)
+  redis.call('HINCRBY', p.key, int(p.current), p.cost)
+  if #p.stale > 0 then
+    redis.call('HDEL', p.key, unpack(p.stale))
+  end
+  local us = (p.current + p.n + 1) * p.width - p.now
+  if us < p.window + p.width then
+    us = p.window + p.width
+  end
+  redis.call('PEXPIRE', p.key, ttl_ms(us))
+end
+
+---------------------------------------------------------------------------------------------------
+
+local policies = #KEYS
+if #ARGV ~= 1 + 5 * policies then
+  return redis.error_reply('decide.lua: expected 1 + 5 ARGV per key')
+end
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+if not now or now < 0 then
+  return redis.error_reply('decide.lua: bad now')
+end
+
+local plans = {}
+local all_allowed = true
+for i = 1, policies do
+  local a = 2 + 5 * (i - 1)
+  local kind = ARGV[a]
+  local p1, p2, p3, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                           tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  if not (p1 and p2 and p3 and cost) or cost < 0 then
+    return redis.error_reply('decide.lua: bad arguments for policy ' .. i)
+  end
+  local p
+  if kind == 'tb' then
+    if not (p1 > 0) or p2 < 0 then
+      return redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
+    end
+    p = tb_eval(KEYS[i], p1, p2, cost, now)
+    p.outcome, p.commit = tb_outcome, tb_commit
+  elseif kind == 'sw' then
+    if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
+      return redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
+    end
+    if p3 == 0 then
+      p = sw_eval(KEYS[i], p1, p2, cost, now)
+      p.outcome, p.commit = sw_outcome, sw_commit
+    else
+      p = swb_eval(KEYS[i], p1, p2, p3, cost, now)
+      p.outcome, p.commit = swb_outcome, swb_commit
+    end
+  else
+    return redis.error_reply('decide.lua: unknown kind for policy ' .. i)
+  end
+  plans[i] = p
+  all_allowed = all_allowed and p.allowed
+end
+
+local reply = { all_allowed and 1 or 0 }
+for i = 1, policies do
+  local p = plans[i]
+  -- A rejected request describes the state without it: nothing is consumed anywhere.
+  local o = p.outcome(p, all_allowed and p.allowed)
+  reply[#reply + 1] = p.allowed and 1 or 0
+  for _, v in ipairs(o) do
+    reply[#reply + 1] = v
+  end
+  if all_allowed and p.cost > 0 then
+    p.commit(p)
+  end
+end
+return reply
