@@ -79,7 +79,7 @@ fn bucket_outcome_fields_follow_the_spec() {
     let o = take(&mut s, &rule, 250_000, 2);
     assert!(!o.allowed);
     assert_eq!(o.retry_after_us, 250_000);
-    assert_eq!(take(&mut s, &rule, 500_000, 2).allowed, true);
+    assert!(take(&mut s, &rule, 500_000, 2).allowed);
 }
 
 #[test]
