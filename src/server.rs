@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::config::{self, ConfigErrors, Snapshot, StoreSettings};
 use crate::gateway::Gateway;
-use crate::limiter::{Limiter, MemoryStore, MonotonicClock, Store};
+use crate::limiter::{Limiter, MemoryStore, MonotonicClock, RedisStore, Store};
 use crate::metrics::Metrics;
 
 /// How often the in-process store drops idle counters.
@@ -42,9 +42,14 @@ pub async fn build_store(settings: &StoreSettings) -> Result<Store, String> {
             Arc::new(MonotonicClock::new()),
             *max_keys,
         ))),
-        StoreSettings::Redis { .. } => {
-            Err("the redis store is not available in this build".to_string())
-        }
+        StoreSettings::Redis {
+            url,
+            pool_size,
+            timeout,
+            key_prefix,
+        } => RedisStore::connect(url, *pool_size, *timeout, key_prefix)
+            .map(Store::Redis)
+            .map_err(|e| format!("redis store: {e}")),
     }
 }
 

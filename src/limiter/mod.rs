@@ -5,13 +5,16 @@
 //! [`algorithm`] (and, for Redis, in `scripts/decide.lua`); a store only adds state and atomicity.
 
 pub mod algorithm;
+pub mod breaker;
 pub mod clock;
 pub mod memory;
+pub mod redis;
 
 use std::time::Duration;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// A continuously refilling bucket: `burst` units at most, `rate` units per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -152,6 +155,7 @@ impl StoreError {
 #[derive(Debug)]
 pub enum Store {
     Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
 impl Store {
@@ -159,6 +163,7 @@ impl Store {
     pub async fn check(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.check(checks)),
+            Store::Redis(store) => store.check(checks).await,
         }
     }
 
@@ -166,6 +171,7 @@ impl Store {
     pub fn name(&self) -> &'static str {
         match self {
             Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
         }
     }
 
@@ -175,6 +181,7 @@ impl Store {
             Store::Memory(store) => {
                 store.sweep();
             }
+            Store::Redis(_) => {}
         }
     }
 
@@ -182,6 +189,7 @@ impl Store {
     pub fn is_ready(&self) -> bool {
         match self {
             Store::Memory(_) => true,
+            Store::Redis(store) => store.is_ready(),
         }
     }
 }
