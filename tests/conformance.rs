@@ -1,0 +1,298 @@
+//! One list of cases, run against both engines: the in-process store on an injected clock and
+//! `scripts/decide.lua` in a real Redis given the same explicit `now`. Every expected outcome was
+//! worked out by hand from `docs/algorithms.md` (the fractional ones in IEEE doubles), so the
+//! suite proves both engines right, not merely alike.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnstile::limiter::{
+    Check, Decision, ManualClock, MemoryStore, Outcome, RedisStore, Rule, SlidingWindow,
+    TokenBucket,
+};
+
+const T: u64 = 1_000_000_000;
+const S: u64 = 1_000_000;
+
+/// One decision: at `now`, these (counter, cost) checks; then the expected answer, one
+/// `(allowed, limit, remaining, reset_us, retry_after_us)` per check.
+struct Step {
+    now: u64,
+    checks: Vec<(usize, u64)>,
+    allowed: bool,
+    outcomes: Vec<(bool, u64, u64, u64, u64)>,
+}
+
+struct Case {
+    name: &'static str,
+    /// The rules of the counters the steps refer to by index.
+    counters: Vec<Rule>,
+    steps: Vec<Step>,
+}
+
+fn step(now: u64, checks: &[(usize, u64)], outcomes: &[(bool, u64, u64, u64, u64)]) -> Step {
+    Step {
+        now,
+        checks: checks.to_vec(),
+        allowed: outcomes.iter().all(|o| o.0),
+        outcomes: outcomes.to_vec(),
+    }
+}
+
+/// One check on counter 0.
+fn one(now: u64, cost: u64, outcome: (bool, u64, u64, u64, u64)) -> Step {
+    step(now, &[(0, cost)], &[outcome])
+}
+
+fn tb(rate: f64, burst: u64) -> Rule {
+    Rule::TokenBucket(TokenBucket { rate, burst })
+}
+
+fn sw(limit: u64, window_us: u64, buckets: u32) -> Rule {
+    Rule::SlidingWindow(SlidingWindow {
+        limit,
+        window_us,
+        buckets,
+    })
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "token_bucket",
+            counters: vec![tb(1.0, 2)],
+            steps: vec![
+                one(T, 1, (true, 2, 1, S, 0)),
+                one(T, 1, (true, 2, 0, 2 * S, 0)),
+                one(T, 1, (false, 2, 0, 2 * S, S)),
+                one(T + S / 2, 1, (false, 2, 0, 3 * S / 2, S / 2)),
+                one(T + S, 1, (true, 2, 0, 2 * S, 0)),
+                // More than the burst can never pass: retry when full.
+                one(T + 2 * S, 3, (false, 2, 1, S, S)),
+                // Refills to the cap, never past it.
+                one(T + 60 * S, 2, (true, 2, 0, 2 * S, 0)),
+            ],
+        },
+        Case {
+            name: "token_bucket_clock_stepped_back",
+            counters: vec![tb(1.0, 2)],
+            steps: vec![
+                one(T + 2 * S, 2, (true, 2, 0, 2 * S, 0)),
+                // One second back: no refill, and the stored time does not move back either.
+                one(T + S, 1, (false, 2, 0, 2 * S, S)),
+                one(T + S, 0, (true, 2, 0, 2 * S, 0)),
+                one(T + 5 * S / 2, 1, (false, 2, 0, 3 * S / 2, S / 2)),
+                one(T + 3 * S, 1, (true, 2, 0, 2 * S, 0)),
+            ],
+        },
+        Case {
+            name: "fractional_rate_half_per_second",
+            counters: vec![tb(0.5, 1)],
+            steps: vec![
+                one(T, 1, (true, 1, 0, 2 * S, 0)),
+                one(T + S, 1, (false, 1, 0, S, S)),
+                one(T + 2 * S, 1, (true, 1, 0, 2 * S, 0)),
+            ],
+        },
+        Case {
+            // Tokens keep their fraction (0.6000000000000001, then 0.20000000000000018).
+            name: "fractional_tokens_kept",
+            counters: vec![tb(3.0, 2)],
+            steps: vec![
+                one(T, 1, (true, 2, 1, 333_334, 0)),
+                one(T + 200_000, 1, (true, 2, 0, 466_667, 0)),
+                one(T + 400_000, 1, (true, 2, 0, 600_000, 0)),
+                one(T + 600_000, 1, (false, 2, 0, 400_000, 66_667)),
+                one(T + 633_334, 1, (false, 2, 0, 366_666, 33_333)),
+            ],
+        },
+        Case {
+            name: "sliding_window_exact",
+            counters: vec![sw(2, 10 * S, 0)],
+            steps: vec![
+                one(100 * S, 1, (true, 2, 1, 10 * S, 0)),
+                one(101 * S, 1, (true, 2, 0, 10 * S, 0)),
+                // The oldest entry (100 s) leaves the window at 110 s.
+                one(102 * S, 1, (false, 2, 0, 9 * S, 8 * S)),
+                one(110 * S, 1, (true, 2, 0, 10 * S, 0)),
+                // Stepped back to 105 s: the log runs on at 110 s.
+                one(105 * S, 1, (false, 2, 0, 10 * S, S)),
+                one(105 * S, 0, (true, 2, 0, 10 * S, 0)),
+                one(111 * S, 1, (true, 2, 0, 10 * S, 0)),
+                // More than the limit can never pass.
+                one(111 * S, 3, (false, 2, 0, 10 * S, 10 * S)),
+            ],
+        },
+        Case {
+            name: "sliding_window_exact_admitted_while_stepped_back",
+            counters: vec![sw(2, 10 * S, 0)],
+            steps: vec![
+                one(50 * S, 1, (true, 2, 1, 10 * S, 0)),
+                // Recorded at 50 s, not 40 s: it must not leave the window early.
+                one(40 * S, 1, (true, 2, 0, 10 * S, 0)),
+                one(55 * S, 1, (false, 2, 0, 5 * S, 5 * S)),
+                one(60 * S, 1, (true, 2, 1, 10 * S, 0)),
+            ],
+        },
+        Case {
+            // Five sub-windows of 2 s; bucket j covers [2j s, 2j+2 s).
+            name: "sliding_window_bucketed",
+            counters: vec![sw(3, 10 * S, 5)],
+            steps: vec![
+                one(100 * S, 2, (true, 3, 1, 12 * S, 0)),
+                one(103 * S, 1, (true, 3, 0, 11 * S, 0)),
+                one(104 * S, 1, (false, 3, 0, 10 * S, 8 * S)),
+                // Bucket 50 is only partly inside the window but still counts whole.
+                one(110 * S, 1, (false, 3, 0, 4 * S, 2 * S)),
+                one(112 * S, 1, (true, 3, 1, 12 * S, 0)),
+                // Stepped back to 105 s: still bucket 56, not 52.
+                one(105 * S, 1, (true, 3, 0, 19 * S, 0)),
+                one(113 * S, 1, (false, 3, 0, 11 * S, S)),
+                one(113 * S, 4, (false, 3, 0, 11 * S, 10 * S)),
+            ],
+        },
+        Case {
+            name: "all_or_nothing",
+            counters: vec![tb(1.0, 5), sw(1, 10 * S, 0)],
+            steps: vec![
+                // The window rejects (cost over its limit): the bucket keeps its 5 tokens.
+                step(
+                    T,
+                    &[(0, 1), (1, 2)],
+                    &[(true, 5, 5, 0, 0), (false, 1, 1, 0, 10 * S)],
+                ),
+                step(
+                    T,
+                    &[(0, 1), (1, 1)],
+                    &[(true, 5, 4, S, 0), (true, 1, 0, 10 * S, 0)],
+                ),
+                step(
+                    T + S / 2,
+                    &[(0, 1), (1, 1)],
+                    &[
+                        (true, 5, 4, S / 2, 0),
+                        (false, 1, 0, 19 * S / 2, 19 * S / 2),
+                    ],
+                ),
+                // Proof that the rejected requests took nothing from the bucket.
+                step(T + S / 2, &[(0, 1)], &[(true, 5, 3, 3 * S / 2, 0)]),
+            ],
+        },
+        Case {
+            name: "cost_zero_checks_without_consuming",
+            counters: vec![tb(1.0, 5), sw(3, 10 * S, 0), sw(3, 10 * S, 5)],
+            steps: vec![
+                step(
+                    T,
+                    &[(0, 0), (1, 0), (2, 0)],
+                    &[(true, 5, 5, 0, 0), (true, 3, 3, 0, 0), (true, 3, 3, 0, 0)],
+                ),
+                step(
+                    T,
+                    &[(0, 0), (1, 0), (2, 0)],
+                    &[(true, 5, 5, 0, 0), (true, 3, 3, 0, 0), (true, 3, 3, 0, 0)],
+                ),
+                step(T, &[(0, 5)], &[(true, 5, 0, 5 * S, 0)]),
+                // An empty bucket still admits a zero-cost check.
+                step(T, &[(0, 0)], &[(true, 5, 0, 5 * S, 0)]),
+            ],
+        },
+    ]
+}
+
+fn expected(step: &Step) -> Decision {
+    Decision {
+        allowed: step.allowed,
+        outcomes: step
+            .outcomes
+            .iter()
+            .map(
+                |&(allowed, limit, remaining, reset_us, retry_after_us)| Outcome {
+                    allowed,
+                    limit,
+                    remaining,
+                    reset_us,
+                    retry_after_us,
+                },
+            )
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn both_stores_follow_the_spec() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "conformance:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(
+        remote.wait_ready(Duration::from_secs(10)).await,
+        "redis never became ready"
+    );
+
+    let mut steps = 0;
+    for case in cases() {
+        let keys: Vec<String> = (0..case.counters.len())
+            .map(|i| format!("{}:{i}", case.name))
+            .collect();
+        for (n, step) in case.steps.iter().enumerate() {
+            clock.set(step.now);
+            let checks: Vec<Check<'_>> = step
+                .checks
+                .iter()
+                .map(|&(i, cost)| Check {
+                    key: &keys[i],
+                    rule: &case.counters[i],
+                    cost,
+                })
+                .collect();
+            let want = expected(step);
+            let from_memory = memory.check(&checks);
+            assert_eq!(from_memory, want, "memory store, {} step {n}", case.name);
+            let from_redis = remote.check(&checks).await.expect("redis decision");
+            assert_eq!(from_redis, want, "redis store, {} step {n}", case.name);
+            steps += 1;
+        }
+    }
+    assert!(steps > 40, "the suite lost its cases: {steps} steps");
+}
+
+/// The TTL rule in practice: every key the script writes expires, none lives forever.
+#[tokio::test]
+async fn every_key_written_has_a_ttl() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let remote =
+        RedisStore::connect_with_test_clock(&redis.url(), Duration::from_secs(2), "ttl:", clock)
+            .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    for case in cases() {
+        let keys: Vec<String> = (0..case.counters.len())
+            .map(|i| format!("{}:{i}", case.name))
+            .collect();
+        let checks: Vec<Check<'_>> = keys
+            .iter()
+            .zip(&case.counters)
+            .map(|(key, rule)| Check { key, rule, cost: 1 })
+            .collect();
+        remote.check(&checks).await.expect("decision");
+    }
+    let keys = redis.keys();
+    assert_eq!(keys.len(), 12, "one key per counter of the cases: {keys:?}");
+    for key in keys {
+        assert!(
+            key.starts_with("ttl:{"),
+            "key {key} lacks the prefix and hash tag"
+        );
+        let ttl: i64 = redis.cli(&["pttl", &key])[0].parse().expect("pttl");
+        assert!(ttl > 0, "key {key} has no TTL ({ttl})");
+    }
+}
