@@ -325,6 +325,10 @@ async fn probe(store: Weak<Shared>) {
                 tokio::time::timeout(limit, script_cached(&shared)).await,
                 Ok(Ok(()))
             );
+        if reachable {
+            // Redis is back: stop skipping it now rather than after the next request probe.
+            shared.breaker.success();
+        }
         let was = shared.ready.swap(reachable, Ordering::Relaxed);
         if was != reachable {
             if reachable {

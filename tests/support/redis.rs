@@ -35,6 +35,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The server's PID while it runs (to signal it, e.g. SIGSTOP to simulate a stall).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops the server with SIGKILL, as a crash would. Its data (and script cache) is gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

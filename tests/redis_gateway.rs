@@ -1,0 +1,332 @@
+//! Gateway instances (real `turnstile` processes) sharing one real Redis: exact limits across
+//! instances, immunity to gateway clock skew, and behaviour while Redis is down or stalled.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use support::gateway::GatewayProcess;
+use support::http::{self, Reply};
+use support::redis::RedisServer;
+
+const ANSWER: Duration = Duration::from_secs(10);
+
+fn store(redis: &RedisServer, timeout: &str, failure_mode: &str) -> String {
+    format!(
+        "store:\n  type: redis\n  url: {}\n  pool_size: 2\n  timeout: {timeout}\n  \
+         failure_mode: {failure_mode}\n  key_prefix: \"it:\"\n",
+        redis.url()
+    )
+}
+
+/// A route answering 200 by itself, limited by one counter shared by every client.
+fn route(name: &str, extra: &str, policy: &str) -> String {
+    format!(
+        "  - name: {name}\n    match: {{ path: /{name} }}\n    respond: {{ status: 200, body: \"ok\\n\" }}\n\
+         {extra}    policies:\n      - name: shared\n        key: [method]\n        {policy}\n"
+    )
+}
+
+async fn wait_ready(gw: &GatewayProcess, want: u16, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let status = http::try_get(gw.admin, "/readyz").await.map(|r| r.status);
+        if status.as_ref().is_ok_and(|s| *s == want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never answered {want} (last: {status:?}); log:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fires `total` requests at once, round-robin over `targets`; returns the status of each.
+async fn burst(targets: &[SocketAddr], path: &str, total: usize) -> Vec<u16> {
+    let tasks: Vec<_> = (0..total)
+        .map(|i| {
+            let addr = targets[i % targets.len()];
+            let path = path.to_string();
+            tokio::spawn(async move { http::get(addr, &path, ANSWER).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(total);
+    for task in tasks {
+        statuses.push(task.await.expect("request task"));
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+/// The sum of a metric's samples whose label set contains every `labels` pair.
+async fn metric(gw: &GatewayProcess, name: &str, labels: &[&str]) -> f64 {
+    let text = http::get(gw.admin, "/metrics", ANSWER).await.body;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|pair| l.contains(pair)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn assert_every_key_expires(redis: &RedisServer) {
+    let keys = redis.keys();
+    assert!(!keys.is_empty(), "the gateways wrote no keys");
+    for key in keys {
+        assert!(key.starts_with("it:{"), "unexpected key {key}");
+        let ttl: i64 = redis.cli(&["pttl", &key])[0].parse().expect("pttl");
+        assert!(ttl > 0, "key {key} has no TTL ({ttl})");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    // Closed, with a generous timeout: a failed decision shows up as a 503, never as an extra 200.
+    let config = format!(
+        "{}routes:\n{}{}",
+        store(&redis, "2s", "closed"),
+        route("bucket", "", "token_bucket: { rate: 1/d, burst: 50 }"),
+        route("window", "", "sliding_window: { limit: 40, window: 1m }"),
+    );
+    let gateways: Vec<GatewayProcess> = (0..3)
+        .map(|_| GatewayProcess::start(&config, None))
+        .collect();
+    for gw in &gateways {
+        wait_ready(gw, 200, ANSWER).await;
+    }
+    let targets: Vec<SocketAddr> = gateways.iter().map(|g| g.public).collect();
+
+    let statuses = burst(&targets, "/bucket", 300).await;
+    assert_eq!(
+        count(&statuses, 200),
+        50,
+        "token bucket of burst 50: {statuses:?}"
+    );
+    assert_eq!(
+        count(&statuses, 429),
+        250,
+        "the rest are limited: {statuses:?}"
+    );
+
+    let statuses = burst(&targets, "/window", 300).await;
+    assert_eq!(
+        count(&statuses, 200),
+        40,
+        "sliding window of 40/min: {statuses:?}"
+    );
+    assert_eq!(
+        count(&statuses, 429),
+        260,
+        "the rest are limited: {statuses:?}"
+    );
+
+    // Every instance took part in the decisions.
+    for gw in &gateways {
+        let decided = metric(gw, "turnstile_decisions_total", &["route=\"bucket\""]).await;
+        assert_eq!(decided, 100.0, "each instance decided its 100 requests");
+    }
+    assert_every_key_expires(&redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_skewed_gateway_clock_gains_nothing() {
+    let redis = RedisServer::start();
+    let config = format!(
+        "{}routes:\n{}{}",
+        store(&redis, "2s", "closed"),
+        // One token a minute: a gateway clock two minutes ahead would be worth two tokens.
+        route("bucket", "", "token_bucket: { rate: 1/m, burst: 10 }"),
+        route("window", "", "sliding_window: { limit: 10, window: 1m }"),
+    );
+    let honest = GatewayProcess::start(&config, None);
+    let ahead = GatewayProcess::start(&config, Some("+2m"));
+    wait_ready(&honest, 200, ANSWER).await;
+    wait_ready(&ahead, 200, ANSWER).await;
+
+    // The skew is real: the instance's own clock (its Date header) runs two minutes ahead.
+    let a = http::get(honest.public, "/healthz-none", ANSWER).await;
+    let b = http::get(ahead.public, "/healthz-none", ANSWER).await;
+    let skew = date_seconds(&b) - date_seconds(&a);
+    assert!(
+        (110..=130).contains(&skew),
+        "faketime did not apply: skew {skew} s"
+    );
+
+    for path in ["/bucket", "/window"] {
+        // Alternate instances one request at a time: with gateway clocks, each hop to the
+        // instance ahead would refill (or expire) two minutes' worth.
+        let mut admitted = 0;
+        for i in 0..30 {
+            let gw = if i % 2 == 0 { &honest } else { &ahead };
+            let reply = http::get(gw.public, path, ANSWER).await;
+            assert!(matches!(reply.status, 200 | 429), "{path}: {reply:?}");
+            if reply.status == 200 {
+                admitted += 1;
+            } else {
+                let retry: u64 = reply
+                    .header("retry-after")
+                    .and_then(|v| v.parse().ok())
+                    .expect("Retry-After on 429");
+                assert!((1..=60).contains(&retry), "{path}: Retry-After {retry}");
+            }
+        }
+        assert_eq!(
+            admitted, 10,
+            "{path}: exactly the limit across skewed instances"
+        );
+    }
+    assert_every_key_expires(&redis);
+}
+
+fn date_seconds(reply: &Reply) -> i64 {
+    let date = reply.header("date").expect("Date header");
+    // "Sat, 21 Nov 2026 11:23:26 GMT": compare time of day (the test does not straddle midnight
+    // by more than the skew it allows for).
+    let time = date.split_whitespace().nth(4).expect("time in Date");
+    let parts: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().expect("hh:mm:ss"))
+        .collect();
+    parts[0] * 3600 + parts[1] * 60 + parts[2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_then_restarted() {
+    let mut redis = RedisServer::start();
+    let config = format!(
+        "{}routes:\n{}{}{}",
+        store(&redis, "50ms", "open"),
+        route("open", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
+        route(
+            "closed",
+            "    failure_mode: closed\n",
+            "token_bucket: { rate: 1/d, burst: 1000 }"
+        ),
+        route("limited", "", "token_bucket: { rate: 1/d, burst: 3 }"),
+    );
+    let gw = GatewayProcess::start(&config, None);
+    wait_ready(&gw, 200, ANSWER).await;
+    let statuses = burst(&[gw.public], "/limited", 5).await;
+    assert_eq!((count(&statuses, 200), count(&statuses, 429)), (3, 2));
+
+    redis.kill();
+    // Open route: keeps serving, each request well within the store timeout plus slack.
+    for _ in 0..30 {
+        let started = Instant::now();
+        let reply = http::get(gw.public, "/open", ANSWER).await;
+        let took = started.elapsed();
+        assert_eq!(reply.status, 200, "open route during the outage: {reply:?}");
+        assert!(took < Duration::from_millis(250), "a request took {took:?}");
+    }
+    let reply = http::get(gw.public, "/closed", ANSWER).await;
+    assert_eq!(
+        reply.status, 503,
+        "closed route during the outage: {reply:?}"
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    wait_ready(&gw, 503, Duration::from_secs(5)).await;
+    assert!(
+        metric(
+            &gw,
+            "turnstile_decisions_total",
+            &["decision=\"failed_open\""]
+        )
+        .await
+            >= 30.0
+    );
+    assert!(
+        metric(
+            &gw,
+            "turnstile_decisions_total",
+            &["decision=\"failed_closed\""]
+        )
+        .await
+            >= 1.0
+    );
+    assert!(metric(&gw, "turnstile_store_errors_total", &["store=\"redis\""]).await >= 31.0);
+
+    // A fresh server on the same port: no data, no scripts. Limiting resumes by itself.
+    redis.restart();
+    wait_ready(&gw, 200, Duration::from_secs(15)).await;
+    let statuses = burst(&[gw.public], "/limited", 5).await;
+    assert_eq!(
+        (count(&statuses, 200), count(&statuses, 429)),
+        (3, 2),
+        "limiting after the restart: {statuses:?}"
+    );
+
+    // The script cache emptied under a live connection: NOSCRIPT, reload, retry, no failure.
+    redis.cli(&["script", "flush"]);
+    let reply = http::get(gw.public, "/closed", ANSWER).await;
+    assert_eq!(reply.status, 200, "after SCRIPT FLUSH: {reply:?}");
+    assert_every_key_expires(&redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_redis_costs_at_most_the_timeout_then_nothing() {
+    let redis = RedisServer::start();
+    let config = format!(
+        "{}routes:\n{}",
+        store(&redis, "50ms", "open"),
+        route("open", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
+    );
+    let gw = GatewayProcess::start(&config, None);
+    wait_ready(&gw, 200, ANSWER).await;
+    assert_eq!(http::get(gw.public, "/open", ANSWER).await.status, 200);
+
+    // SIGSTOP: the connection stays open but nothing answers.
+    let pid = redis.pid().expect("redis pid").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let mut slow = 0;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let reply = http::get(gw.public, "/open", ANSWER).await;
+        let took = started.elapsed();
+        assert_eq!(reply.status, 200);
+        assert!(took < Duration::from_millis(300), "a request took {took:?}");
+        if took >= Duration::from_millis(40) {
+            slow += 1;
+        }
+    }
+    signal("-CONT");
+    // The breaker opened after a handful of timeouts: the rest skipped Redis.
+    assert!(
+        (1..=8).contains(&slow),
+        "{slow} of 20 requests waited for the timeout"
+    );
+    let skipped = metric(
+        &gw,
+        "turnstile_store_errors_total",
+        &["kind=\"circuit_open\""],
+    )
+    .await;
+    assert!(skipped >= 10.0, "circuit_open errors: {skipped}");
+    // And it closes again once Redis answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = metric(&gw, "turnstile_decisions_total", &["decision=\"allowed\""]).await;
+        http::get(gw.public, "/open", ANSWER).await;
+        let after = metric(&gw, "turnstile_decisions_total", &["decision=\"allowed\""]).await;
+        if after > before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis never used again after SIGCONT"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
