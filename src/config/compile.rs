@@ -184,15 +184,24 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
                     "applies to `type: memory` only; Redis bounds memory itself (maxmemory)",
                 );
             }
-            let url = std::env::var("TURNSTILE_REDIS_URL")
-                .ok()
+            let from_env = std::env::var("TURNSTILE_REDIS_URL").ok();
+            let url = from_env
+                .clone()
                 .or_else(|| raw.url.clone())
                 .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string());
+            // Never echo the URL: it may carry a password.
+            let source = if from_env.is_some() {
+                " (from TURNSTILE_REDIS_URL)"
+            } else {
+                ""
+            };
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 e.add(
                     "store.url",
-                    format!("`{url}` must start with redis:// or rediss://"),
+                    format!("must start with redis:// or rediss://{source}"),
                 );
+            } else if let Err(why) = crate::limiter::redis::check_url(&url) {
+                e.add("store.url", format!("{why}{source}"));
             }
             let pool_size = raw.pool_size.unwrap_or(4);
             if !(1..=64).contains(&pool_size) {
@@ -211,10 +220,18 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
                 url,
                 pool_size: pool_size as usize,
                 timeout,
-                key_prefix: raw
-                    .key_prefix
-                    .clone()
-                    .unwrap_or_else(|| "turnstile:".to_string()),
+                key_prefix: match raw.key_prefix.clone() {
+                    Some(prefix) if prefix.contains(['{', '}']) => {
+                        e.add(
+                            "store.key_prefix",
+                            "must not contain `{` or `}`: the Redis Cluster hash tag that \
+                             follows it must be the counter's own",
+                        );
+                        prefix
+                    }
+                    Some(prefix) => prefix,
+                    None => "turnstile:".to_string(),
+                },
             }
         }
         other => {

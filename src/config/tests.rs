@@ -125,3 +125,49 @@ fn a_valid_config_compiles_to_runtime_types() {
     );
     assert_eq!(route.policies[0].key, [crate::keys::KeyPart::PathParam(0)]);
 }
+
+#[test]
+fn redis_settings_are_validated_without_echoing_the_url() {
+    let yaml = format!(
+        "store:\n  type: redis\n  url: redis://user:s3cret@127.0.0.1:notaport\n  key_prefix: \"a{{b}}:\"\n{BASE}"
+    );
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with("p.yaml:3:8: store.url: is not a valid Redis URL"),
+        "{}",
+        e[0]
+    );
+    assert!(!e[0].contains("s3cret"), "the password leaked: {}", e[0]);
+    assert!(
+        e[1].starts_with("p.yaml:4:15: store.key_prefix: must not contain"),
+        "{}",
+        e[1]
+    );
+
+    let yaml = format!("store:\n  type: redis\n  url: rediss://127.0.0.1:6380\n{BASE}");
+    let e = errors(&yaml);
+    assert!(
+        e[0].contains("store.url: rediss:// needs TLS support"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_redis_store_compiles() {
+    let yaml = format!(
+        "store:\n  type: redis\n  url: redis://:pw@127.0.0.1:6390/2\n  pool_size: 8\n  timeout: 20ms\n  failure_mode: closed\n  key_prefix: \"gw:\"\n{BASE}"
+    );
+    let snapshot =
+        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        snapshot.store,
+        StoreSettings::Redis {
+            url: "redis://:pw@127.0.0.1:6390/2".to_string(),
+            pool_size: 8,
+            timeout: std::time::Duration::from_millis(20),
+            key_prefix: "gw:".to_string(),
+        }
+    );
+    assert_eq!(snapshot.failure_mode, FailureMode::Closed);
+}

@@ -351,6 +351,21 @@ async fn script_cached(shared: &Shared) -> Result<(), FredError> {
     shared.load_script().await.map(|_| ())
 }
 
+/// Whether `url` can be used, so a bad one is a config error (with its line) rather than a store
+/// that never connects. The message never repeats the URL, which may hold a password.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if url.starts_with("rediss://") && !TLS_SUPPORTED {
+        return Err("rediss:// needs TLS support, which this build does not include".to_string());
+    }
+    match Config::from_url(url) {
+        Ok(config) if config.server.hosts().len() == 1 => Ok(()),
+        Ok(_) => Err("must name one server (Redis Cluster is not supported yet)".to_string()),
+        Err(e) => Err(format!("is not a valid Redis URL: {}", e.details())),
+    }
+}
+
+const TLS_SUPPORTED: bool = false;
+
 /// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
 /// the tag, injectively, so distinct identities stay distinct keys.
 fn escape_tag(identity: &str, out: &mut String) {
