@@ -1,0 +1,108 @@
+//! The gateway under test, in-process: started from a YAML string on two free loopback ports.
+//!
+//! The YAML is written to a temporary file first, so `reload()` re-reads a real file exactly as
+//! SIGHUP does. `$UPSTREAM` in the YAML is replaced by the address of the upstream given to
+//! [`TestGateway::with_upstream`]. Dropping the guard stops the gateway (the shutdown channel
+//! closes with it) and deletes the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use turnstile::config::ConfigErrors;
+use turnstile::metrics::Metrics;
+use turnstile::Running;
+
+/// A running in-process gateway.
+#[derive(Debug)]
+pub struct TestGateway {
+    pub public: SocketAddr,
+    pub admin: SocketAddr,
+    pub config_path: PathBuf,
+    upstream: Option<SocketAddr>,
+    running: Option<Running>,
+    _dir: TempDir,
+}
+
+/// Replaces `$UPSTREAM` with `addr` (as `http://IP:PORT`'s authority).
+pub fn substitute(yaml: &str, upstream: Option<SocketAddr>) -> String {
+    match upstream {
+        Some(addr) => yaml.replace("$UPSTREAM", &addr.to_string()),
+        None => yaml.to_string(),
+    }
+}
+
+impl TestGateway {
+    /// A gateway whose config needs no upstream (`respond:` routes only).
+    pub async fn start(yaml: &str) -> TestGateway {
+        Self::launch(yaml, None).await
+    }
+
+    /// A gateway whose config refers to `$UPSTREAM`.
+    pub async fn with_upstream(yaml: &str, upstream: SocketAddr) -> TestGateway {
+        Self::launch(yaml, Some(upstream)).await
+    }
+
+    async fn launch(yaml: &str, upstream: Option<SocketAddr>) -> TestGateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("policies.yaml");
+        std::fs::write(&config_path, substitute(yaml, upstream)).expect("write config");
+        let metrics = Metrics::new();
+        let snapshot = turnstile::config::load(&config_path, &metrics)
+            .unwrap_or_else(|e| panic!("test config does not load:\n{e}"));
+        let public = TcpListener::bind("127.0.0.1:0").await.expect("bind public");
+        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let running = turnstile::start(snapshot, metrics, Some((public, admin)))
+            .await
+            .expect("gateway starts");
+        TestGateway {
+            public: running.public_addr,
+            admin: running.admin_addr,
+            config_path,
+            upstream,
+            running: Some(running),
+            _dir: dir,
+        }
+    }
+
+    /// `http://PUBLIC{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.public)
+    }
+
+    /// `http://ADMIN{path}`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("gateway already shut down")
+    }
+
+    /// Rewrites the config file (with `$UPSTREAM` substituted) and reloads it, as SIGHUP does.
+    pub fn reload_with(&self, yaml: &str) -> Result<(), ConfigErrors> {
+        write_config(&self.config_path, &substitute(yaml, self.upstream));
+        self.running().reload()
+    }
+
+    /// Stops accepting and drains in-flight requests, as on SIGTERM.
+    pub async fn shutdown(mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
+    }
+
+    /// The admin listener's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let response = super::client::Client::new()
+            .get(&self.admin_url("/metrics"))
+            .await;
+        assert_eq!(response.status, 200, "/metrics: {}", response.text());
+        response.text()
+    }
+}
+
+fn write_config(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write config");
+}
