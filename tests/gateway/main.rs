@@ -6,6 +6,9 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod keys;
 mod lifecycle;
+mod limits;
 mod proxy;
 mod routing;
+mod slowloris;

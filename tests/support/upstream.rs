@@ -142,7 +142,9 @@ async fn handle(
 ) -> Result<Response<UpBody>, Infallible> {
     shared.requests.send_modify(|n| *n += 1);
 
-    if req.headers().contains_key(http::header::UPGRADE) {
+    let connection = req.headers().get(http::header::CONNECTION);
+    let upgrading = connection.is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"upgrade"));
+    if upgrading && req.headers().contains_key(http::header::UPGRADE) {
         return Ok(upgrade(req));
     }
     if flag(&req, "x-test-hold-head") {
