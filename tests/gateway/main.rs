@@ -6,6 +6,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
+mod concurrency;
 mod keys;
 mod lifecycle;
 mod limits;
