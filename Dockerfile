@@ -1,0 +1,44 @@
+# Turnstile's container image. Built in the official Rust image, run on distroless (glibc and CA
+# certificates, no shell, no package manager) as a non-root user.
+#
+#   docker build -t turnstile .
+#   docker run --rm -p 8080:8080 -v "$PWD/policies.yaml:/etc/turnstile/policies.yaml:ro" turnstile
+#
+# The configuration must listen on 0.0.0.0 (not 127.0.0.1) to be reachable from outside the
+# container. See docs/observability.md for the docker-compose deployment.
+
+# The crate's rust-version (Cargo.toml), which is also the highest the locked dependencies need.
+ARG RUST_VERSION=1.88
+
+FROM rust:${RUST_VERSION}-slim-bookworm AS builder
+WORKDIR /build
+
+# Dependencies first, in a layer of their own, so that editing the sources does not rebuild them:
+# build the locked dependency graph against placeholder sources.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs \
+ && cargo build --release --locked --bin turnstile \
+ && rm -rf src
+
+COPY . .
+# COPY keeps the files' own modification times, which can be older than the placeholder build:
+# touch the crate roots so that cargo rebuilds the crate itself.
+RUN touch src/main.rs src/lib.rs \
+ && cargo build --release --locked --bin turnstile \
+ && install -D -m 0755 target/release/turnstile /out/turnstile
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=builder /out/turnstile /usr/local/bin/turnstile
+# The repository's example, so that the image runs as is; mount your own over it.
+COPY policies.yaml /etc/turnstile/policies.yaml
+# distroless' nonroot user, by number so that runtimes can check runAsNonRoot without /etc/passwd.
+USER 65532:65532
+# 8080: the public proxy listener. 9901: the admin listener (/metrics, /healthz, /readyz,
+# /debug/top-limited), never to be published publicly.
+EXPOSE 8080 9901
+# SIGTERM: stop accepting, drain in-flight requests, exit 0.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/local/bin/turnstile"]
+CMD ["run", "--config", "/etc/turnstile/policies.yaml"]
