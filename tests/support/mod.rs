@@ -1,0 +1,5 @@
+//! Shared helpers of the integration tests.
+
+#![allow(dead_code)]
+
+pub mod prometheus;
