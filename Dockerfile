@@ -4,8 +4,8 @@
 #   docker build -t turnstile .
 #   docker run --rm -p 8080:8080 -v "$PWD/policies.yaml:/etc/turnstile/policies.yaml:ro" turnstile
 #
-# The configuration must listen on 0.0.0.0 (not 127.0.0.1) to be reachable from outside the
-# container. See docs/observability.md for the docker-compose deployment.
+# A configuration must listen on 0.0.0.0 (not 127.0.0.1) to be reachable from outside the
+# container. Logging: TURNSTILE_LOG (e.g. debug). See docs/observability.md for docker-compose.
 
 # The crate's rust-version (Cargo.toml), which is also the highest the locked dependencies need.
 ARG RUST_VERSION=1.88
@@ -29,10 +29,17 @@ RUN touch src/main.rs src/lib.rs \
  && cargo build --release --locked --bin turnstile \
  && install -D -m 0755 target/release/turnstile /out/turnstile
 
+# The default configuration is the repository's example, with the public listener on all of the
+# container's interfaces (the admin listener stays on the container's loopback). Fail the build if
+# the example no longer has the line to change, and check the result.
+RUN sed 's/^listen: 127\.0\.0\.1:/listen: 0.0.0.0:/' policies.yaml > /out/policies.yaml \
+ && grep -q '^listen: 0\.0\.0\.0:' /out/policies.yaml \
+ && /out/turnstile check --config /out/policies.yaml
+
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /out/turnstile /usr/local/bin/turnstile
 # The repository's example, so that the image runs as is; mount your own over it.
-COPY policies.yaml /etc/turnstile/policies.yaml
+COPY --from=builder /out/policies.yaml /etc/turnstile/policies.yaml
 # distroless' nonroot user, by number so that runtimes can check runAsNonRoot without /etc/passwd.
 USER 65532:65532
 # 8080: the public proxy listener. 9901: the admin listener (/metrics, /healthz, /readyz,
