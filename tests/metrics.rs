@@ -2,91 +2,9 @@
 //! holds exactly the counts of what was sent, allowed and limited, and no series keyed by request
 //! values.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+mod support;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// A gateway on loopback port 0 with this config (listen addresses are supplied).
-struct Gateway {
-    running: Option<turnstile::Running>,
-    _dir: tempfile::TempDir,
-}
-
-impl Gateway {
-    async fn start(routes_yaml: &str) -> Gateway {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("policies.yaml");
-        std::fs::write(
-            &path,
-            format!("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{routes_yaml}"),
-        )
-        .expect("write");
-        let metrics = turnstile::metrics::Metrics::new();
-        let snapshot = turnstile::config::load(&path, &metrics).expect("config loads");
-        let public = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let running = turnstile::start(snapshot, metrics, Some((public, admin)))
-            .await
-            .expect("start");
-        Gateway {
-            running: Some(running),
-            _dir: dir,
-        }
-    }
-
-    fn public(&self) -> SocketAddr {
-        self.running.as_ref().expect("running").public_addr
-    }
-
-    async fn get(&self, path: &str) -> u16 {
-        get(self.public(), path).await.0
-    }
-
-    async fn metrics(&self) -> Scrape {
-        let (status, body) = get(
-            self.running.as_ref().expect("running").admin_addr,
-            "/metrics",
-        )
-        .await;
-        assert_eq!(status, 200);
-        Scrape(body)
-    }
-
-    async fn stop(mut self) {
-        if let Some(running) = self.running.take() {
-            running.shutdown().await;
-        }
-    }
-}
-
-/// One request on a fresh connection: (status, body).
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("write");
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .expect("response within 10s")
-        .expect("read");
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
+use support::gateway::Gateway;
 
 /// The text exposition format, read back.
 struct Scrape(String);
@@ -149,6 +67,13 @@ impl Scrape {
     }
 }
 
+/// Scrapes the gateway's `/metrics`.
+async fn scrape(gw: &Gateway) -> Scrape {
+    let (status, body) = gw.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    Scrape(body)
+}
+
 const USERS: &str = r#"
 routes:
   - name: users
@@ -167,7 +92,7 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_requests_are_counted_exactly() {
     let gw = Gateway::start(USERS).await;
-    let before = gw.metrics().await;
+    let before = scrape(&gw).await;
     // Every series exists from startup, at 0.
     for decision in ["allowed", "limited", "failed_open", "failed_closed"] {
         assert_eq!(
@@ -186,7 +111,7 @@ async fn sequential_requests_are_counted_exactly() {
     }
     assert_eq!(gw.get("/nowhere").await, 404);
 
-    let m = gw.metrics().await;
+    let m = scrape(&gw).await;
     assert_eq!(m.decisions("users", "per_user", "allowed"), 10.0);
     assert_eq!(m.decisions("users", "per_user", "limited"), 6.0);
     assert_eq!(m.decisions("users", "per_user", "failed_open"), 0.0);
@@ -248,7 +173,9 @@ async fn concurrent_requests_are_counted_exactly() {
     let gw = Gateway::start(USERS).await;
     let public = gw.public();
     let tasks: Vec<_> = (0..200)
-        .map(|_| tokio::spawn(async move { get(public, "/api/users/carol").await.0 }))
+        .map(|_| {
+            tokio::spawn(async move { support::gateway::get(public, "/api/users/carol").await.0 })
+        })
         .collect();
     let mut statuses = Vec::new();
     for task in tasks {
@@ -258,7 +185,7 @@ async fn concurrent_requests_are_counted_exactly() {
     let limited = statuses.iter().filter(|&&s| s == 429).count();
     assert_eq!((allowed, limited), (5, 195), "statuses: {statuses:?}");
 
-    let m = gw.metrics().await;
+    let m = scrape(&gw).await;
     assert_eq!(m.decisions("users", "per_user", "allowed"), 5.0);
     assert_eq!(m.decisions("users", "per_user", "limited"), 195.0);
     assert_eq!(m.requests("users", "2xx"), 5.0);
@@ -295,7 +222,7 @@ routes:
     for _ in 0..5 {
         gw.get("/search").await;
     }
-    let m = gw.metrics().await;
+    let m = scrape(&gw).await;
     assert_eq!(m.decisions("search", "tight", "allowed"), 2.0);
     assert_eq!(m.decisions("search", "tight", "limited"), 3.0);
     // The loose policy allowed all five; the three rejected requests consumed nothing from it.
@@ -342,7 +269,7 @@ routes:
     for _ in 0..2 {
         assert_eq!(gw.get("/slow").await, 504);
     }
-    let m = gw.metrics().await;
+    let m = scrape(&gw).await;
     let upstream = |route, kind| {
         m.must(
             "turnstile_upstream_errors_total",
