@@ -2,18 +2,17 @@
 //! serves allowed, limited, unrouted and upstream-failing traffic, and every PromQL expression of
 //! `dashboards/turnstile.json` and `dashboards/alerts.yml` is run through its HTTP API.
 //!
-//! Also here: `promtool check rules`, `promtool test rules` and `docker-compose config`, the
-//! checks of the deployment files that need no Docker engine.
+//! Also here: `promtool check rules` and `promtool test rules` (the alerts' unit tests).
 
 mod support;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use support::prometheus::{http_get, repo_path, which, Prometheus};
+use support::prometheus::{http_get, Prometheus};
+use support::tools::{repo_path, run_ok};
 
 /// Values for the Grafana variables the dashboard's expressions use. The rate interval spans the
 /// whole test, so every rate has samples from before and after the traffic.
@@ -82,23 +81,6 @@ fn alert_rules() -> Vec<(String, String)> {
     out
 }
 
-/// Runs a command that must succeed, with an install hint when its binary is absent.
-fn run_ok(program: &str, args: &[&str], install: &str) {
-    let binary = which(program)
-        .unwrap_or_else(|| panic!("`{program}` is not on PATH: install it ({install})"));
-    let output = Command::new(binary)
-        .args(args)
-        .current_dir(repo_path(""))
-        .output()
-        .unwrap_or_else(|e| panic!("run {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 #[test]
 fn promtool_checks_the_alert_rules() {
     run_ok(
@@ -113,38 +95,6 @@ fn promtool_unit_tests_of_the_alert_rules_pass() {
     run_ok(
         "promtool",
         &["test", "rules", "dashboards/alerts_test.yml"],
-        "Debian: apt-get install prometheus",
-    );
-}
-
-#[test]
-fn compose_file_validates() {
-    run_ok(
-        "docker-compose",
-        &["-f", "docker-compose.yml", "config", "-q"],
-        "Debian: apt-get install docker-compose",
-    );
-}
-
-#[test]
-fn compose_prometheus_config_validates() {
-    // The compose file mounts the rules at /etc/prometheus/alerts.yml; point at the repository's.
-    let text = std::fs::read_to_string(repo_path("deploy/compose/prometheus.yml")).expect("read");
-    let alerts = repo_path("dashboards/alerts.yml");
-    assert!(
-        text.contains("/etc/prometheus/alerts.yml"),
-        "the compose Prometheus loads the alerts"
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &path,
-        text.replace("/etc/prometheus/alerts.yml", &alerts.display().to_string()),
-    )
-    .expect("write");
-    run_ok(
-        "promtool",
-        &["check", "config", &path.display().to_string()],
         "Debian: apt-get install prometheus",
     );
 }

@@ -4,3 +4,4 @@
 
 pub mod gateway;
 pub mod prometheus;
+pub mod tools;

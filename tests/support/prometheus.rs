@@ -3,11 +3,13 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::tools::which;
 
 /// How often the test Prometheus scrapes and evaluates rules.
 pub const SCRAPE_INTERVAL: &str = "1s";
@@ -156,14 +158,6 @@ impl Drop for Prometheus {
     }
 }
 
-/// Finds `name` on PATH.
-pub fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-}
-
 /// A loopback port nothing listens on right now.
 fn free_port() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -200,9 +194,4 @@ pub fn percent_encode(s: &str) -> String {
         }
     }
     out
-}
-
-/// Where the repository's files are, whatever the test's working directory.
-pub fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
