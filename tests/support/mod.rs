@@ -1,5 +1,6 @@
-//! Shared test support: the gateway under test (in-process or as the real binary), an in-process
-//! upstream, a client, and a Prometheus text reader.
+//! Shared helpers of the integration tests: the gateway under test (in-process or as the real
+//! binary), an in-process upstream, a client, a real Prometheus server, the external tools, and a
+//! Prometheus text reader.
 //!
 //! Every helper owns what it starts and stops it on drop, also when the test panics. Timeouts here
 //! are for liveness only (a hung test fails instead of hanging CI); they are generous because the
@@ -14,6 +15,8 @@
 pub mod client;
 pub mod gateway;
 pub mod process;
+pub mod prometheus;
+pub mod tools;
 pub mod upstream;
 
 use std::time::Duration;
