@@ -30,10 +30,11 @@ routes:
 }
 
 /// Trickles `prefix` one byte every 50 ms, then (with `endless`) header bytes forever or (without)
-/// nothing more, until the gateway closes the connection; returns how long it stayed open.
-async fn trickle(stream: TcpStream, prefix: &[u8], endless: bool) -> Duration {
+/// nothing more, until the gateway closes the connection; returns how long it stayed open since
+/// `since` (taken before the gateway could start its clock: before connecting, or before sending
+/// the previous request).
+async fn trickle(stream: TcpStream, since: Instant, prefix: &[u8], endless: bool) -> Duration {
     let (mut read, mut write) = stream.into_split();
-    let started = Instant::now();
     let prefix = prefix.to_vec();
     let writer = tokio::spawn(async move {
         let filler = std::iter::repeat_n(b'a', if endless { usize::MAX } else { 0 });
@@ -56,7 +57,7 @@ async fn trickle(stream: TcpStream, prefix: &[u8], endless: bool) -> Duration {
         closed.is_ok(),
         "the connection stayed open for {LIVENESS:?}"
     );
-    let held = started.elapsed();
+    let held = since.elapsed();
     let answer = String::from_utf8_lossy(&sink);
     assert!(
         answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
@@ -72,8 +73,10 @@ async fn connect(gw: &TestGateway) -> TcpStream {
 #[tokio::test]
 async fn a_head_trickled_byte_by_byte_is_cut_off() {
     let (upstream, gw) = start().await;
+    let since = Instant::now();
     let held = trickle(
         connect(&gw).await,
+        since,
         b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ",
         true,
     )
@@ -86,8 +89,8 @@ async fn a_head_trickled_byte_by_byte_is_cut_off() {
 #[tokio::test]
 async fn a_silent_connection_is_cut_off_during_protocol_detection() {
     let (_upstream, gw) = start().await;
-    let mut stream = connect(&gw).await;
     let started = Instant::now();
+    let mut stream = connect(&gw).await;
     let mut sink = Vec::new();
     let closed = tokio::time::timeout(LIVENESS, stream.read_to_end(&mut sink)).await;
     assert!(
@@ -101,8 +104,10 @@ async fn a_silent_connection_is_cut_off_during_protocol_detection() {
 #[tokio::test]
 async fn a_trickled_h2c_preface_is_cut_off_during_protocol_detection() {
     let (_upstream, gw) = start().await;
+    let since = Instant::now();
     let held = trickle(
         connect(&gw).await,
+        since,
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
         false,
     )
@@ -114,6 +119,7 @@ async fn a_trickled_h2c_preface_is_cut_off_during_protocol_detection() {
 async fn a_second_head_trickled_on_a_kept_alive_connection_is_cut_off() {
     let (upstream, gw) = start().await;
     let mut stream = connect(&gw).await;
+    let since = Instant::now();
     stream
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -129,7 +135,13 @@ async fn a_second_head_trickled_on_a_kept_alive_connection_is_cut_off() {
     let mut body = vec![0u8; length - rest.len()];
     stream.read_exact(&mut body).await.unwrap();
     // The first request went through; the second head never ends.
-    let held = trickle(stream, b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ", true).await;
+    let held = trickle(
+        stream,
+        since,
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+        true,
+    )
+    .await;
     assert!(held >= TIMEOUT, "closed after {held:?}, before the timeout");
     assert_eq!(upstream.requests(), 1);
 }
