@@ -303,3 +303,61 @@ routes:
     }
     panic!("1000 requests and not one rejected at 20/s");
 }
+
+/// The in-process store's live counters, read through the running gateway.
+fn store_len(gw: &TestGateway) -> (usize, u64) {
+    match gw.running().gateway.limiter.store() {
+        turnstile::limiter::Store::Memory(store) => (store.len(), store.evictions()),
+        #[allow(unreachable_patterns)]
+        _ => panic!("not the memory store"),
+    }
+}
+
+#[tokio::test]
+async fn the_memory_store_stays_within_max_keys_forgetting_idle_counters_first() {
+    let gw = TestGateway::start(
+        r#"
+store: { type: memory, max_keys: 64 }
+routes:
+  - name: fast
+    match: { prefix: /fast }
+    respond: { body: ok }
+    policies:
+      - { name: p, key: ["header:x-key"], token_bucket: { rate: 1000/s, burst: 1 } }
+  - name: slow
+    match: { prefix: /slow }
+    respond: { body: ok }
+    policies:
+      - { name: p, key: ["header:x-key"], token_bucket: { rate: 1/h, burst: 1 } }
+"#,
+    )
+    .await;
+    let c = Client::new();
+    // A bucket refilled to full 1 ms after its request is idle: making room forgets it first.
+    for i in 0..200 {
+        let key = i.to_string();
+        assert_eq!(
+            c.get_with(&gw.url("/fast"), &[("x-key", &key)])
+                .await
+                .status,
+            200
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (len, evictions) = store_len(&gw);
+    assert!(len <= 64, "{len} counters");
+    assert_eq!(evictions, 0, "only idle counters were dropped");
+    // Empty buckets are not idle: past the bound, live counters are forgotten (and counted).
+    for i in 0..200 {
+        let key = i.to_string();
+        assert_eq!(
+            c.get_with(&gw.url("/slow"), &[("x-key", &key)])
+                .await
+                .status,
+            200
+        );
+    }
+    let (len, evictions) = store_len(&gw);
+    assert!(len <= 64, "{len} counters");
+    assert!(evictions >= 200 - 64, "{evictions} evictions");
+}
