@@ -31,5 +31,6 @@ pub mod proxy;
 pub mod respond;
 pub mod route;
 pub mod server;
+pub mod top_limited;
 
 pub use server::{start, Running};

@@ -3,14 +3,10 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::gateway::GatewayProcess;
-use support::http::{self, Reply};
-use support::redis::RedisServer;
-
-const ANSWER: Duration = Duration::from_secs(10);
+use support::process::{config_file, with_free_ports};
+use support::{Client, GatewayProcess, RedisServer, Reply};
 
 fn store(redis: &RedisServer, timeout: &str, failure_mode: &str) -> String {
     format!(
@@ -29,28 +25,29 @@ fn route(name: &str, extra: &str, policy: &str) -> String {
 }
 
 async fn wait_ready(gw: &GatewayProcess, want: u16, limit: Duration) {
+    let client = Client::new();
     let deadline = Instant::now() + limit;
     loop {
-        let status = http::try_get(gw.admin, "/readyz").await.map(|r| r.status);
-        if status.as_ref().is_ok_and(|s| *s == want) {
+        let status = client.get(&gw.admin_url("/readyz")).await.status;
+        if status == want {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "/readyz never answered {want} (last: {status:?}); log:\n{}",
+            "/readyz never answered {want} (last: {status}); log:\n{}",
             gw.log()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// Fires `total` requests at once, round-robin over `targets`; returns the status of each.
-async fn burst(targets: &[SocketAddr], path: &str, total: usize) -> Vec<u16> {
+/// Fires `total` requests at once, round-robin over `urls`; returns the status of each.
+async fn burst(urls: &[String], total: usize) -> Vec<u16> {
+    let client = Client::new();
     let tasks: Vec<_> = (0..total)
         .map(|i| {
-            let addr = targets[i % targets.len()];
-            let path = path.to_string();
-            tokio::spawn(async move { http::get(addr, &path, ANSWER).await.status })
+            let (client, url) = (client.clone(), urls[i % urls.len()].clone());
+            tokio::spawn(async move { client.get(&url).await.status })
         })
         .collect();
     let mut statuses = Vec::with_capacity(total);
@@ -64,14 +61,54 @@ fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
 
-/// The sum of a metric's samples whose label set contains every `labels` pair.
-async fn metric(gw: &GatewayProcess, name: &str, labels: &[&str]) -> f64 {
-    let text = http::get(gw.admin, "/metrics", ANSWER).await.body;
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| labels.iter().all(|pair| l.contains(pair)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// A sample of the gateway's metrics (exact label set), 0 when absent.
+async fn metric(gw: &GatewayProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let reply = Client::new().get(&gw.admin_url("/metrics")).await;
+    support::metric(&String::from_utf8_lossy(&reply.body), name, labels).unwrap_or(0.0)
+}
+
+fn decisions(route: &str, decision: &str) -> [(&'static str, String); 3] {
+    [
+        ("route", route.to_string()),
+        ("policy", "shared".to_string()),
+        ("decision", decision.to_string()),
+    ]
+}
+
+async fn decided(gw: &GatewayProcess, route: &str, decision: &str) -> f64 {
+    let labels = decisions(route, decision);
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    metric(gw, "turnstile_decisions_total", &labels).await
+}
+
+async fn store_errors(gw: &GatewayProcess, kind: &str) -> f64 {
+    metric(
+        gw,
+        "turnstile_store_errors_total",
+        &[("store", "redis"), ("kind", kind)],
+    )
+    .await
+}
+
+fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a str> {
+    reply.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A gateway process whose clock runs `offset` ahead (libfaketime, as `faketime -f OFFSET`).
+async fn spawn_skewed(yaml: &str, offset: &str) -> GatewayProcess {
+    let (dir, path) = config_file(&with_free_ports(yaml));
+    let preload = support::tools::libfaketime();
+    let preload = preload.to_str().expect("utf-8 path");
+    GatewayProcess::spawn_at(
+        dir,
+        path,
+        &[
+            ("LD_PRELOAD", preload),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ],
+    )
+    .await
 }
 
 fn assert_every_key_expires(redis: &RedisServer) {
@@ -84,6 +121,8 @@ fn assert_every_key_expires(redis: &RedisServer) {
     }
 }
 
+const READY: Duration = Duration::from_secs(20);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_admit_exactly_the_limit() {
     let redis = RedisServer::start();
@@ -94,15 +133,16 @@ async fn three_instances_admit_exactly_the_limit() {
         route("bucket", "", "token_bucket: { rate: 1/d, burst: 50 }"),
         route("window", "", "sliding_window: { limit: 40, window: 1m }"),
     );
-    let gateways: Vec<GatewayProcess> = (0..3)
-        .map(|_| GatewayProcess::start(&config, None))
-        .collect();
-    for gw in &gateways {
-        wait_ready(gw, 200, ANSWER).await;
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        gateways.push(GatewayProcess::spawn(&config).await);
     }
-    let targets: Vec<SocketAddr> = gateways.iter().map(|g| g.public).collect();
+    for gw in &gateways {
+        wait_ready(gw, 200, READY).await;
+    }
 
-    let statuses = burst(&targets, "/bucket", 300).await;
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/bucket")).collect();
+    let statuses = burst(&urls, 300).await;
     assert_eq!(
         count(&statuses, 200),
         50,
@@ -114,7 +154,8 @@ async fn three_instances_admit_exactly_the_limit() {
         "the rest are limited: {statuses:?}"
     );
 
-    let statuses = burst(&targets, "/window", 300).await;
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/window")).collect();
+    let statuses = burst(&urls, 300).await;
     assert_eq!(
         count(&statuses, 200),
         40,
@@ -128,8 +169,8 @@ async fn three_instances_admit_exactly_the_limit() {
 
     // Every instance took part in the decisions.
     for gw in &gateways {
-        let decided = metric(gw, "turnstile_decisions_total", &["route=\"bucket\""]).await;
-        assert_eq!(decided, 100.0, "each instance decided its 100 requests");
+        let total = decided(gw, "bucket", "allowed").await + decided(gw, "bucket", "limited").await;
+        assert_eq!(total, 100.0, "each instance decided its 100 requests");
     }
     assert_every_key_expires(&redis);
 }
@@ -144,14 +185,15 @@ async fn a_skewed_gateway_clock_gains_nothing() {
         route("bucket", "", "token_bucket: { rate: 1/m, burst: 10 }"),
         route("window", "", "sliding_window: { limit: 10, window: 1m }"),
     );
-    let honest = GatewayProcess::start(&config, None);
-    let ahead = GatewayProcess::start(&config, Some("+2m"));
-    wait_ready(&honest, 200, ANSWER).await;
-    wait_ready(&ahead, 200, ANSWER).await;
+    let honest = GatewayProcess::spawn(&config).await;
+    let ahead = spawn_skewed(&config, "+2m").await;
+    wait_ready(&honest, 200, READY).await;
+    wait_ready(&ahead, 200, READY).await;
 
     // The skew is real: the instance's own clock (its Date header) runs two minutes ahead.
-    let a = http::get(honest.public, "/healthz-none", ANSWER).await;
-    let b = http::get(ahead.public, "/healthz-none", ANSWER).await;
+    let client = Client::new();
+    let a = client.get(&honest.url("/unrouted")).await;
+    let b = client.get(&ahead.url("/unrouted")).await;
     let skew = date_seconds(&b) - date_seconds(&a);
     assert!(
         (110..=130).contains(&skew),
@@ -164,13 +206,12 @@ async fn a_skewed_gateway_clock_gains_nothing() {
         let mut admitted = 0;
         for i in 0..30 {
             let gw = if i % 2 == 0 { &honest } else { &ahead };
-            let reply = http::get(gw.public, path, ANSWER).await;
+            let reply = client.get(&gw.url(path)).await;
             assert!(matches!(reply.status, 200 | 429), "{path}: {reply:?}");
             if reply.status == 200 {
                 admitted += 1;
             } else {
-                let retry: u64 = reply
-                    .header("retry-after")
+                let retry: u64 = header(&reply, "retry-after")
                     .and_then(|v| v.parse().ok())
                     .expect("Retry-After on 429");
                 assert!((1..=60).contains(&retry), "{path}: Retry-After {retry}");
@@ -184,10 +225,10 @@ async fn a_skewed_gateway_clock_gains_nothing() {
     assert_every_key_expires(&redis);
 }
 
+/// Seconds since midnight in the reply's Date header.
 fn date_seconds(reply: &Reply) -> i64 {
-    let date = reply.header("date").expect("Date header");
-    // "Sat, 21 Nov 2026 11:23:26 GMT": compare time of day (the test does not straddle midnight
-    // by more than the skew it allows for).
+    // "Sat, 21 Nov 2026 11:23:26 GMT"
+    let date = header(reply, "date").expect("Date header");
     let time = date.split_whitespace().nth(4).expect("time in Date");
     let parts: Vec<i64> = time
         .split(':')
@@ -210,51 +251,42 @@ async fn redis_killed_then_restarted() {
         ),
         route("limited", "", "token_bucket: { rate: 1/d, burst: 3 }"),
     );
-    let gw = GatewayProcess::start(&config, None);
-    wait_ready(&gw, 200, ANSWER).await;
-    let statuses = burst(&[gw.public], "/limited", 5).await;
+    let gw = GatewayProcess::spawn(&config).await;
+    wait_ready(&gw, 200, READY).await;
+    let client = Client::new();
+    let statuses = burst(&[gw.url("/limited")], 5).await;
     assert_eq!((count(&statuses, 200), count(&statuses, 429)), (3, 2));
 
     redis.kill();
     // Open route: keeps serving, each request well within the store timeout plus slack.
     for _ in 0..30 {
         let started = Instant::now();
-        let reply = http::get(gw.public, "/open", ANSWER).await;
+        let reply = client.get(&gw.url("/open")).await;
         let took = started.elapsed();
         assert_eq!(reply.status, 200, "open route during the outage: {reply:?}");
         assert!(took < Duration::from_millis(250), "a request took {took:?}");
     }
-    let reply = http::get(gw.public, "/closed", ANSWER).await;
+    let reply = client.get(&gw.url("/closed")).await;
     assert_eq!(
         reply.status, 503,
         "closed route during the outage: {reply:?}"
     );
-    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(header(&reply, "retry-after"), Some("1"));
     wait_ready(&gw, 503, Duration::from_secs(5)).await;
-    assert!(
-        metric(
-            &gw,
-            "turnstile_decisions_total",
-            &["decision=\"failed_open\""]
-        )
-        .await
-            >= 30.0
+    assert_eq!(decided(&gw, "open", "failed_open").await, 30.0);
+    assert_eq!(decided(&gw, "closed", "failed_closed").await, 1.0);
+    let errors = store_errors(&gw, "connection").await
+        + store_errors(&gw, "timeout").await
+        + store_errors(&gw, "circuit_open").await;
+    assert_eq!(
+        errors, 31.0,
+        "every failed decision is a counted store error"
     );
-    assert!(
-        metric(
-            &gw,
-            "turnstile_decisions_total",
-            &["decision=\"failed_closed\""]
-        )
-        .await
-            >= 1.0
-    );
-    assert!(metric(&gw, "turnstile_store_errors_total", &["store=\"redis\""]).await >= 31.0);
 
     // A fresh server on the same port: no data, no scripts. Limiting resumes by itself.
     redis.restart();
-    wait_ready(&gw, 200, Duration::from_secs(15)).await;
-    let statuses = burst(&[gw.public], "/limited", 5).await;
+    wait_ready(&gw, 200, READY).await;
+    let statuses = burst(&[gw.url("/limited")], 5).await;
     assert_eq!(
         (count(&statuses, 200), count(&statuses, 429)),
         (3, 2),
@@ -263,7 +295,7 @@ async fn redis_killed_then_restarted() {
 
     // The script cache emptied under a live connection: NOSCRIPT, reload, retry, no failure.
     redis.cli(&["script", "flush"]);
-    let reply = http::get(gw.public, "/closed", ANSWER).await;
+    let reply = client.get(&gw.url("/closed")).await;
     assert_eq!(reply.status, 200, "after SCRIPT FLUSH: {reply:?}");
     assert_every_key_expires(&redis);
 }
@@ -276,9 +308,10 @@ async fn a_stalled_redis_costs_at_most_the_timeout_then_nothing() {
         store(&redis, "50ms", "open"),
         route("open", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
     );
-    let gw = GatewayProcess::start(&config, None);
-    wait_ready(&gw, 200, ANSWER).await;
-    assert_eq!(http::get(gw.public, "/open", ANSWER).await.status, 200);
+    let gw = GatewayProcess::spawn(&config).await;
+    wait_ready(&gw, 200, READY).await;
+    let client = Client::new();
+    assert_eq!(client.get(&gw.url("/open")).await.status, 200);
 
     // SIGSTOP: the connection stays open but nothing answers.
     let pid = redis.pid().expect("redis pid").to_string();
@@ -293,7 +326,7 @@ async fn a_stalled_redis_costs_at_most_the_timeout_then_nothing() {
     let mut slow = 0;
     for _ in 0..20 {
         let started = Instant::now();
-        let reply = http::get(gw.public, "/open", ANSWER).await;
+        let reply = client.get(&gw.url("/open")).await;
         let took = started.elapsed();
         assert_eq!(reply.status, 200);
         assert!(took < Duration::from_millis(300), "a request took {took:?}");
@@ -307,20 +340,14 @@ async fn a_stalled_redis_costs_at_most_the_timeout_then_nothing() {
         (1..=8).contains(&slow),
         "{slow} of 20 requests waited for the timeout"
     );
-    let skipped = metric(
-        &gw,
-        "turnstile_store_errors_total",
-        &["kind=\"circuit_open\""],
-    )
-    .await;
+    let skipped = store_errors(&gw, "circuit_open").await;
     assert!(skipped >= 10.0, "circuit_open errors: {skipped}");
-    // And it closes again once Redis answers.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // And Redis is used again once it answers.
+    let deadline = Instant::now() + READY;
     loop {
-        let before = metric(&gw, "turnstile_decisions_total", &["decision=\"allowed\""]).await;
-        http::get(gw.public, "/open", ANSWER).await;
-        let after = metric(&gw, "turnstile_decisions_total", &["decision=\"allowed\""]).await;
-        if after > before {
+        let before = decided(&gw, "open", "allowed").await;
+        client.get(&gw.url("/open")).await;
+        if decided(&gw, "open", "allowed").await > before {
             break;
         }
         assert!(

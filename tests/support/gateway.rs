@@ -1,107 +1,202 @@
-//! The `turnstile` binary as a separate process, on free ports, optionally under `faketime`.
+//! The gateway under test, in process: a config written to a temp file, listeners on loopback
+//! port 0.
+//!
+//! Two front doors onto the same thing:
+//! - [`Gateway`]: the listen addresses are added for you, and a plain HTTP/1.1 client opens one
+//!   connection per request ([`get`]); dropping it without `stop` leaves its tasks to the test's
+//!   runtime, which ends with the test.
+//! - [`TestGateway`]: the YAML is used as written, `$UPSTREAM` in it is replaced by the address of
+//!   the upstream given to [`TestGateway::with_upstream`], and `reload_with` rewrites the file
+//!   and re-reads it exactly as SIGHUP does. Dropping it stops the gateway (the shutdown channel
+//!   closes with it) and deletes the file.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub struct GatewayProcess {
-    child: Child,
-    pub public: SocketAddr,
-    pub admin: SocketAddr,
-    dir: tempfile::TempDir,
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use turnstile::config::ConfigErrors;
+use turnstile::metrics::Metrics;
+use turnstile::Running;
+
+/// A running gateway. `stop` drains it; dropping it without `stop` leaves its tasks to the
+/// test's runtime, which ends with the test.
+pub struct Gateway {
+    running: Option<turnstile::Running>,
+    _dir: tempfile::TempDir,
 }
 
-impl GatewayProcess {
-    /// Starts `turnstile run` on `config` (YAML; `listen` and `admin_listen` are added, on port
-    /// 0). `faketime` shifts this instance's clock, e.g. `Some("+2m")`.
-    pub fn start(config: &str, faketime: Option<&str>) -> GatewayProcess {
+impl Gateway {
+    /// Starts a gateway on `config_yaml` (everything but the listen addresses).
+    pub async fn start(config_yaml: &str) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("policies.yaml");
-        let full = format!("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{config}");
-        std::fs::write(&path, full).expect("write config");
-        let log = std::fs::File::create(dir.path().join("stderr.log")).expect("log file");
-        let binary = PathBuf::from(env!("CARGO_BIN_EXE_turnstile"));
-        let mut command = Command::new(&binary);
-        if let Some(offset) = faketime {
-            // What `faketime -f OFFSET` does, minus its forking wrapper: the PID we hold is the
-            // gateway's own, so Drop stops the right process.
-            command
-                .env("LD_PRELOAD", libfaketime())
-                .env("FAKETIME", offset)
-                .env("DONT_FAKE_MONOTONIC", "1");
-        }
-        let mut child = command
-            .arg("run")
-            .arg("--config")
-            .arg(&path)
-            .env("TURNSTILE_LOG", "info")
-            .env_remove("TURNSTILE_REDIS_URL")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn turnstile");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining so the child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut process = GatewayProcess {
-            child,
-            public: "0.0.0.0:0".parse().expect("addr"),
-            admin: "0.0.0.0:0".parse().expect("addr"),
-            dir,
-        };
-        loop {
-            match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("turnstile listening ") {
-                        for part in rest.split_whitespace() {
-                            match part.split_once('=') {
-                                Some(("public", a)) => process.public = a.parse().expect("addr"),
-                                Some(("admin", a)) => process.admin = a.parse().expect("addr"),
-                                _ => {}
-                            }
-                        }
-                        return process;
-                    }
-                }
-                Err(_) => panic!("turnstile did not start; stderr:\n{}", process.log()),
-            }
+        std::fs::write(
+            &path,
+            format!("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{config_yaml}"),
+        )
+        .expect("write config");
+        let metrics = turnstile::metrics::Metrics::new();
+        let snapshot = turnstile::config::load(&path, &metrics).expect("config loads");
+        let public = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let running = turnstile::start(snapshot, metrics, Some((public, admin)))
+            .await
+            .expect("start");
+        Gateway {
+            running: Some(running),
+            _dir: dir,
         }
     }
 
-    /// What the process wrote to stderr so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    fn running(&self) -> &turnstile::Running {
+        self.running.as_ref().expect("running")
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    pub fn public(&self) -> SocketAddr {
+        self.running().public_addr
+    }
+
+    pub fn admin(&self) -> SocketAddr {
+        self.running().admin_addr
+    }
+
+    /// The status of a GET on the public listener.
+    pub async fn get(&self, path: &str) -> u16 {
+        get(self.public(), path).await.0
+    }
+
+    /// A GET on the admin listener: (status, body).
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        get(self.admin(), path).await
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
     }
 }
 
-/// The multi-threaded libfaketime (Debian package `faketime`).
-fn libfaketime() -> PathBuf {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.is_file())
-    .unwrap_or_else(|| panic!("libfaketimeMT.so.1 not found: install faketime"))
+/// One GET on a fresh connection: (status, body). The body is read to the connection's close, so
+/// it may carry chunked framing; tests look into it, they do not parse it as HTTP.
+pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .expect("response within 10s")
+        .expect("read");
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }
 
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// A running in-process gateway.
+#[derive(Debug)]
+pub struct TestGateway {
+    pub public: SocketAddr,
+    pub admin: SocketAddr,
+    pub config_path: PathBuf,
+    upstream: Option<SocketAddr>,
+    running: Option<Running>,
+    _dir: TempDir,
+}
+
+/// Replaces `$UPSTREAM` with `addr` (as `http://IP:PORT`'s authority).
+pub fn substitute(yaml: &str, upstream: Option<SocketAddr>) -> String {
+    match upstream {
+        Some(addr) => yaml.replace("$UPSTREAM", &addr.to_string()),
+        None => yaml.to_string(),
     }
+}
+
+impl TestGateway {
+    /// A gateway whose config needs no upstream (`respond:` routes only).
+    pub async fn start(yaml: &str) -> TestGateway {
+        Self::launch(yaml, None).await
+    }
+
+    /// A gateway whose config refers to `$UPSTREAM`.
+    pub async fn with_upstream(yaml: &str, upstream: SocketAddr) -> TestGateway {
+        Self::launch(yaml, Some(upstream)).await
+    }
+
+    async fn launch(yaml: &str, upstream: Option<SocketAddr>) -> TestGateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("policies.yaml");
+        std::fs::write(&config_path, substitute(yaml, upstream)).expect("write config");
+        let metrics = Metrics::new();
+        let snapshot = turnstile::config::load(&config_path, &metrics)
+            .unwrap_or_else(|e| panic!("test config does not load:\n{e}"));
+        let public = TcpListener::bind("127.0.0.1:0").await.expect("bind public");
+        let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let running = turnstile::start(snapshot, metrics, Some((public, admin)))
+            .await
+            .expect("gateway starts");
+        TestGateway {
+            public: running.public_addr,
+            admin: running.admin_addr,
+            config_path,
+            upstream,
+            running: Some(running),
+            _dir: dir,
+        }
+    }
+
+    /// `http://PUBLIC{path}`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.public)
+    }
+
+    /// `http://ADMIN{path}`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("gateway already shut down")
+    }
+
+    /// Rewrites the config file (with `$UPSTREAM` substituted) and reloads it, as SIGHUP does.
+    pub fn reload_with(&self, yaml: &str) -> Result<(), ConfigErrors> {
+        write_config(&self.config_path, &substitute(yaml, self.upstream));
+        self.running().reload()
+    }
+
+    /// Stops accepting and drains in-flight requests, as on SIGTERM.
+    pub async fn shutdown(mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
+    }
+
+    /// The admin listener's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let response = super::client::Client::new()
+            .get(&self.admin_url("/metrics"))
+            .await;
+        assert_eq!(response.status, 200, "/metrics: {}", response.text());
+        response.text()
+    }
+}
+
+fn write_config(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write config");
 }

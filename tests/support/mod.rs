@@ -1,27 +1,61 @@
-//! Shared helpers for the integration tests: real servers on free loopback ports, stopped by PID
-//! when the helper is dropped (also when a test fails).
+//! Shared helpers of the integration tests: the gateway under test (in-process or as the real
+//! binary), an in-process upstream, a client, real Prometheus and Redis servers, the external tools,
+//! and a Prometheus text reader.
+//!
+//! Every helper owns what it starts and stops it on drop, also when the test panics. Timeouts here
+//! are for liveness only (a hung test fails instead of hanging CI); they are generous because the
+//! machine is small and shared. Assertions about counts are exact.
+//!
+//! Use it from a test file with `mod support;` (or `#[path = "../support/mod.rs"] mod support;`
+//! from a test directory's `main.rs`).
 
-#![allow(dead_code)]
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code, unused_imports)]
 
+pub mod client;
 pub mod gateway;
-pub mod http;
+pub mod process;
+pub mod prometheus;
 pub mod redis;
+pub mod tools;
+pub mod upstream;
 
-/// A free loopback port: bind port 0, read it, release it. The caller binds it again at once.
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr").port()
-}
+use std::time::Duration;
 
-/// Fails loudly when a server binary the test needs is missing (CI installs them all).
-pub fn require_binary(name: &str, package: &str) -> std::path::PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .chain(["/usr/sbin".into(), "/sbin".into()])
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!("`{name}` not found: install {package} (apt-get install {package})")
-    })
+pub use client::{Client, Reply};
+pub use gateway::TestGateway;
+pub use process::GatewayProcess;
+pub use redis::RedisServer;
+pub use upstream::Upstream;
+
+/// The longest any single step of a test may take before the test fails.
+pub const LIVENESS: Duration = Duration::from_secs(30);
+
+/// The value of the sample `name{labels}` in Prometheus text format, `None` when absent. Labels
+/// may be given in any order; the sample must have exactly these labels.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric_name, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            if metric_name != name {
+                return None;
+            }
+            let mut found: Vec<(&str, &str)> = rest
+                .split(',')
+                .filter(|pair| !pair.is_empty())
+                .filter_map(|pair| {
+                    let (k, v) = pair.split_once('=')?;
+                    Some((k, v.trim_matches('"')))
+                })
+                .collect();
+            let mut want = labels.to_vec();
+            found.sort_unstable();
+            want.sort_unstable();
+            (found == want).then(|| value.parse().ok()).flatten()
+        })
 }

@@ -4,7 +4,20 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{free_port, require_binary};
+use super::tools::which;
+
+/// A free loopback port: bind port 0, read it, release it; redis-server binds it right after (a
+/// lost race is retried by [`RedisServer::start`]).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr").port()
+}
+
+fn require(program: &str) -> PathBuf {
+    which(program).unwrap_or_else(|| {
+        panic!("`{program}` is not on PATH: install it (apt-get install redis-server redis-tools)")
+    })
+}
 
 pub struct RedisServer {
     child: Option<Child>,
@@ -15,7 +28,7 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let binary = require_binary("redis-server", "redis-server");
+        let binary = require("redis-server");
         for _ in 0..5 {
             let mut server = RedisServer {
                 child: None,
@@ -61,7 +74,7 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server and returns its stdout lines.
     pub fn cli(&self, args: &[&str]) -> Vec<String> {
-        let out = Command::new(require_binary("redis-cli", "redis-tools"))
+        let out = Command::new(require("redis-cli"))
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(args)
             .output()
@@ -110,7 +123,7 @@ impl RedisServer {
     }
 
     fn ping(&self) -> bool {
-        Command::new(require_binary("redis-cli", "redis-tools"))
+        Command::new(require("redis-cli"))
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "ping"])
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
