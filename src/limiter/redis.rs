@@ -3,7 +3,8 @@
 //! Each decision is one `EVALSHA` of `scripts/decide.lua` carrying every check of the request, so
 //! it costs one round trip whatever the number of policies, and is all-or-nothing inside Redis.
 //! The script reads Redis `TIME`: gateway clocks never matter. fred pipelines concurrent commands
-//! on each of the `pool_size` connections.
+//! on each of the `pool_size` connections. `rediss://` URLs use rustls with the system's roots
+//! (or the file named by `SSL_CERT_FILE`).
 //!
 //! Failure is bounded and cheap: a decision gives up after `timeout`, a disconnected pool fails at
 //! once, and after repeated failures a [`Breaker`] skips Redis for a cool-down. The gateway starts
@@ -11,13 +12,13 @@
 //! script after a restart (a `NOSCRIPT` answer also reloads it and retries once).
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    Builder, ClientLike, Config, ConnectionConfig, Error as FredError, ErrorKind, Key,
-    LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, Value,
+    Builder, ClientLike, Config, ConnectionConfig, Error as FredError, ErrorKind, EventInterface,
+    Key, LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, Value,
 };
 use fred::types::config::UnresponsiveConfig;
 
@@ -29,6 +30,8 @@ pub const DECIDE_LUA: &str = include_str!("../../scripts/decide.lua");
 
 /// How long a connection attempt may take (fred's default is 10 s).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The least time between two logged connection errors.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often the background probe checks reachability and the script cache.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 
@@ -46,6 +49,8 @@ struct Shared {
     breaker: Breaker,
     /// Set by the background probe: Redis answered and holds the script.
     ready: AtomicBool,
+    /// When a connection error was last logged (ms since `started`, offset by one so 0 is never).
+    last_error_log_ms: AtomicU64,
     /// The origin of the breaker's millisecond clock.
     started: Instant,
     /// Tests only: pass this clock's time as `now` instead of letting the script read `TIME`.
@@ -130,10 +135,12 @@ impl RedisStore {
             timeout,
             breaker: Breaker::default(),
             ready: AtomicBool::new(false),
+            last_error_log_ms: AtomicU64::new(0),
             started: Instant::now(),
             test_clock,
         });
         tokio::spawn(probe(Arc::downgrade(&shared)));
+        log_connection_errors(&shared);
         Ok(RedisStore { shared })
     }
 
@@ -314,6 +321,8 @@ impl Drop for Shared {
 async fn probe(store: Weak<Shared>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The state last logged: the first probe always logs, so startup with Redis down is visible.
+    let mut logged = None;
     loop {
         tick.tick().await;
         let Some(shared) = store.upgrade() else {
@@ -329,14 +338,49 @@ async fn probe(store: Weak<Shared>) {
             // Redis is back: stop skipping it now rather than after the next request probe.
             shared.breaker.success();
         }
-        let was = shared.ready.swap(reachable, Ordering::Relaxed);
-        if was != reachable {
+        shared.ready.store(reachable, Ordering::Relaxed);
+        if logged != Some(reachable) {
+            logged = Some(reachable);
             if reachable {
                 tracing::info!("redis store is reachable");
             } else {
                 tracing::warn!("redis store is unreachable; routes apply their failure_mode");
             }
         }
+    }
+}
+
+/// Logs why connections fail (refused, wrong password, TLS), at most once per
+/// [`ERROR_LOG_EVERY`]: fred reconnects forever, and an outage must not flood the log.
+fn log_connection_errors(shared: &Arc<Shared>) {
+    for client in shared.pool.clients() {
+        let mut errors = client.error_rx();
+        let store = Arc::downgrade(shared);
+        tokio::spawn(async move {
+            loop {
+                let (error, server) = match errors.recv().await {
+                    Ok(event) => event,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    // The pool quit.
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                let Some(shared) = store.upgrade() else {
+                    return;
+                };
+                let now = shared.now_ms() + 1;
+                let last = shared.last_error_log_ms.load(Ordering::Relaxed);
+                let due = last == 0 || now >= last + ERROR_LOG_EVERY.as_millis() as u64;
+                if due
+                    && shared
+                        .last_error_log_ms
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    let server = server.map(|s| s.to_string()).unwrap_or_default();
+                    tracing::warn!(%server, error = %error.details(), "redis connection failed");
+                }
+            }
+        });
     }
 }
 
@@ -354,17 +398,10 @@ async fn script_cached(shared: &Shared) -> Result<(), FredError> {
 /// Whether `url` can be used, so a bad one is a config error (with its line) rather than a store
 /// that never connects. The message never repeats the URL, which may hold a password.
 pub fn check_url(url: &str) -> Result<(), String> {
-    if url.starts_with("rediss://") && !TLS_SUPPORTED {
-        return Err("rediss:// needs TLS support, which this build does not include".to_string());
-    }
-    match Config::from_url(url) {
-        Ok(config) if config.server.hosts().len() == 1 => Ok(()),
-        Ok(_) => Err("must name one server (Redis Cluster is not supported yet)".to_string()),
-        Err(e) => Err(format!("is not a valid Redis URL: {}", e.details())),
-    }
+    Config::from_url(url)
+        .map(|_| ())
+        .map_err(|e| format!("is not a valid Redis URL: {}", e.details()))
 }
-
-const TLS_SUPPORTED: bool = false;
 
 /// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
 /// the tag, injectively, so distinct identities stay distinct keys.

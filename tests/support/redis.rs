@@ -1,6 +1,7 @@
-//! A throwaway `redis-server` on a free loopback port, with no persistence.
+//! A throwaway `redis-server` on a free loopback port, with no persistence; optionally behind TLS
+//! (a test CA made with `openssl`) and a password.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,22 +20,41 @@ fn require(program: &str) -> PathBuf {
     })
 }
 
+/// How a [`RedisServer`] is reached.
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// TLS only (no plain port), with a certificate for 127.0.0.1 from a fresh test CA.
+    pub tls: bool,
+    /// `requirepass`.
+    pub password: Option<String>,
+}
+
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
     binary: PathBuf,
+    options: RedisOptions,
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        Self::start_with(RedisOptions::default())
+    }
+
+    pub fn start_with(options: RedisOptions) -> RedisServer {
         let binary = require("redis-server");
         for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            if options.tls {
+                make_certificates(dir.path());
+            }
             let mut server = RedisServer {
                 child: None,
                 port: free_port(),
-                dir: tempfile::tempdir().expect("tempdir"),
+                dir,
                 binary: binary.clone(),
+                options: options.clone(),
             };
             // Fails when another process took the port between our probe and redis binding it.
             if server.spawn() {
@@ -44,8 +64,19 @@ impl RedisServer {
         panic!("redis-server did not start on a free port after 5 attempts");
     }
 
+    /// `redis://` or `rediss://`, with the password when there is one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.options.tls { "rediss" } else { "redis" };
+        let auth = match &self.options.password {
+            Some(password) => format!(":{password}@"),
+            None => String::new(),
+        };
+        format!("{scheme}://{auth}127.0.0.1:{}", self.port)
+    }
+
+    /// The test CA's certificate (TLS servers only): what a client must trust.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
     }
 
     /// The server's PID while it runs (to signal it, e.g. SIGSTOP to simulate a stall).
@@ -74,8 +105,8 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server and returns its stdout lines.
     pub fn cli(&self, args: &[&str]) -> Vec<String> {
-        let out = Command::new(require("redis-cli"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+        let out = self
+            .cli_command()
             .args(args)
             .output()
             .expect("run redis-cli");
@@ -86,14 +117,50 @@ impl RedisServer {
             .collect()
     }
 
+    fn cli_command(&self) -> Command {
+        let mut command = Command::new(require("redis-cli"));
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if self.options.tls {
+            command.arg("--tls").arg("--cacert").arg(self.ca_file());
+        }
+        if let Some(password) = &self.options.password {
+            command.env("REDISCLI_AUTH", password);
+        }
+        command
+    }
+
     /// Every key in the database (SCAN, so it also works on a large keyspace).
     pub fn keys(&self) -> Vec<String> {
         self.cli(&["--scan"])
     }
 
     fn spawn(&mut self) -> bool {
-        let child = Command::new(&self.binary)
-            .args(["--port", &self.port.to_string()])
+        let mut command = Command::new(&self.binary);
+        let port = self.port.to_string();
+        if self.options.tls {
+            let dir = self.dir.path();
+            command
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port,
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .arg("--tls-cert-file")
+                .arg(dir.join("server.pem"))
+                .arg("--tls-key-file")
+                .arg(dir.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join("ca.pem"));
+        } else {
+            command.args(["--port", &port]);
+        }
+        if let Some(password) = &self.options.password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -123,10 +190,79 @@ impl RedisServer {
     }
 
     fn ping(&self) -> bool {
-        Command::new(require("redis-cli"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "ping"])
+        self.cli_command()
+            .arg("ping")
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+    }
+}
+
+/// A CA and a server certificate for IP 127.0.0.1 signed by it, in `dir`, made with `openssl`.
+fn make_certificates(dir: &Path) {
+    let openssl =
+        which("openssl").expect("`openssl` is not on PATH: install it (apt-get install openssl)");
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write server.ext");
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=turnstile test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ],
+    ];
+    for args in steps {
+        let out = Command::new(&openssl)
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert!(out.status.success(), "openssl {args:?} failed: {out:?}");
     }
 }
 
