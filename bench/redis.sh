@@ -8,6 +8,7 @@
 #   turnstile-redis-wW   Turnstile, store: redis, one EVALSHA per request, then proxy
 # and once per round (client on the proxy CPU, Redis on the load CPU, $CONNECTIONS concurrent):
 #   redis-benchmark-evalsha   redis-benchmark running the same EVALSHA: the ceiling
+#   redis-benchmark-evalsha-p16  the same with 16 calls pipelined per connection (for scale)
 #   turnstile-decisions       examples/redis_decisions: RedisStore::check in a loop, one tokio
 #                             worker, $CONNECTIONS concurrent tasks on one pool
 # Targets (issue 3): turnstile-redis >= 1.0x nginx-lua and >= 0.5x nginx-proxy;
@@ -50,21 +51,23 @@ evalsha_args() {
         1000000000 1000000000 0 1
 }
 
+# run_redis_benchmark NAME PIPELINE: redis-benchmark running the EVALSHA, PIPELINE per connection.
 run_redis_benchmark() {
-    local args
+    local name=$1 pipeline=$2 args
     mapfile -t args < <(evalsha_args)
     # The reply must be an allowed decision, or the ceiling would measure errors.
     local reply
     reply=$("$REDIS_CLI" -p "$REDIS_PORT" "${args[@]}" | head -1)
     [[ "$reply" == 1 ]] || { echo "error: EVALSHA answered '$reply'" >&2; return 1; }
     wait_quiet
-    local raw="$OUT/raw/round$ROUND-redis-benchmark-evalsha.csv"
+    local raw="$OUT/raw/round$ROUND-$name.csv"
     pin "$CPU_PROXY" timeout 300 "$REDIS_BENCHMARK" -h 127.0.0.1 -p "$REDIS_PORT" \
-        -c "$CONNECTIONS" -n "$REDIS_BENCH_REQUESTS" --csv "${args[@]}" >"$raw"
-    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",...
+        -c "$CONNECTIONS" -P "$pipeline" -n "$REDIS_BENCH_REQUESTS" --csv "${args[@]}" >"$raw"
+    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
+    # "p99_latency_ms","max_latency_ms"
     local rps p50 p99
-    read -r rps p50 p99 < <(awk -F'","' 'NR == 2 { gsub(/"/, ""); print $2, $5, $7 }' "$raw")
-    add_row redis-benchmark-evalsha "${rps:-0}" "${p50:-nan}" "${p99:-nan}" 0
+    read -r rps p50 p99 < <(awk -F'","' 'NR == 2 { print $2, $5, $7 }' "$raw")
+    add_row "$name" "${rps:-0}" "${p50:-nan}" "${p99:-nan}" 0
 }
 
 run_decisions() {
@@ -126,6 +129,8 @@ section_redis() {
         run_wrk "turnstile-redis-w$w" "http://127.0.0.1:$LAST_PORT/"
         stop_pid "$pid"
     done
-    run_redis_benchmark
+    run_redis_benchmark redis-benchmark-evalsha 1
     run_decisions
+    # For scale only (no target): what Redis sustains when every connection pipelines 16 calls.
+    run_redis_benchmark redis-benchmark-evalsha-p16 16
 }
