@@ -30,9 +30,13 @@ pub struct Running {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub gateway: Arc<Gateway>,
+    /// Stops the public listener (and the sweeper).
     shutdown: watch::Sender<bool>,
+    /// Stops the admin listener, last, so `/readyz` says "draining" while requests finish.
+    admin_shutdown: watch::Sender<bool>,
     draining: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
+    admin_task: JoinHandle<()>,
 }
 
 /// Builds the store a snapshot asks for.
@@ -97,15 +101,15 @@ pub async fn start(
         gateway: gateway.clone(),
         draining: draining.clone(),
     });
-    let mut rx = shutdown_rx.clone();
-    tasks.push(tokio::spawn(async move {
+    let (admin_shutdown, mut rx) = watch::channel(false);
+    let admin_task = tokio::spawn(async move {
         let serve = axum::serve(admin, admin_router).with_graceful_shutdown(async move {
             let _ = rx.changed().await;
         });
         if let Err(e) = serve.await {
             tracing::error!(error = %e, "admin listener failed");
         }
-    }));
+    });
     tasks.push(tokio::spawn(serve_public(
         public,
         gateway.clone(),
@@ -117,8 +121,10 @@ pub async fn start(
         admin_addr,
         gateway,
         shutdown,
+        admin_shutdown,
         draining,
         tasks,
+        admin_task,
     })
 }
 
@@ -137,7 +143,10 @@ async fn serve_public(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(256)
+        // Pings find dead peers; a connection that stops answering is closed.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
     let builder = Arc::new(builder);
     let header_read_timeout = settings.header_read_timeout;
     let graceful = GracefulShutdown::new();
@@ -245,5 +254,7 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+        let _ = self.admin_shutdown.send(true);
+        let _ = self.admin_task.await;
     }
 }

@@ -81,6 +81,39 @@ async fn reload_swaps_the_config_and_in_flight_requests_complete() {
 }
 
 #[tokio::test]
+async fn readyz_says_draining_while_in_flight_requests_finish() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&version("v1", 1), upstream.addr).await;
+    let c = Client::new();
+    let readyz = gw.admin_url("/readyz");
+    assert_eq!(c.get(&readyz).await.status, 200);
+    let in_flight = tokio::spawn({
+        let (c, url) = (c.clone(), gw.url("/held"));
+        async move { c.get_with(&url, &[("x-test-hold-head", "1")]).await }
+    });
+    upstream.wait_for_requests(1).await;
+    let stopping = tokio::spawn(gw.shutdown());
+    // The admin listener outlives the public one: load balancers see "draining" while the
+    // held request is still being served.
+    let deadline = Instant::now() + LIVENESS;
+    loop {
+        let reply = c.get(&readyz).await;
+        if reply.status == 503 {
+            assert_eq!(reply.text(), "draining\n");
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz never said draining");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    upstream.release(1);
+    assert_eq!(in_flight.await.unwrap().status, 200);
+    tokio::time::timeout(LIVENESS, stopping)
+        .await
+        .expect("drained")
+        .unwrap();
+}
+
+#[tokio::test]
 async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
     let upstream = Upstream::start().await;
     let gw = TestGateway::with_upstream(&version("v1", 2), upstream.addr).await;
