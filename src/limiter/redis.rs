@@ -192,10 +192,7 @@ impl RedisStore {
             return Err(StoreError::CircuitOpen);
         }
         let result = if shared.pool.clients().iter().any(|c| c.is_connected()) {
-            match tokio::time::timeout(shared.timeout, self.evaluate(checks)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout(shared.timeout)),
-            }
+            self.evaluate(checks).await
         } else {
             Err(StoreError::Connection("not connected".to_string()))
         };
@@ -216,26 +213,42 @@ impl RedisStore {
         result
     }
 
+    /// At most `timeout`: the usual single `EVALSHA` is bounded by fred's command timeout (which
+    /// also keeps a timed-out command from being written later), a reload and retry by what is
+    /// left of it.
     async fn evaluate(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
         let shared = &self.shared;
-        let sha = match shared.sha.get() {
-            Some(sha) => sha.clone(),
-            None => shared.load_script().await.map_err(|e| shared.classify(e))?,
-        };
-        let reply: Result<Vec<i64>, FredError> = shared
-            .pool
-            .evalsha(sha, self.keys(checks), self.args(checks))
-            .await;
-        let reply = match reply {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                // Redis restarted or failed over and lost its script cache: reload, retry once.
-                let sha = shared.load_script().await.map_err(|e| shared.classify(e))?;
-                shared
+        let started = Instant::now();
+        let first = match shared.sha.get() {
+            Some(sha) => {
+                let reply: Result<Vec<i64>, FredError> = shared
                     .pool
-                    .evalsha(sha, self.keys(checks), self.args(checks))
-                    .await
+                    .evalsha(sha.clone(), self.keys(checks), self.args(checks))
+                    .await;
+                match reply {
+                    // Redis restarted or failed over and lost its script cache.
+                    Err(e) if e.details().starts_with("NOSCRIPT") => None,
+                    other => Some(other),
+                }
             }
-            other => other,
+            None => None,
+        };
+        let reply = match first {
+            Some(reply) => reply,
+            None => {
+                let left = shared.timeout.saturating_sub(started.elapsed());
+                let retry = async {
+                    let sha = shared.load_script().await?;
+                    shared
+                        .pool
+                        .evalsha(sha, self.keys(checks), self.args(checks))
+                        .await
+                };
+                match tokio::time::timeout(left, retry).await {
+                    Ok(reply) => reply,
+                    Err(_) => return Err(StoreError::Timeout(shared.timeout)),
+                }
+            }
         };
         decode(&reply.map_err(|e| shared.classify(e))?, checks.len())
     }
