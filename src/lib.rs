@@ -1,1 +1,4 @@
+#![forbid(unsafe_code)]
+//! Turnstile (placeholder root until the core lands).
 
+pub mod rls;
