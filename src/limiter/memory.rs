@@ -96,7 +96,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Checks all, consumes from all only if all allow.
+    /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]).
     pub fn check(&self, checks: &[Check<'_>]) -> Decision {
         let now = self.clock.now_us();
         let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_index(c.key)).collect();
@@ -115,9 +115,13 @@ impl MemoryStore {
             outcomes.push(outcome);
             pending.push(p);
         }
-        let decision = Decision::from_outcomes(outcomes);
+        let decision = Decision::from_checks(checks, outcomes);
         if decision.allowed {
-            for ((check, &shard), p) in checks.iter().zip(&shard_of).zip(pending) {
+            let all = checks.iter().zip(&shard_of).zip(pending).enumerate();
+            for (i, ((check, &shard), p)) in all {
+                if !decision.commits(i) {
+                    continue;
+                }
                 if let Some(entry) = shard_mut(&mut guards, shard).get_mut(check.key) {
                     commit(entry, p, check.cost);
                 }
