@@ -204,6 +204,11 @@ impl Rule {
         }
     }
 
+    /// The metric label when it needs no request value (resolved once at load), else `None`.
+    pub fn static_metric(&self) -> Option<&str> {
+        self.static_metric.as_deref()
+    }
+
     /// How deep the rule sits: a request matches it only with exactly this many entries.
     pub fn depth(&self) -> usize {
         self.levels.len()
@@ -256,6 +261,18 @@ impl Rule {
             }
         }
         Cow::Owned(out)
+    }
+}
+
+/// Appends `domain|key=value|...` with separators escaped: the counter name of a descriptor that
+/// has no config rule to name it (Envoy's `limit` override).
+pub(crate) fn write_entries_key(domain: &str, entries: &[Entry<'_>], out: &mut String) {
+    escape(domain, out);
+    for (key, value) in entries {
+        out.push('|');
+        escape(key, out);
+        out.push('=');
+        escape(value, out);
     }
 }
 
