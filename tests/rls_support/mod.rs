@@ -1,0 +1,150 @@
+//! Test support for the Envoy rate limit service: a Turnstile with an `rls:` block on free
+//! loopback ports, a gRPC client, and plain HTTP/1.1 calls to the admin listener.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+use turnstile::metrics::Metrics;
+use turnstile::Running;
+
+/// A running Turnstile whose `rls:` block reads the given envoyproxy/ratelimit files. Shut down
+/// (and its temp dir removed) when dropped.
+pub struct Rls {
+    pub running: Option<Running>,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+/// Writes `policies.yaml` (with `rls_extra` lines added to the `rls:` block and `store_block` as
+/// the store) and the rls config files, then starts Turnstile on port 0 everywhere.
+pub async fn start_with(files: &[(&str, &str)], rls_extra: &str, store_block: &str) -> Rls {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("rls")).expect("mkdir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join("rls").join(name), text).expect("write rls file");
+    }
+    let policies = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{store_block}\nrls:\n  listen: 127.0.0.1:0\n  config: ./rls\n{rls_extra}"
+    );
+    let path = dir.path().join("policies.yaml");
+    std::fs::write(&path, policies).expect("write policies");
+    let running = start_file(&path).await;
+    Rls {
+        grpc: running.rls_addr.expect("rls listener"),
+        admin: running.admin_addr,
+        running: Some(running),
+        dir,
+    }
+}
+
+pub async fn start(files: &[(&str, &str)], rls_extra: &str) -> Rls {
+    start_with(files, rls_extra, "store:\n  type: memory").await
+}
+
+async fn start_file(path: &Path) -> Running {
+    let metrics = Metrics::new();
+    let snapshot =
+        turnstile::config::load(path, &metrics).unwrap_or_else(|e| panic!("config: {e}"));
+    let public = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    turnstile::start(snapshot, metrics, Some((public, admin)))
+        .await
+        .expect("start")
+}
+
+impl Rls {
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect to the rls listener")
+    }
+
+    /// `GET`/`POST` on the admin listener: (status, body).
+    pub async fn admin(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http(self.admin, method, path, body).await
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.admin("GET", "/metrics", "").await.1
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; enough for admin endpoints.
+pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A descriptor from `key=value` pairs.
+pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+pub async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner()
+}
+
+/// The value of a metric line starting with `prefix` (name and labels), 0 when absent.
+pub fn metric(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
