@@ -100,11 +100,82 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    (
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        },
+    )
+}
+
+/// Decodes an HTTP/1.1 chunked body (RFC 9112 §7.1).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A GET with extra headers: (status, lower-cased response headers, body).
+pub async fn get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+/// The first value of header `name` (lower case).
+pub fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// An upstream that answers every request `200 upstream`, until the test's runtime ends.
+pub async fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("addr");
+    let app = axum::Router::new().fallback(|| async { "upstream\n" });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
 }
 
 /// A descriptor from `key=value` pairs.
@@ -148,3 +219,5 @@ pub fn metric(text: &str, prefix: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+pub mod envoy;
