@@ -156,3 +156,7 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
         .and_then(|h| h.strip_suffix(']'))
         .and_then(|h| h.parse::<IpAddr>().ok())
 }
+
+#[cfg(test)]
+#[path = "keys_tests.rs"]
+mod tests;

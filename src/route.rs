@@ -211,3 +211,7 @@ fn match_segments(segments: &[Segment], path: &str, params: &mut PathParams) -> 
     }
     false
 }
+
+#[cfg(test)]
+#[path = "route_tests.rs"]
+mod tests;

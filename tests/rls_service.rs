@@ -193,8 +193,8 @@ async fn depth_replaces_and_two_descriptors_in_one_request() {
         (OVER, OVER, OK)
     );
     assert_eq!(
-        r.statuses[1].limit_remaining, 0,
-        "user u: 1 of 3 left, minus this hit"
+        r.statuses[1].limit_remaining, 1,
+        "user u: the state without this rejected request"
     );
     assert_eq!(call(&mut c, pair("a2", "u")).await.overall_code, OK);
     let r = call(&mut c, pair("a2", "u")).await;

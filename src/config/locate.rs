@@ -135,7 +135,7 @@ mod tests {
             pos.find("routes[0].name"),
             Some(Position {
                 line: 3,
-                column: 13
+                column: 11
             })
         );
         assert_eq!(

@@ -113,3 +113,6 @@ fn serde_error(e: &serde_norway::Error, path: &Path) -> ConfigError {
         message,
     }
 }
+
+#[cfg(test)]
+mod tests;

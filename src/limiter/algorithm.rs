@@ -205,3 +205,7 @@ fn ceil_us(us: f64) -> u64 {
         us.ceil() as u64
     }
 }
+
+#[cfg(test)]
+#[path = "algorithm_tests.rs"]
+mod tests;

@@ -115,7 +115,19 @@ impl MemoryStore {
             outcomes.push(outcome);
             pending.push(p);
         }
-        let decision = Decision::from_checks(checks, outcomes);
+        let mut decision = Decision::from_checks(checks, outcomes);
+        if !decision.allowed {
+            // Nothing is consumed, so the policies that would have allowed report the state
+            // as it stays: the outcome of a zero-cost check.
+            for ((check, &shard), outcome) in
+                checks.iter().zip(&shard_of).zip(&mut decision.outcomes)
+            {
+                if outcome.allowed && check.cost > 0 {
+                    let entry = self.entry(shard_mut(&mut guards, shard), check, now);
+                    *outcome = evaluate(entry, &Check { cost: 0, ..*check }, now).1;
+                }
+            }
+        }
         if decision.allowed {
             let all = checks.iter().zip(&shard_of).zip(pending).enumerate();
             for (i, ((check, &shard), p)) in all {
@@ -234,3 +246,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+#[path = "memory_tests.rs"]
+mod tests;
