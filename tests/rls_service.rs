@@ -312,3 +312,48 @@ async fn json_health_and_response_headers() {
     );
     rls.stop().await;
 }
+
+#[tokio::test]
+async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut c = rls.client().await;
+    let limit_of = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    let ask = || request("shop", vec![descriptor(&[("user", "r")])]);
+    assert_eq!(limit_of(&call(&mut c, ask()).await), Some(3));
+
+    let file = rls.dir.path().join("rls/shop.yaml");
+    std::fs::write(
+        &file,
+        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 7}"),
+    )
+    .expect("rewrite");
+    rls.running
+        .as_ref()
+        .expect("running")
+        .reload()
+        .expect("reload");
+    assert_eq!(limit_of(&call(&mut c, ask()).await), Some(7));
+
+    std::fs::write(
+        &file,
+        "domain: shop\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
+    )
+    .expect("rewrite");
+    let err = rls.running.as_ref().expect("running").reload().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("shop.yaml:4: config error, unknown key 'ratelimit'"),
+        "{err}"
+    );
+    assert_eq!(
+        limit_of(&call(&mut c, ask()).await),
+        Some(7),
+        "the running config stays"
+    );
+    rls.stop().await;
+}
