@@ -33,5 +33,6 @@ pub mod respond;
 pub mod rls;
 pub mod route;
 pub mod server;
+pub mod top_limited;
 
 pub use server::{start, Running};

@@ -329,13 +329,16 @@ fn route(
         (Some(name), None) => match upstreams.get(name) {
             Some(up) => Some(Action::Forward(up.clone())),
             None => {
-                let known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+                let mut known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                let hint = if known.is_empty() {
+                    "no upstreams are defined; add one under `upstreams:`".to_string()
+                } else {
+                    format!("defined: {}", known.join(", "))
+                };
                 e.add(
                     format!("{path}.upstream"),
-                    format!(
-                        "`{name}` is not defined under `upstreams` (defined: {})",
-                        known.join(", ")
-                    ),
+                    format!("`{name}` is not defined under `upstreams` ({hint})"),
                 );
                 None
             }

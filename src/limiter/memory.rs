@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::algorithm::{BucketState, WindowBuckets, WindowLog};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
-const SHARDS: usize = 64;
+/// The most shards; small stores get fewer so that `max_keys` is an exact bound.
+const MAX_SHARDS: usize = 64;
+/// Counters per shard below which a store uses fewer shards.
+const MIN_KEYS_PER_SHARD: usize = 256;
 
 #[derive(Debug)]
 enum State {
@@ -73,11 +76,15 @@ impl MemoryStore {
     /// `max_keys` bounds the number of live counters; past it, idle counters go first, then
     /// arbitrary ones (which forgets their usage: counted in [`MemoryStore::evictions`]).
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
+        let max_keys = max_keys.max(1);
+        let shards = (max_keys / MIN_KEYS_PER_SHARD).clamp(1, MAX_SHARDS);
+        // Rounded down: the shards together never hold more than `max_keys`.
+        let keys_per_shard = max_keys / shards;
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: DefaultHashBuilder::default(),
             clock,
-            keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            keys_per_shard,
             evictions: AtomicU64::new(0),
         }
     }
@@ -156,7 +163,7 @@ impl MemoryStore {
     }
 
     fn shard_index(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        (self.hasher.hash_one(key) as usize) % self.shards.len()
     }
 
     fn entry<'m>(&self, map: &'m mut Shard, check: &Check<'_>, now: u64) -> &'m mut Entry {
