@@ -221,3 +221,88 @@ pub fn metric(text: &str, prefix: &str) -> u64 {
 }
 
 pub mod envoy;
+
+/// A throwaway `redis-server` on a free loopback port, killed by PID on drop.
+pub struct Redis {
+    child: std::process::Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    pub async fn start() -> Redis {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // redis-server cannot bind port 0: take a free one and hand it over.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is not installed: apt-get install redis-server");
+        let redis = Redis {
+            child,
+            port,
+            _dir: dir,
+        };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return redis;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not listen on {port}");
+    }
+
+    /// Kills the server now (a store outage).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Like [`start_with`], but returns the start error instead of panicking.
+pub async fn try_start_with(
+    files: &[(&str, &str)],
+    rls_extra: &str,
+    store_block: &str,
+) -> Result<Rls, String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("rls")).expect("mkdir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join("rls").join(name), text).expect("write rls file");
+    }
+    let policies = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{store_block}\nrls:\n  listen: 127.0.0.1:0\n  config: ./rls\n{rls_extra}"
+    );
+    let path = dir.path().join("policies.yaml");
+    std::fs::write(&path, policies).expect("write policies");
+    let metrics = Metrics::new();
+    let snapshot = turnstile::config::load(&path, &metrics).map_err(|e| e.to_string())?;
+    let public = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let running = turnstile::start(snapshot, metrics, Some((public, admin)))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Rls {
+        grpc: running.rls_addr.expect("rls listener"),
+        admin: running.admin_addr,
+        running: Some(running),
+        dir,
+    })
+}
