@@ -299,6 +299,13 @@ pub async fn try_start_with(
     let running = turnstile::start(snapshot, metrics, Some((public, admin)))
         .await
         .map_err(|e| e.to_string())?;
+    // A Redis store connects in the background: wait until it can decide.
+    for _ in 0..200 {
+        if http(running.admin_addr, "GET", "/readyz", "").await.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     Ok(Rls {
         grpc: running.rls_addr.expect("rls listener"),
         admin: running.admin_addr,
