@@ -16,6 +16,8 @@ CONCURRENCY=${CONCURRENCY:-64}
 CONNECTIONS=${CONNECTIONS:-4}
 DESCRIPTORS=${DESCRIPTORS:-1}
 STORES=${STORES:-"memory redis"}
+REDIS_POOL=${REDIS_POOL:-8}
+REDIS_TIMEOUT=${REDIS_TIMEOUT:-250ms}
 TARGET=${CARGO_TARGET_DIR:-target}
 
 cargo build --release --quiet --bin turnstile --example rls_load
@@ -57,7 +59,7 @@ run_store() {
         --dir "$work" >"$work/redis.log" 2>&1 &
       pids+=($!)
       for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-      store_block=$'store:\n  type: redis\n  url: redis://127.0.0.1:'"$port"
+      store_block=$'store:\n  type: redis\n  url: redis://127.0.0.1:'"$port"$'\n  pool_size: '"$REDIS_POOL"$'\n  timeout: '"$REDIS_TIMEOUT"
       ;;
     *) echo "unknown store $store" >&2; return 1 ;;
   esac
@@ -69,24 +71,29 @@ rls:
   listen: 127.0.0.1:0
   config: ./rls
 YAML
-  "$TARGET/release/turnstile" run --config "$work/policies.yaml" >"$work/turnstile.out" 2>"$work/turnstile.err" &
+  local out="$work/$store.out" err="$work/$store.err"
+  : >"$out"
+  "$TARGET/release/turnstile" run --config "$work/policies.yaml" >"$out" 2>"$err" &
   local tpid=$!
   pids+=($tpid)
   local addr=""
   for _ in $(seq 100); do
-    addr=$(sed -n 's/.* rls=\([0-9.:]*\).*/\1/p' "$work/turnstile.out")
+    addr=$(sed -n 's/.* rls=\([0-9.:]*\).*/\1/p' "$out")
     [ -n "$addr" ] && break
     kill -0 "$tpid" 2>/dev/null || break
     sleep 0.1
   done
   if [ -z "$addr" ]; then
-    echo "$store: turnstile did not start:" >&2; cat "$work/turnstile.err" >&2; return 1
+    echo "$store: turnstile did not start:" >&2; cat "$err" >&2; return 1
   fi
   printf '%-7s ' "$store"
   "$TARGET/release/examples/rls_load" --addr "$addr" --domain bench --key user --values 1000 \
     --descriptors "$DESCRIPTORS" --seconds "$SECONDS_PER_RUN" --requests "$MAX_REQUESTS" \
     --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
   kill "$tpid"; wait "$tpid" 2>/dev/null || true
+  if grep -q "store failed" "$err"; then
+    echo "        (store errors were logged: $(grep -c 'store failed' "$err") lines)"
+  fi
 }
 
 status=0
