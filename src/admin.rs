@@ -21,14 +21,18 @@ pub struct AdminState {
 }
 
 /// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
-/// we are not draining) and `/debug/top-limited` (the keys limited most, `?n=` of them).
+/// we are not draining) and `/debug/top-limited` (the keys limited most, `?n=` of them); for the
+/// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
+    let rls = crate::rls::RlsService::new(state.gateway.clone());
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
         .route("/debug/top-limited", get(top_limited))
         .with_state(state)
+        .merge(crate::rls::json::router(rls))
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
@@ -39,6 +43,16 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
         )],
         state.gateway.metrics.render(),
     )
+}
+
+/// envoyproxy/ratelimit's health check: `OK` while serving, 500 once draining or when the store
+/// cannot decide.
+async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.draining.load(Ordering::Relaxed) || !state.gateway.limiter.store().is_ready() {
+        (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK\n")
+    } else {
+        (StatusCode::OK, "OK\n")
+    }
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {

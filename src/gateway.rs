@@ -127,6 +127,7 @@ impl Gateway {
                     key,
                     rule: &route.policies[*i].rule,
                     cost: route.policies[*i].cost,
+                    shadow: false,
                 })
                 .collect();
             match self.limiter.decide(&checks).await {

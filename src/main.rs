@@ -91,10 +91,16 @@ async fn run(path: PathBuf) -> anyhow::Result<()> {
         .await
         .context("cannot start listeners")?;
     // One line, machine-readable: tests and scripts that bind port 0 read the real addresses here.
-    println!(
-        "turnstile listening public={} admin={}",
-        running.public_addr, running.admin_addr
-    );
+    match running.rls_addr {
+        Some(rls) => println!(
+            "turnstile listening public={} admin={} rls={rls}",
+            running.public_addr, running.admin_addr
+        ),
+        None => println!(
+            "turnstile listening public={} admin={}",
+            running.public_addr, running.admin_addr
+        ),
+    }
     tracing::info!(public = %running.public_addr, admin = %running.admin_addr, "turnstile started");
 
     loop {

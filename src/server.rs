@@ -29,6 +29,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub struct Running {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
+    pub rls_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
     /// Stops the public listener (and the sweeper).
     shutdown: watch::Sender<bool>,
@@ -95,6 +97,21 @@ pub async fn start(
         }));
     }
 
+    let rls_listener = match gateway.config.load().rls.as_ref() {
+        Some(rls) => Some(TcpListener::bind(rls.listen).await?),
+        None => None,
+    };
+    let rls_addr = rls_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    if let Some(listener) = rls_listener {
+        let service = crate::rls::RlsService::new(gateway.clone());
+        let rx = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::rls::grpc::serve(listener, service, rx).await {
+                tracing::error!(error = %e, "rate limit service listener failed");
+            }
+        }));
+    }
+
     let public_addr = public.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let admin_router = admin::router(AdminState {
@@ -119,6 +136,7 @@ pub async fn start(
     Ok(Running {
         public_addr,
         admin_addr,
+        rls_addr,
         gateway,
         shutdown,
         admin_shutdown,
@@ -232,6 +250,10 @@ impl Running {
         let next = result?;
         if next.listen != current.listen || next.admin_listen != current.admin_listen {
             tracing::warn!("listen addresses changed; they take effect at the next restart");
+        }
+        let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+        if rls_listen(&next) != rls_listen(&current) {
+            tracing::warn!("rls.listen changed; it takes effect at the next restart");
         }
         if next.store != current.store {
             tracing::warn!("store settings changed; they take effect at the next restart");

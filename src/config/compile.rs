@@ -102,6 +102,12 @@ pub fn compile(
         }
     }
 
+    let rls = raw.rls.as_ref().and_then(|r| {
+        crate::rls::settings::compile(r, source, metrics)
+            .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
+            .ok()
+    });
+
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok(Snapshot {
             source: source.to_path_buf(),
@@ -112,6 +118,7 @@ pub fn compile(
             failure_mode,
             server,
             routes,
+            rls,
         }),
         _ => Err(errors.0),
     }

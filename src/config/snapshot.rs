@@ -145,4 +145,6 @@ pub struct Snapshot {
     pub failure_mode: FailureMode,
     pub server: ServerSettings,
     pub routes: Vec<Route>,
+    /// The Envoy rate limit service, when `rls:` is set.
+    pub rls: Option<crate::rls::RlsSnapshot>,
 }

@@ -103,7 +103,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Checks all, consumes from all only if all allow.
+    /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]).
     pub fn check(&self, checks: &[Check<'_>]) -> Decision {
         let now = self.clock.now_us();
         let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_index(c.key)).collect();
@@ -122,7 +122,7 @@ impl MemoryStore {
             outcomes.push(outcome);
             pending.push(p);
         }
-        let mut decision = Decision::from_outcomes(outcomes);
+        let mut decision = Decision::from_checks(checks, outcomes);
         if !decision.allowed {
             // Nothing is consumed, so the policies that would have allowed report the state
             // as it stays: the outcome of a zero-cost check.
@@ -136,7 +136,11 @@ impl MemoryStore {
             }
         }
         if decision.allowed {
-            for ((check, &shard), p) in checks.iter().zip(&shard_of).zip(pending) {
+            let all = checks.iter().zip(&shard_of).zip(pending).enumerate();
+            for (i, ((check, &shard), p)) in all {
+                if !decision.commits(i) {
+                    continue;
+                }
                 if let Some(entry) = shard_mut(&mut guards, shard).get_mut(check.key) {
                     commit(entry, p, check.cost);
                 }

@@ -9,7 +9,12 @@ fn store(max_keys: usize) -> (Arc<ManualClock>, MemoryStore) {
 }
 
 fn check<'a>(key: &'a str, rule: &'a Rule) -> Check<'a> {
-    Check { key, rule, cost: 1 }
+    Check {
+        key,
+        rule,
+        cost: 1,
+        shadow: false,
+    }
 }
 
 #[test]
