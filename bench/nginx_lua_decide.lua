@@ -23,8 +23,8 @@ function _M.access()
   end
   -- The key Turnstile builds for route "bench", policy "never_trips", keyed by client IP.
   local key = "bench:{bench:never_trips:" .. ngx.var.remote_addr .. "}:tb"
-  local req = "*10\r\n" .. bulk("EVALSHA") .. bulk(ngx.var.decide_sha) .. bulk("1") .. bulk(key)
-    .. bulk("") .. bulk("tb") .. bulk(RATE) .. bulk(BURST) .. bulk("0") .. bulk("1")
+  local req = "*11\r\n" .. bulk("EVALSHA") .. bulk(ngx.var.decide_sha) .. bulk("1") .. bulk(key)
+    .. bulk("") .. bulk("tb") .. bulk(RATE) .. bulk(BURST) .. bulk("0") .. bulk("1") .. bulk("0")
   ok, err = sock:send(req)
   if not ok then
     return fail(503, err)

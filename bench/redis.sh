@@ -48,7 +48,7 @@ add_row() {
 # The same call both Redis clients make: Turnstile's key for client 127.0.0.1, one token.
 evalsha_args() {
     printf '%s\n' EVALSHA "$SHA" 1 "bench:{bench:never_trips:127.0.0.1}:tb" "" tb \
-        1000000000 1000000000 0 1
+        1000000000 1000000000 0 1 0
 }
 
 # run_redis_benchmark NAME PIPELINE: redis-benchmark running the EVALSHA, PIPELINE per connection.

@@ -51,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
                     key: "bench:never_trips:127.0.0.1",
                     rule: &rule,
                     cost: 1,
+                    shadow: false,
                 }];
                 while !done.load(Ordering::Relaxed) {
                     let t = Instant::now();

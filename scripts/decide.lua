@@ -8,15 +8,18 @@
 --          always holds one data type). The script never builds a key name.
 -- ARGV[1]  "now" in microseconds for tests; "" in production: the clock is Redis TIME, never a
 --          gateway's, so instances whose clocks disagree still share one limit.
--- then per policy i, from ARGV[2 + 5*(i-1)]: kind, p1, p2, p3, cost
+-- then per policy i, from ARGV[2 + 6*(i-1)]: kind, p1, p2, p3, cost, shadow
 --          tb: p1 = rate per second (decimal), p2 = burst, p3 = 0
 --          sw: p1 = limit, p2 = window in microseconds, p3 = buckets (0 = exact log)
 --          cost: units to consume, 0 checks without consuming
+--          shadow: "1" for report only (Envoy's shadow_mode): its refusal never rejects the
+--                  request, and it consumes only when it allows and the request is admitted
 --
 -- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us}.
 --
--- Every policy is evaluated from the stored state first; only if all allow is anything written,
--- so a rejected request consumes nothing anywhere. Every written key gets a PEXPIRE.
+-- Every policy is evaluated from the stored state first; only if all allow (shadow policies aside)
+-- is anything written, so a rejected request consumes nothing anywhere. Every written key gets a
+-- PEXPIRE.
 
 -- Writes after TIME must replicate as effects (needed before Redis 5; a no-op since).
 if redis.replicate_commands then
@@ -274,8 +277,8 @@ end
 ---------------------------------------------------------------------------------------------------
 
 local policies = #KEYS
-if #ARGV ~= 1 + 5 * policies then
-  return redis.error_reply('decide.lua: expected 1 + 5 ARGV per key')
+if #ARGV ~= 1 + 6 * policies then
+  return redis.error_reply('decide.lua: expected 1 + 6 ARGV per key')
 end
 
 local now
@@ -292,7 +295,7 @@ end
 local plans = {}
 local all_allowed = true
 for i = 1, policies do
-  local a = 2 + 5 * (i - 1)
+  local a = 2 + 6 * (i - 1)
   local kind = ARGV[a]
   local p1, p2, p3, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
                            tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -321,19 +324,21 @@ for i = 1, policies do
     return redis.error_reply('decide.lua: unknown kind for policy ' .. i)
   end
   plans[i] = p
-  all_allowed = all_allowed and p.allowed
+  all_allowed = all_allowed and (p.allowed or ARGV[a + 5] == '1')
 end
 
 local reply = { all_allowed and 1 or 0 }
 for i = 1, policies do
   local p = plans[i]
-  -- A rejected request describes the state without it: nothing is consumed anywhere.
-  local o = p.outcome(p, all_allowed and p.allowed)
+  -- Consumed only when the request is admitted and this policy allows it; otherwise the outcome
+  -- describes the state without the request.
+  local consumed = all_allowed and p.allowed
+  local o = p.outcome(p, consumed)
   reply[#reply + 1] = p.allowed and 1 or 0
   for _, v in ipairs(o) do
     reply[#reply + 1] = v
   end
-  if all_allowed and p.cost > 0 then
+  if consumed and p.cost > 0 then
     p.commit(p)
   end
 end

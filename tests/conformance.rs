@@ -29,6 +29,8 @@ struct Case {
     name: &'static str,
     /// The rules of the counters the steps refer to by index.
     counters: Vec<Rule>,
+    /// Counters checked in shadow mode (report only).
+    shadow: &'static [usize],
     steps: Vec<Step>,
 }
 
@@ -38,6 +40,19 @@ fn step(now: u64, checks: &[(usize, u64)], outcomes: &[(bool, u64, u64, u64, u64
         checks: checks.to_vec(),
         allowed: outcomes.iter().all(|o| o.0),
         outcomes: outcomes.to_vec(),
+    }
+}
+
+/// A step whose decision is given explicitly (shadow checks: a refusal need not reject).
+fn decided(
+    now: u64,
+    checks: &[(usize, u64)],
+    allowed: bool,
+    outcomes: &[(bool, u64, u64, u64, u64)],
+) -> Step {
+    Step {
+        allowed,
+        ..step(now, checks, outcomes)
     }
 }
 
@@ -62,6 +77,7 @@ fn cases() -> Vec<Case> {
     vec![
         Case {
             name: "token_bucket",
+            shadow: &[],
             counters: vec![tb(1.0, 2)],
             steps: vec![
                 one(T, 1, (true, 2, 1, S, 0)),
@@ -77,6 +93,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "token_bucket_clock_stepped_back",
+            shadow: &[],
             counters: vec![tb(1.0, 2)],
             steps: vec![
                 one(T + 2 * S, 2, (true, 2, 0, 2 * S, 0)),
@@ -89,6 +106,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "fractional_rate_half_per_second",
+            shadow: &[],
             counters: vec![tb(0.5, 1)],
             steps: vec![
                 one(T, 1, (true, 1, 0, 2 * S, 0)),
@@ -99,6 +117,7 @@ fn cases() -> Vec<Case> {
         Case {
             // Tokens keep their fraction (0.6000000000000001, then 0.20000000000000018).
             name: "fractional_tokens_kept",
+            shadow: &[],
             counters: vec![tb(3.0, 2)],
             steps: vec![
                 one(T, 1, (true, 2, 1, 333_334, 0)),
@@ -110,6 +129,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "sliding_window_exact",
+            shadow: &[],
             counters: vec![sw(2, 10 * S, 0)],
             steps: vec![
                 one(100 * S, 1, (true, 2, 1, 10 * S, 0)),
@@ -127,6 +147,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "sliding_window_exact_admitted_while_stepped_back",
+            shadow: &[],
             counters: vec![sw(2, 10 * S, 0)],
             steps: vec![
                 one(50 * S, 1, (true, 2, 1, 10 * S, 0)),
@@ -139,6 +160,7 @@ fn cases() -> Vec<Case> {
         Case {
             // Five sub-windows of 2 s; bucket j covers [2j s, 2j+2 s).
             name: "sliding_window_bucketed",
+            shadow: &[],
             counters: vec![sw(3, 10 * S, 5)],
             steps: vec![
                 one(100 * S, 2, (true, 3, 1, 12 * S, 0)),
@@ -155,6 +177,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "all_or_nothing",
+            shadow: &[],
             counters: vec![tb(1.0, 5), sw(1, 10 * S, 0)],
             steps: vec![
                 // The window rejects (cost over its limit): the bucket keeps its 5 tokens.
@@ -182,6 +205,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "cost_zero_checks_without_consuming",
+            shadow: &[],
             counters: vec![tb(1.0, 5), sw(3, 10 * S, 0), sw(3, 10 * S, 5)],
             steps: vec![
                 step(
@@ -197,6 +221,46 @@ fn cases() -> Vec<Case> {
                 step(T, &[(0, 5)], &[(true, 5, 0, 5 * S, 0)]),
                 // An empty bucket still admits a zero-cost check.
                 step(T, &[(0, 0)], &[(true, 5, 0, 5 * S, 0)]),
+            ],
+        },
+        Case {
+            name: "shadow_refusal_never_rejects",
+            shadow: &[0],
+            counters: vec![tb(1.0, 1), sw(5, 10 * S, 0)],
+            steps: vec![
+                step(
+                    T,
+                    &[(0, 1), (1, 1)],
+                    &[(true, 1, 0, S, 0), (true, 5, 4, 10 * S, 0)],
+                ),
+                // The shadow bucket is empty: it says so, consumes nothing, rejects nothing.
+                decided(
+                    T,
+                    &[(0, 1), (1, 1)],
+                    true,
+                    &[(false, 1, 0, S, S), (true, 5, 3, 10 * S, 0)],
+                ),
+                decided(
+                    T + S / 2,
+                    &[(0, 1), (1, 1)],
+                    true,
+                    &[(false, 1, 0, S / 2, S / 2), (true, 5, 2, 10 * S, 0)],
+                ),
+                step(T + S, &[(0, 1)], &[(true, 1, 0, S, 0)]),
+            ],
+        },
+        Case {
+            name: "shadow_consumes_nothing_when_rejected",
+            shadow: &[0],
+            counters: vec![tb(1.0, 5), sw(1, 10 * S, 0)],
+            steps: vec![
+                decided(
+                    T,
+                    &[(0, 1), (1, 2)],
+                    false,
+                    &[(true, 5, 5, 0, 0), (false, 1, 1, 0, 10 * S)],
+                ),
+                step(T, &[(0, 1)], &[(true, 5, 4, S, 0)]),
             ],
         },
     ]
@@ -252,6 +316,7 @@ async fn both_stores_follow_the_spec() {
                     key: &keys[i],
                     rule: &case.counters[i],
                     cost,
+                    shadow: case.shadow.contains(&i),
                 })
                 .collect();
             let want = expected(step);
@@ -281,12 +346,17 @@ async fn every_key_written_has_a_ttl() {
         let checks: Vec<Check<'_>> = keys
             .iter()
             .zip(&case.counters)
-            .map(|(key, rule)| Check { key, rule, cost: 1 })
+            .map(|(key, rule)| Check {
+                key,
+                rule,
+                cost: 1,
+                shadow: false,
+            })
             .collect();
         remote.check(&checks).await.expect("decision");
     }
     let keys = redis.keys();
-    assert_eq!(keys.len(), 12, "one key per counter of the cases: {keys:?}");
+    assert_eq!(keys.len(), 16, "one key per counter of the cases: {keys:?}");
     for key in keys {
         assert!(
             key.starts_with("ttl:{"),

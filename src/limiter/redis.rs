@@ -260,10 +260,11 @@ impl RedisStore {
             .collect()
     }
 
-    /// `now`, then `kind, p1, p2, p3, cost` per check, as `scripts/decide.lua` reads them.
+    /// `now`, then `kind, p1, p2, p3, cost, shadow` per check, as `scripts/decide.lua` reads
+    /// them.
     fn args(&self, checks: &[Check<'_>]) -> Vec<Value> {
         let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
-        let mut args = Vec::with_capacity(1 + 5 * checks.len());
+        let mut args = Vec::with_capacity(1 + 6 * checks.len());
         args.push(match &self.shared.test_clock {
             Some(clock) => int(clock.now_us()),
             None => Value::from_static_str(""),
@@ -285,6 +286,7 @@ impl RedisStore {
                 }
             }
             args.push(int(check.cost));
+            args.push(Value::Integer(i64::from(check.shadow)));
         }
         args
     }
