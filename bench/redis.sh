@@ -1,5 +1,6 @@
 # bench/run.sh section "redis": Turnstile on the Redis store against two peers in the same run,
-# and its decision rate against Redis's own ceiling for the same script. Sourced by run.sh.
+# and its decision rate against Redis's own ceiling for the same script. Sourced by run.sh, which
+# lists `redis` in SECTIONS_ALL and has `source "$BENCH_DIR/redis.sh"` before its summary.
 #
 # Rows, per worker count W (placement as in the memory section; Redis runs on the load CPU with
 # wrk and the upstream, so both Redis clients under test get the proxy CPU to themselves):
