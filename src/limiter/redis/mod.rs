@@ -11,29 +11,27 @@
 //! with Redis down; a background probe keeps [`RedisStore::is_ready`] current and reloads the
 //! script after a restart (a `NOSCRIPT` answer also reloads it and retries once).
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    Builder, ClientLike, Config, ConnectionConfig, Error as FredError, ErrorKind, EventInterface,
-    Key, LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, Value,
+    Builder, ClientLike, Config, ConnectionConfig, Error as FredError, ErrorKind, Key,
+    LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, Value,
 };
 use fred::types::config::UnresponsiveConfig;
 
+mod health;
+mod wire;
+
 use super::breaker::{Admission, Breaker};
-use super::{Check, Clock, Decision, Outcome, Rule, StoreError};
+use super::{Check, Clock, Decision, StoreError};
 
 /// The decision script; `docs/algorithms.md` in Lua.
-pub const DECIDE_LUA: &str = include_str!("../../scripts/decide.lua");
+pub const DECIDE_LUA: &str = include_str!("../../../scripts/decide.lua");
 
 /// How long a connection attempt may take (fred's default is 10 s).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The least time between two logged connection errors.
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
-/// How often the background probe checks reachability and the script cache.
-const PROBE_EVERY: Duration = Duration::from_millis(500);
 
 /// Counters in Redis, for many gateway instances.
 pub struct RedisStore {
@@ -139,8 +137,8 @@ impl RedisStore {
             started: Instant::now(),
             test_clock,
         });
-        tokio::spawn(probe(Arc::downgrade(&shared)));
-        log_connection_errors(&shared);
+        tokio::spawn(health::probe(Arc::downgrade(&shared)));
+        health::log_connection_errors(&shared);
         Ok(RedisStore { shared })
     }
 
@@ -161,24 +159,21 @@ impl RedisStore {
         true
     }
 
-    /// The Redis key of a check: `key_prefix{identity}:kind`. The hash tag puts each counter in
-    /// one Cluster slot; the kind suffix keeps one data type per key, and for the bucketed window
-    /// the bucket width too (bucket indexes mean nothing under another width).
+    /// The Redis key of a check: see [`wire::key`].
     pub fn redis_key(&self, check: &Check<'_>) -> String {
-        let prefix = &self.shared.key_prefix;
-        let mut key = String::with_capacity(prefix.len() + check.key.len() + 24);
-        key.push_str(prefix);
-        key.push('{');
-        escape_tag(check.key, &mut key);
-        key.push_str("}:");
-        key.push_str(check.rule.kind());
-        if let Rule::SlidingWindow(sw) = check.rule {
-            if sw.buckets > 0 {
-                // Infallible for a String.
-                let _ = write!(key, ":{}:{}", sw.window_us, sw.buckets);
-            }
-        }
-        key
+        wire::key(&self.shared.key_prefix, check)
+    }
+
+    fn keys(&self, checks: &[Check<'_>]) -> Vec<Key> {
+        checks
+            .iter()
+            .map(|c| Key::from(self.redis_key(c)))
+            .collect()
+    }
+
+    fn args(&self, checks: &[Check<'_>]) -> Vec<Value> {
+        let now = self.shared.test_clock.as_ref().map(|c| c.now_us());
+        wire::args(now, checks)
     }
 
     /// Checks every counter in one script call, consuming from all only if all allow.
@@ -203,7 +198,7 @@ impl RedisStore {
                     .failure(shared.now_ms(), admission == Admission::Probe)
                 {
                     tracing::warn!(
-                        cool_down = ?super::breaker::COOL_DOWN,
+                        cool_down = ?crate::limiter::breaker::COOL_DOWN,
                         "redis keeps failing; skipping it between probes"
                     );
                 }
@@ -250,45 +245,7 @@ impl RedisStore {
                 }
             }
         };
-        decode(&reply.map_err(|e| shared.classify(e))?, checks.len())
-    }
-
-    fn keys(&self, checks: &[Check<'_>]) -> Vec<Key> {
-        checks
-            .iter()
-            .map(|c| Key::from(self.redis_key(c)))
-            .collect()
-    }
-
-    /// `now`, then `kind, p1, p2, p3, cost, shadow` per check, as `scripts/decide.lua` reads
-    /// them.
-    fn args(&self, checks: &[Check<'_>]) -> Vec<Value> {
-        let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
-        let mut args = Vec::with_capacity(1 + 6 * checks.len());
-        args.push(match &self.shared.test_clock {
-            Some(clock) => int(clock.now_us()),
-            None => Value::from_static_str(""),
-        });
-        for check in checks {
-            match check.rule {
-                Rule::TokenBucket(tb) => {
-                    args.push(Value::from_static_str("tb"));
-                    // Rust prints the shortest decimal that parses back to the same double.
-                    args.push(Value::Double(tb.rate));
-                    args.push(int(tb.burst));
-                    args.push(Value::Integer(0));
-                }
-                Rule::SlidingWindow(sw) => {
-                    args.push(Value::from_static_str("sw"));
-                    args.push(int(sw.limit));
-                    args.push(int(sw.window_us));
-                    args.push(int(u64::from(sw.buckets)));
-                }
-            }
-            args.push(int(check.cost));
-            args.push(Value::Integer(i64::from(check.shadow)));
-        }
-        args
+        wire::decode(&reply.map_err(|e| shared.classify(e))?, checks.len())
     }
 }
 
@@ -332,157 +289,10 @@ impl Drop for Shared {
     }
 }
 
-/// Keeps `ready` current and the script loaded, until the store is dropped. Logs transitions only.
-async fn probe(store: Weak<Shared>) {
-    let mut tick = tokio::time::interval(PROBE_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The state last logged: the first probe always logs, so startup with Redis down is visible.
-    let mut logged = None;
-    loop {
-        tick.tick().await;
-        let Some(shared) = store.upgrade() else {
-            return;
-        };
-        let limit = shared.timeout.max(Duration::from_millis(250));
-        let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
-            && matches!(
-                tokio::time::timeout(limit, script_cached(&shared)).await,
-                Ok(Ok(()))
-            );
-        if reachable {
-            // Redis is back: stop skipping it now rather than after the next request probe.
-            shared.breaker.success();
-        }
-        shared.ready.store(reachable, Ordering::Relaxed);
-        if logged != Some(reachable) {
-            logged = Some(reachable);
-            if reachable {
-                tracing::info!("redis store is reachable");
-            } else {
-                tracing::warn!("redis store is unreachable; routes apply their failure_mode");
-            }
-        }
-    }
-}
-
-/// Logs why connections fail (refused, wrong password, TLS), at most once per
-/// [`ERROR_LOG_EVERY`]: fred reconnects forever, and an outage must not flood the log.
-fn log_connection_errors(shared: &Arc<Shared>) {
-    for client in shared.pool.clients() {
-        let mut errors = client.error_rx();
-        let store = Arc::downgrade(shared);
-        tokio::spawn(async move {
-            loop {
-                let (error, server) = match errors.recv().await {
-                    Ok(event) => event,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    // The pool quit.
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                };
-                let Some(shared) = store.upgrade() else {
-                    return;
-                };
-                let now = shared.now_ms() + 1;
-                let last = shared.last_error_log_ms.load(Ordering::Relaxed);
-                let due = last == 0 || now >= last + ERROR_LOG_EVERY.as_millis() as u64;
-                if due
-                    && shared
-                        .last_error_log_ms
-                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    let server = server.map(|s| s.to_string()).unwrap_or_default();
-                    tracing::warn!(%server, error = %error.details(), "redis connection failed");
-                }
-            }
-        });
-    }
-}
-
-/// Makes sure Redis holds the script, loading it when a restart emptied the cache.
-async fn script_cached(shared: &Shared) -> Result<(), FredError> {
-    if let Some(sha) = shared.sha.get() {
-        let exists: Vec<bool> = shared.pool.script_exists(sha.clone()).await?;
-        if exists.first() == Some(&true) {
-            return Ok(());
-        }
-    }
-    shared.load_script().await.map(|_| ())
-}
-
 /// Whether `url` can be used, so a bad one is a config error (with its line) rather than a store
 /// that never connects. The message never repeats the URL, which may hold a password.
 pub fn check_url(url: &str) -> Result<(), String> {
     Config::from_url(url)
         .map(|_| ())
         .map_err(|e| format!("is not a valid Redis URL: {}", e.details()))
-}
-
-/// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
-/// the tag, injectively, so distinct identities stay distinct keys.
-fn escape_tag(identity: &str, out: &mut String) {
-    if !identity.bytes().any(|b| matches!(b, b'{' | b'}' | b'%')) {
-        out.push_str(identity);
-        return;
-    }
-    for c in identity.chars() {
-        match c {
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
-    }
-}
-
-fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
-    if reply.len() != 1 + 5 * checks {
-        return Err(StoreError::Script(format!(
-            "decide.lua answered {} values for {checks} checks",
-            reply.len()
-        )));
-    }
-    let unsigned =
-        |v: i64| u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")));
-    let mut outcomes = Vec::with_capacity(checks);
-    for o in reply[1..].chunks_exact(5) {
-        outcomes.push(Outcome {
-            allowed: o[0] != 0,
-            limit: unsigned(o[1])?,
-            remaining: unsigned(o[2])?,
-            reset_us: unsigned(o[3])?,
-            retry_after_us: unsigned(o[4])?,
-        });
-    }
-    Ok(Decision {
-        allowed: reply[0] != 0,
-        outcomes,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tag_escaping_is_injective_and_brace_free() {
-        let mut a = String::new();
-        escape_tag("r:p:{x}", &mut a);
-        let mut b = String::new();
-        escape_tag("r:p:%7Bx%7D", &mut b);
-        assert_eq!(a, "r:p:%7Bx%7D");
-        assert_eq!(b, "r:p:%257Bx%257D");
-        assert!(!a.contains(['{', '}']));
-    }
-
-    #[test]
-    fn decode_rejects_a_short_reply() {
-        assert!(matches!(
-            decode(&[1, 1, 5, 4], 1),
-            Err(StoreError::Script(_))
-        ));
-        let d = decode(&[0, 1, 5, 4, 1_000_000, 0], 1).unwrap();
-        assert!(!d.allowed);
-        assert_eq!(d.outcomes[0].remaining, 4);
-    }
 }

@@ -1,0 +1,92 @@
+//! Keeping the Redis store's readiness current and its failures visible, without flooding logs.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fred::prelude::{ClientLike, Error as FredError, EventInterface, LuaInterface};
+
+use super::Shared;
+
+/// The least time between two logged connection errors.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+/// How often the background probe checks reachability and the script cache.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// Keeps `ready` current and the script loaded, until the store is dropped. Logs transitions only.
+pub(super) async fn probe(store: Weak<Shared>) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The state last logged: the first probe always logs, so startup with Redis down is visible.
+    let mut logged = None;
+    loop {
+        tick.tick().await;
+        let Some(shared) = store.upgrade() else {
+            return;
+        };
+        let limit = shared.timeout.max(Duration::from_millis(250));
+        let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
+            && matches!(
+                tokio::time::timeout(limit, script_cached(&shared)).await,
+                Ok(Ok(()))
+            );
+        if reachable {
+            // Redis is back: stop skipping it now rather than after the next request probe.
+            shared.breaker.success();
+        }
+        shared.ready.store(reachable, Ordering::Relaxed);
+        if logged != Some(reachable) {
+            logged = Some(reachable);
+            if reachable {
+                tracing::info!("redis store is reachable");
+            } else {
+                tracing::warn!("redis store is unreachable; routes apply their failure_mode");
+            }
+        }
+    }
+}
+
+/// Logs why connections fail (refused, wrong password, TLS), at most once per
+/// [`ERROR_LOG_EVERY`]: fred reconnects forever, and an outage must not flood the log.
+pub(super) fn log_connection_errors(shared: &Arc<Shared>) {
+    for client in shared.pool.clients() {
+        let mut errors = client.error_rx();
+        let store = Arc::downgrade(shared);
+        tokio::spawn(async move {
+            loop {
+                let (error, server) = match errors.recv().await {
+                    Ok(event) => event,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    // The pool quit.
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                let Some(shared) = store.upgrade() else {
+                    return;
+                };
+                let now = shared.now_ms() + 1;
+                let last = shared.last_error_log_ms.load(Ordering::Relaxed);
+                let due = last == 0 || now >= last + ERROR_LOG_EVERY.as_millis() as u64;
+                if due
+                    && shared
+                        .last_error_log_ms
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    let server = server.map(|s| s.to_string()).unwrap_or_default();
+                    tracing::warn!(%server, error = %error.details(), "redis connection failed");
+                }
+            }
+        });
+    }
+}
+
+/// Makes sure Redis holds the script, loading it when a restart emptied the cache.
+async fn script_cached(shared: &Shared) -> Result<(), FredError> {
+    if let Some(sha) = shared.sha.get() {
+        let exists: Vec<bool> = shared.pool.script_exists(sha.clone()).await?;
+        if exists.first() == Some(&true) {
+            return Ok(());
+        }
+    }
+    shared.load_script().await.map(|_| ())
+}

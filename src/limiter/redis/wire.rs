@@ -1,0 +1,126 @@
+//! The wire format between the store and `scripts/decide.lua`: key names, arguments, the reply.
+
+use std::fmt::Write as _;
+
+use fred::prelude::Value;
+
+use crate::limiter::{Check, Decision, Outcome, Rule, StoreError};
+
+/// The Redis key of a check: `key_prefix{identity}:kind`. The hash tag puts each counter in
+/// one Cluster slot; the kind suffix keeps one data type per key, and for the bucketed window
+/// the bucket width too (bucket indexes mean nothing under another width).
+pub fn key(prefix: &str, check: &Check<'_>) -> String {
+    let mut key = String::with_capacity(prefix.len() + check.key.len() + 24);
+    key.push_str(prefix);
+    key.push('{');
+    escape_tag(check.key, &mut key);
+    key.push_str("}:");
+    key.push_str(check.rule.kind());
+    if let Rule::SlidingWindow(sw) = check.rule {
+        if sw.buckets > 0 {
+            // Infallible for a String.
+            let _ = write!(key, ":{}:{}", sw.window_us, sw.buckets);
+        }
+    }
+    key
+}
+
+/// The script's ARGV: `now` (`None`: the script reads Redis `TIME`), then
+/// `kind, p1, p2, p3, cost, shadow` per check.
+pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let mut args = Vec::with_capacity(1 + 6 * checks.len());
+    args.push(match now {
+        Some(now) => int(now),
+        None => Value::from_static_str(""),
+    });
+    for check in checks {
+        match check.rule {
+            Rule::TokenBucket(tb) => {
+                args.push(Value::from_static_str("tb"));
+                // Rust prints the shortest decimal that parses back to the same double.
+                args.push(Value::Double(tb.rate));
+                args.push(int(tb.burst));
+                args.push(Value::Integer(0));
+            }
+            Rule::SlidingWindow(sw) => {
+                args.push(Value::from_static_str("sw"));
+                args.push(int(sw.limit));
+                args.push(int(sw.window_us));
+                args.push(int(u64::from(sw.buckets)));
+            }
+        }
+        args.push(int(check.cost));
+        args.push(Value::Integer(i64::from(check.shadow)));
+    }
+    args
+}
+
+/// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
+/// the tag, injectively, so distinct identities stay distinct keys.
+fn escape_tag(identity: &str, out: &mut String) {
+    if !identity.bytes().any(|b| matches!(b, b'{' | b'}' | b'%')) {
+        out.push_str(identity);
+        return;
+    }
+    for c in identity.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+}
+
+pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
+    if reply.len() != 1 + 5 * checks {
+        return Err(StoreError::Script(format!(
+            "decide.lua answered {} values for {checks} checks",
+            reply.len()
+        )));
+    }
+    let unsigned =
+        |v: i64| u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")));
+    let mut outcomes = Vec::with_capacity(checks);
+    for o in reply[1..].chunks_exact(5) {
+        outcomes.push(Outcome {
+            allowed: o[0] != 0,
+            limit: unsigned(o[1])?,
+            remaining: unsigned(o[2])?,
+            reset_us: unsigned(o[3])?,
+            retry_after_us: unsigned(o[4])?,
+        });
+    }
+    Ok(Decision {
+        allowed: reply[0] != 0,
+        outcomes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tag_escaping_is_injective_and_brace_free() {
+        let mut a = String::new();
+        escape_tag("r:p:{x}", &mut a);
+        let mut b = String::new();
+        escape_tag("r:p:%7Bx%7D", &mut b);
+        assert_eq!(a, "r:p:%7Bx%7D");
+        assert_eq!(b, "r:p:%257Bx%257D");
+        assert!(!a.contains(['{', '}']));
+    }
+
+    #[test]
+    fn decode_rejects_a_short_reply() {
+        assert!(matches!(
+            decode(&[1, 1, 5, 4], 1),
+            Err(StoreError::Script(_))
+        ));
+        let d = decode(&[0, 1, 5, 4, 1_000_000, 0], 1).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.outcomes[0].remaining, 4);
+    }
+}
