@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::{
     Builder, ClientLike, Config, ConnectionConfig, Error as FredError, ErrorKind, Key,
-    LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, Value,
+    LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, TcpConfig, Value,
 };
 use fred::types::config::UnresponsiveConfig;
 
@@ -109,6 +109,11 @@ impl RedisStore {
             unresponsive: UnresponsiveConfig {
                 max_timeout: Some(CONNECT_TIMEOUT.max(timeout * 4)),
                 interval: Duration::from_millis(250),
+            },
+            // Small pipelined writes must not wait for ACKs (Nagle is on by default in fred).
+            tcp: TcpConfig {
+                nodelay: Some(true),
+                ..TcpConfig::default()
             },
             ..ConnectionConfig::default()
         };
