@@ -128,21 +128,10 @@ async fn envoy_fails_open_when_redis_is_down() {
         "store:\n  type: redis\n  url: redis://127.0.0.1:{}\n  timeout: 100ms",
         redis.port
     );
-    let rls = match rls_support::try_start_with(
-        &[("edge.yaml", CONFIG)],
-        "  failure_mode: error\n",
-        &store,
-    )
-    .await
-    {
-        Ok(rls) => rls,
-        // Until the Redis store (issue 3) is merged, this build has none: say so loudly.
-        Err(e) if e.contains("the redis store is not available in this build") => {
-            eprintln!("SKIPPED envoy_fails_open_when_redis_is_down: {e}");
-            return;
-        }
-        Err(e) => panic!("start: {e}"),
-    };
+    let rls =
+        rls_support::try_start_with(&[("edge.yaml", CONFIG)], "  failure_mode: error\n", &store)
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}"));
     let up = upstream().await;
     let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
     assert_eq!(
