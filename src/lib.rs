@@ -1,1 +1,35 @@
+//! Turnstile: an HTTP rate-limit gateway.
+//!
+//! Three doors open onto one decision engine:
+//!
+//! - the inline gateway ([`gateway`], [`proxy`]): route a request, extract its keys, decide, then
+//!   forward it or answer `429`;
+//! - (planned) the Envoy rate limit service and an ingress forward-auth endpoint, which reduce
+//!   their requests to the same checks.
+//!
+//! The tree follows the data:
+//!
+//! - [`config`]: `policies.yaml` is parsed ([`config::raw`]), validated into an immutable
+//!   [`config::Snapshot`] ([`config::compile`]) and swapped atomically on reload;
+//! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
+//!   pure functions compiled at load;
+//! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]) and the stores that keep counters;
+//!   [`limiter::Limiter::decide`] is the single entry point of every door;
+//! - [`respond`]: every response the gateway writes itself;
+//! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
+//! - [`server`]: listeners, hot reload and graceful shutdown.
 
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod gateway;
+pub mod keys;
+pub mod limiter;
+pub mod metrics;
+pub mod proxy;
+pub mod respond;
+pub mod route;
+pub mod server;
+
+pub use server::{start, Running};

@@ -1,0 +1,603 @@
+//! Validation: from the raw YAML shape to the runtime [`Snapshot`]. Every problem is collected with
+//! the field path it belongs to, so one `turnstile check` run reports all of them.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
+use ipnet::IpNet;
+
+use super::raw::*;
+use super::snapshot::*;
+use super::units::{parse_duration, parse_rate, parse_size};
+use crate::keys::{KeyPart, TrustedProxies};
+use crate::limiter::{Rule, SlidingWindow, TokenBucket};
+use crate::metrics::Metrics;
+use crate::route::RouteMatch;
+
+/// A problem at a field path such as `routes[1].policies[0].token_bucket.rate`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Records a parse result's error and returns its value.
+    fn take<T>(&mut self, path: impl Into<String>, result: Result<T, String>) -> Option<T> {
+        result.map_err(|e| self.add(path, e)).ok()
+    }
+}
+
+const NAME_HELP: &str = "names are 1-64 letters, digits, `_` or `-`";
+
+pub fn compile(
+    raw: RawConfig,
+    source: &Path,
+    metrics: &Metrics,
+) -> Result<Snapshot, Vec<FieldError>> {
+    let mut errors = Errors(Vec::new());
+    let e = &mut errors;
+
+    let listen = socket_addr(e, "listen", raw.listen.as_deref().unwrap_or("0.0.0.0:8080"));
+    let admin_listen = socket_addr(
+        e,
+        "admin_listen",
+        raw.admin_listen.as_deref().unwrap_or("127.0.0.1:9901"),
+    );
+    if listen.is_some() && listen == admin_listen && listen.is_some_and(|a| a.port() != 0) {
+        e.add(
+            "admin_listen",
+            "must differ from `listen`: the admin endpoints never share the public listener",
+        );
+    }
+
+    let mut nets = Vec::new();
+    for (i, text) in raw.client_ip.trusted_proxies.iter().enumerate() {
+        let net = text
+            .parse::<IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+            .map_err(|_| format!("`{text}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"));
+        nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), net));
+    }
+
+    let (store, failure_mode) = store_settings(e, &raw.store);
+    let server = server_settings(e, &raw.server);
+
+    let mut upstreams = HashMap::new();
+    for (name, up) in &raw.upstreams {
+        if let Some(upstream) = upstream(e, name, up) {
+            upstreams.insert(name.clone(), Arc::new(upstream));
+        }
+    }
+
+    let mut routes = Vec::new();
+    let mut seen = HashMap::new();
+    for (i, raw_route) in raw.routes.iter().enumerate() {
+        let path = format!("routes[{i}]");
+        if let Some(first) = seen.insert(raw_route.name.clone(), i) {
+            e.add(
+                format!("{path}.name"),
+                format!(
+                    "`{}` is already the name of routes[{first}]",
+                    raw_route.name
+                ),
+            );
+        }
+        if let Some(route) = route(e, &path, raw_route, &upstreams, failure_mode, metrics) {
+            routes.push(route);
+        }
+    }
+
+    match (listen, admin_listen, errors.0.is_empty()) {
+        (Some(listen), Some(admin_listen), true) => Ok(Snapshot {
+            source: source.to_path_buf(),
+            listen,
+            admin_listen,
+            trusted_proxies: TrustedProxies::new(nets),
+            store,
+            failure_mode,
+            server,
+            routes,
+        }),
+        _ => Err(errors.0),
+    }
+}
+
+fn socket_addr(e: &mut Errors, path: &str, text: &str) -> Option<SocketAddr> {
+    e.take(
+        path,
+        text.parse().map_err(|_| {
+            format!("`{text}` is not an address; expected IP:PORT (e.g. 0.0.0.0:8080)")
+        }),
+    )
+}
+
+fn duration_or(e: &mut Errors, path: &str, text: Option<&str>, default: Duration) -> Duration {
+    text.and_then(|t| e.take(path, parse_duration(t)))
+        .unwrap_or(default)
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn failure_mode(e: &mut Errors, path: &str, text: &str) -> Option<FailureMode> {
+    match text {
+        "open" => Some(FailureMode::Open),
+        "closed" => Some(FailureMode::Closed),
+        other => {
+            e.add(
+                path,
+                format!("`{other}` is not a failure mode; expected `open` or `closed`"),
+            );
+            None
+        }
+    }
+}
+
+fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode) {
+    let mode = raw
+        .failure_mode
+        .as_deref()
+        .and_then(|m| failure_mode(e, "store.failure_mode", m))
+        .unwrap_or(FailureMode::Open);
+    let memory_only = |e: &mut Errors, field: &str, set: bool| {
+        if set {
+            e.add(format!("store.{field}"), "applies to `type: redis` only");
+        }
+    };
+    let settings = match raw.kind.as_deref().unwrap_or("memory") {
+        "memory" => {
+            memory_only(e, "url", raw.url.is_some());
+            memory_only(e, "pool_size", raw.pool_size.is_some());
+            memory_only(e, "timeout", raw.timeout.is_some());
+            memory_only(e, "key_prefix", raw.key_prefix.is_some());
+            let max_keys = raw.max_keys.unwrap_or(1_000_000);
+            if max_keys == 0 {
+                e.add("store.max_keys", "must be at least 1");
+            }
+            StoreSettings::Memory {
+                max_keys: max_keys as usize,
+            }
+        }
+        "redis" => {
+            if raw.max_keys.is_some() {
+                e.add(
+                    "store.max_keys",
+                    "applies to `type: memory` only; Redis bounds memory itself (maxmemory)",
+                );
+            }
+            let url = std::env::var("TURNSTILE_REDIS_URL")
+                .ok()
+                .or_else(|| raw.url.clone())
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string());
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                e.add(
+                    "store.url",
+                    format!("`{url}` must start with redis:// or rediss://"),
+                );
+            }
+            let pool_size = raw.pool_size.unwrap_or(4);
+            if !(1..=64).contains(&pool_size) {
+                e.add("store.pool_size", "must be between 1 and 64");
+            }
+            let timeout = duration_or(
+                e,
+                "store.timeout",
+                raw.timeout.as_deref(),
+                Duration::from_millis(50),
+            );
+            if timeout.is_zero() {
+                e.add("store.timeout", "must be more than 0ms");
+            }
+            StoreSettings::Redis {
+                url,
+                pool_size: pool_size as usize,
+                timeout,
+                key_prefix: raw
+                    .key_prefix
+                    .clone()
+                    .unwrap_or_else(|| "turnstile:".to_string()),
+            }
+        }
+        other => {
+            e.add(
+                "store.type",
+                format!("`{other}` is not a store; expected `memory` or `redis`"),
+            );
+            StoreSettings::Memory { max_keys: 1 }
+        }
+    };
+    (settings, mode)
+}
+
+fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
+    ServerSettings {
+        max_body_size: raw
+            .max_body_size
+            .as_deref()
+            .and_then(|t| e.take("server.max_body_size", parse_size(t)))
+            .unwrap_or(10 << 20),
+        header_read_timeout: duration_or(
+            e,
+            "server.header_read_timeout",
+            raw.header_read_timeout.as_deref(),
+            Duration::from_secs(10),
+        ),
+        shutdown_grace: duration_or(
+            e,
+            "server.shutdown_grace",
+            raw.shutdown_grace.as_deref(),
+            Duration::from_secs(30),
+        ),
+    }
+}
+
+fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
+    let path = format!("upstreams.{name}");
+    if !valid_name(name) {
+        e.add(&path, NAME_HELP);
+    }
+    let connect_timeout = duration_or(
+        e,
+        &format!("{path}.connect_timeout"),
+        raw.connect_timeout.as_deref(),
+        Duration::from_secs(1),
+    );
+    let timeout = duration_or(
+        e,
+        &format!("{path}.timeout"),
+        raw.timeout.as_deref(),
+        Duration::from_secs(30),
+    );
+    let uri = match raw.url.parse::<Uri>() {
+        Ok(uri) => uri,
+        Err(_) => {
+            e.add(
+                format!("{path}.url"),
+                format!("`{}` is not a URL; expected http://HOST:PORT", raw.url),
+            );
+            return None;
+        }
+    };
+    match (uri.scheme_str(), uri.authority(), uri.path()) {
+        (Some("http"), Some(authority), "" | "/") => Some(Upstream {
+            name: name.to_string(),
+            scheme: http::uri::Scheme::HTTP,
+            authority: authority.clone(),
+            connect_timeout,
+            timeout,
+            client: crate::proxy::client(connect_timeout),
+        }),
+        (Some("http"), Some(_), _) => {
+            e.add(
+                format!("{path}.url"),
+                "must not have a path: the request's own path is forwarded",
+            );
+            None
+        }
+        _ => {
+            e.add(
+                format!("{path}.url"),
+                format!(
+                    "`{}`: only http://HOST:PORT upstreams are supported",
+                    raw.url
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn route(
+    e: &mut Errors,
+    path: &str,
+    raw: &RawRoute,
+    upstreams: &HashMap<String, Arc<Upstream>>,
+    default_mode: FailureMode,
+    metrics: &Metrics,
+) -> Option<Route> {
+    if !valid_name(&raw.name) {
+        e.add(format!("{path}.name"), NAME_HELP);
+    }
+    let (matcher, params) = route_match(e, path, &raw.matcher);
+    let action = match (&raw.upstream, &raw.respond) {
+        (Some(name), None) => match upstreams.get(name) {
+            Some(up) => Some(Action::Forward(up.clone())),
+            None => {
+                let known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+                e.add(
+                    format!("{path}.upstream"),
+                    format!(
+                        "`{name}` is not defined under `upstreams` (defined: {})",
+                        known.join(", ")
+                    ),
+                );
+                None
+            }
+        },
+        (None, Some(respond)) => {
+            direct_response(e, &format!("{path}.respond"), respond).map(Action::Respond)
+        }
+        (Some(_), Some(_)) => {
+            e.add(path, "give either `upstream` or `respond`, not both");
+            None
+        }
+        (None, None) => {
+            e.add(path, "needs `upstream: NAME` or `respond: {status, body}`");
+            None
+        }
+    };
+    let failure_mode = raw
+        .failure_mode
+        .as_deref()
+        .and_then(|m| failure_mode(e, &format!("{path}.failure_mode"), m))
+        .unwrap_or(default_mode);
+
+    let mut policies = Vec::new();
+    let mut names = HashMap::new();
+    for (j, raw_policy) in raw.policies.iter().enumerate() {
+        let ppath = format!("{path}.policies[{j}]");
+        if let Some(first) = names.insert(raw_policy.name.as_str(), j) {
+            e.add(
+                format!("{ppath}.name"),
+                format!(
+                    "`{}` is already the name of policies[{first}]",
+                    raw_policy.name
+                ),
+            );
+        }
+        if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params, metrics) {
+            policies.push(p);
+        }
+    }
+    Some(Route {
+        name: raw.name.as_str().into(),
+        matcher: matcher?,
+        action: action?,
+        policies,
+        failure_mode,
+        metrics: metrics.route(&raw.name),
+    })
+}
+
+fn route_match(e: &mut Errors, path: &str, raw: &RawMatch) -> (Option<RouteMatch>, Vec<String>) {
+    let (matcher, params) = match (&raw.path, &raw.prefix) {
+        (Some(pattern), None) => match RouteMatch::with_pattern(pattern) {
+            Ok((m, names)) => (Some(m), names),
+            Err(msg) => {
+                e.add(format!("{path}.match.path"), msg);
+                (None, Vec::new())
+            }
+        },
+        (None, Some(prefix)) => (
+            e.take(
+                format!("{path}.match.prefix"),
+                RouteMatch::with_prefix(prefix),
+            ),
+            Vec::new(),
+        ),
+        (None, None) => (Some(RouteMatch::default()), Vec::new()),
+        (Some(_), Some(_)) => {
+            e.add(
+                format!("{path}.match"),
+                "give either `path` or `prefix`, not both",
+            );
+            (None, Vec::new())
+        }
+    };
+    let mut matcher = matcher;
+    if let Some(m) = matcher.as_mut() {
+        if let Some(methods) = &raw.methods {
+            let mut parsed = Vec::new();
+            for (k, text) in methods.iter().enumerate() {
+                let upper = text.to_ascii_uppercase();
+                parsed.extend(
+                    e.take(
+                        format!("{path}.match.methods[{k}]"),
+                        Method::from_bytes(upper.as_bytes())
+                            .map_err(|_| format!("`{text}` is not an HTTP method")),
+                    ),
+                );
+            }
+            m.set_methods(parsed);
+        }
+        if let Some(host) = &raw.host {
+            m.set_host(host);
+        }
+        for (name, value) in &raw.headers {
+            let hpath = format!("{path}.match.headers.{name}");
+            let n = e.take(
+                &hpath,
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| format!("`{name}` is not a header name")),
+            );
+            let v = e.take(
+                &hpath,
+                HeaderValue::from_str(value)
+                    .map_err(|_| format!("`{value}` is not a valid header value")),
+            );
+            if let (Some(n), Some(v)) = (n, v) {
+                m.add_header(n, v);
+            }
+        }
+    }
+    (matcher, params)
+}
+
+fn direct_response(e: &mut Errors, path: &str, raw: &RawRespond) -> Option<DirectResponse> {
+    let status = e.take(
+        format!("{path}.status"),
+        StatusCode::from_u16(raw.status)
+            .map_err(|_| format!("`{}` is not an HTTP status (100-999)", raw.status)),
+    )?;
+    let content_type = raw
+        .content_type
+        .as_deref()
+        .unwrap_or("text/plain; charset=utf-8");
+    let content_type = e.take(
+        format!("{path}.content_type"),
+        HeaderValue::from_str(content_type).map_err(|_| "not a valid header value".to_string()),
+    )?;
+    Some(DirectResponse {
+        status,
+        body: Bytes::from(raw.body.clone()),
+        content_type,
+    })
+}
+
+const KEY_HELP: &str = "key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host";
+
+fn policy(
+    e: &mut Errors,
+    path: &str,
+    route: &str,
+    raw: &RawPolicy,
+    params: &[String],
+    metrics: &Metrics,
+) -> Option<Policy> {
+    if !valid_name(&raw.name) {
+        e.add(format!("{path}.name"), NAME_HELP);
+    }
+    if raw.key.is_empty() {
+        e.add(
+            format!("{path}.key"),
+            format!("must list at least one part; {KEY_HELP}"),
+        );
+    }
+    let mut key = Vec::new();
+    for (k, text) in raw.key.iter().enumerate() {
+        let part = key_part(text, params).map_err(|m| format!("`{text}`: {m}"));
+        key.extend(e.take(format!("{path}.key[{k}]"), part));
+    }
+    let cost = raw.cost.unwrap_or(1);
+    let rule = match (&raw.token_bucket, &raw.sliding_window) {
+        (Some(tb), None) => {
+            let rate = e.take(format!("{path}.token_bucket.rate"), parse_rate(&tb.rate));
+            if tb.burst == 0 {
+                e.add(format!("{path}.token_bucket.burst"), "must be at least 1");
+            } else if cost > tb.burst {
+                e.add(
+                    format!("{path}.cost"),
+                    format!(
+                        "{cost} is more than the burst ({}): no request could ever pass",
+                        tb.burst
+                    ),
+                );
+            }
+            rate.map(|rate| {
+                Rule::TokenBucket(TokenBucket {
+                    rate,
+                    burst: tb.burst,
+                })
+            })
+        }
+        (None, Some(sw)) => {
+            let window = e.take(
+                format!("{path}.sliding_window.window"),
+                parse_duration(&sw.window),
+            );
+            if sw.limit == 0 {
+                e.add(format!("{path}.sliding_window.limit"), "must be at least 1");
+            } else if cost > sw.limit {
+                e.add(
+                    format!("{path}.cost"),
+                    format!(
+                        "{cost} is more than the limit ({}): no request could ever pass",
+                        sw.limit
+                    ),
+                );
+            }
+            let buckets = sw.buckets.unwrap_or(0);
+            window.and_then(|window| {
+                let window_us = window.as_micros() as u64;
+                if window_us == 0 {
+                    e.add(
+                        format!("{path}.sliding_window.window"),
+                        "must be more than 0ms",
+                    );
+                    return None;
+                }
+                if buckets > 0 && (!window_us.is_multiple_of(u64::from(buckets)) || buckets > 3600)
+                {
+                    e.add(
+                        format!("{path}.sliding_window.buckets"),
+                        format!("must be 1-3600 and divide the window ({window_us} µs) evenly"),
+                    );
+                    return None;
+                }
+                Some(Rule::SlidingWindow(SlidingWindow {
+                    limit: sw.limit,
+                    window_us,
+                    buckets,
+                }))
+            })
+        }
+        (Some(_), Some(_)) => {
+            e.add(
+                path,
+                "give either `token_bucket` or `sliding_window`, not both",
+            );
+            None
+        }
+        (None, None) => {
+            e.add(
+                path,
+                "needs `token_bucket: {rate, burst}` or `sliding_window: {limit, window}`",
+            );
+            None
+        }
+    };
+    if key.len() != raw.key.len() {
+        return None;
+    }
+    Some(Policy::new(
+        route,
+        &raw.name,
+        key,
+        rule?,
+        cost,
+        metrics.policy(route, &raw.name),
+    ))
+}
+
+fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {
+    let (kind, arg) = text.split_once(':').unwrap_or((text, ""));
+    match (kind, arg) {
+        ("client_ip", "") => Ok(KeyPart::ClientIp),
+        ("method", "") => Ok(KeyPart::Method),
+        ("host", "") => Ok(KeyPart::Host),
+        ("header", name) if !name.is_empty() => HeaderName::from_bytes(name.as_bytes())
+            .map(KeyPart::Header)
+            .map_err(|_| format!("`{name}` is not a header name")),
+        ("query", name) if !name.is_empty() => Ok(KeyPart::Query(name.into())),
+        ("path", name) if !name.is_empty() => match params.iter().position(|p| p == name) {
+            Some(index) => Ok(KeyPart::PathParam(index)),
+            None if params.is_empty() => Err(format!(
+                "the route's `match.path` has no parameters; add `{{{name}}}` to it"
+            )),
+            None => Err(format!(
+                "the route's `match.path` has no `{{{name}}}` (it has: {})",
+                params.join(", ")
+            )),
+        },
+        _ => Err(KEY_HELP.to_string()),
+    }
+}

@@ -1,0 +1,118 @@
+//! Configuration: `policies.yaml` in, an immutable [`Snapshot`] out.
+//!
+//! Loading is three steps: serde reads the YAML into the raw shape ([`raw`]), [`compile`] validates
+//! it into runtime types, and every error is located in the source ([`locate`]) so it reads
+//! `FILE:LINE:COL: field.path: what is wrong and what is allowed`.
+
+pub mod compile;
+pub mod locate;
+pub mod raw;
+pub mod snapshot;
+pub mod units;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use snapshot::*;
+
+use crate::metrics::Metrics;
+use locate::Positions;
+
+/// One located config problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    /// The field path, e.g. `routes[0].policies[1].token_bucket.rate`; empty for the document.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: ", self.file.display(), self.line, self.column)?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Every problem found in one config file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads and validates the config at `path`.
+pub fn load(path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
+    let source = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: path.to_path_buf(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message: format!("cannot read the config file: {e}"),
+        }])
+    })?;
+    parse(&source, path, metrics)
+}
+
+/// Validates config text; `path` is only used to name the source in errors.
+pub fn parse(source: &str, path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
+    let raw: raw::RawConfig =
+        serde_norway::from_str(source).map_err(|e| ConfigErrors(vec![serde_error(&e, path)]))?;
+    compile::compile(raw, path, metrics).map_err(|errors| {
+        let positions = Positions::index(source);
+        ConfigErrors(
+            errors
+                .into_iter()
+                .map(|e| {
+                    let pos = positions.find(&e.path);
+                    ConfigError {
+                        file: path.to_path_buf(),
+                        line: pos.map_or(1, |p| p.line),
+                        column: pos.map_or(1, |p| p.column),
+                        field: e.path,
+                        message: e.message,
+                    }
+                })
+                .collect(),
+        )
+    })
+}
+
+/// serde_norway says `field.path: message at line L column C`; we say it in our own format.
+fn serde_error(e: &serde_norway::Error, path: &Path) -> ConfigError {
+    let text = e.to_string();
+    let text = match text.rfind(" at line ") {
+        Some(i) => &text[..i],
+        None => &text,
+    };
+    let (field, message) = match text.split_once(": ") {
+        Some((field, message)) if !field.contains(' ') => (field.to_string(), message.to_string()),
+        _ => (String::new(), text.to_string()),
+    };
+    let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+    ConfigError {
+        file: path.to_path_buf(),
+        line,
+        column,
+        field,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests;

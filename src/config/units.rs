@@ -1,0 +1,122 @@
+//! The small languages inside config strings: durations (`500ms`, `1m`), rates (`10/s`) and sizes
+//! (`10MiB`). Each error message says what is allowed.
+
+use std::time::Duration;
+
+const DURATION_HELP: &str =
+    "expected a whole number with a unit: ms, s, m, h or d (e.g. 500ms, 10s, 1m)";
+const RATE_HELP: &str = "expected N/s, N/m, N/h or N/d with N > 0 (e.g. 10/s, 0.5/s, 100/m)";
+const SIZE_HELP: &str = "expected bytes, or a number with B, KiB, MiB or GiB (e.g. 10MiB)";
+
+/// Parses `500ms`, `10s`, `1m`, `1h`, `1d`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{text}` has no unit; {DURATION_HELP}"))?;
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; {DURATION_HELP}"))?;
+    let ms_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "`{text}` has an unknown unit `{unit}`; {DURATION_HELP}"
+            ))
+        }
+    };
+    n.checked_mul(ms_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{text}` is too long"))
+}
+
+/// Parses `N/s`, `N/m`, `N/h`, `N/d` into units per second. N may be fractional (`0.5/s`).
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    let (n, unit) = text
+        .split_once('/')
+        .ok_or_else(|| format!("`{text}` is not a rate; {RATE_HELP}"))?;
+    let n: f64 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a rate; {RATE_HELP}"))?;
+    let seconds = match unit.trim() {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3_600.0,
+        "d" => 86_400.0,
+        other => {
+            return Err(format!(
+                "`{text}` has an unknown unit `{other}`; {RATE_HELP}"
+            ))
+        }
+    };
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("`{text}` must be positive; {RATE_HELP}"));
+    }
+    Ok(n / seconds)
+}
+
+/// Parses `1048576`, `512B`, `64KiB`, `10MiB`, `1GiB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size; {SIZE_HELP}"))?;
+    let multiplier: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "`{text}` has an unknown unit `{unit}`; {SIZE_HELP}"
+            ))
+        }
+    };
+    n.checked_mul(multiplier)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert!(parse_duration("10").unwrap_err().contains("no unit"));
+        assert!(parse_duration("10x")
+            .unwrap_err()
+            .contains("unknown unit `x`"));
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("10/s"), Ok(10.0));
+        assert_eq!(parse_rate("120/m"), Ok(2.0));
+        assert_eq!(parse_rate("0.5/s"), Ok(0.5));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("10/w").unwrap_err().contains("unknown unit"));
+        assert!(parse_rate("10").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("10MiB"), Ok(10 << 20));
+        assert!(parse_size("10MB").is_err());
+    }
+}

@@ -1,0 +1,230 @@
+//! The decision engine: rules, the outcome of checking them, and the stores that keep the counters.
+//!
+//! Every door (the inline gateway, the Envoy rate limit service, forward-auth) reduces a request to
+//! a list of [`Check`]s and asks a [`Store`] for one all-or-nothing [`Decision`]. The math is in
+//! [`algorithm`] (and, for Redis, in `scripts/decide.lua`); a store only adds state and atomicity.
+
+pub mod algorithm;
+pub mod clock;
+pub mod memory;
+
+use std::time::Duration;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use memory::MemoryStore;
+
+/// A continuously refilling bucket: `burst` units at most, `rate` units per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    /// Units per second; positive and finite.
+    pub rate: f64,
+    pub burst: u64,
+}
+
+/// At most `limit` units in any interval of `window_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub limit: u64,
+    pub window_us: u64,
+    /// 0 for the exact log; otherwise the number of sub-windows (divides `window_us`).
+    pub buckets: u32,
+}
+
+/// One rate-limiting rule, already validated: the hot path never looks at config strings again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    TokenBucket(TokenBucket),
+    SlidingWindow(SlidingWindow),
+}
+
+impl Rule {
+    /// The `X-RateLimit-Limit` this rule advertises.
+    pub fn limit(&self) -> u64 {
+        match self {
+            Rule::TokenBucket(tb) => tb.burst,
+            Rule::SlidingWindow(sw) => sw.limit,
+        }
+    }
+
+    /// A short tag naming the state layout, so one counter key never holds two kinds of state.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rule::TokenBucket(_) => "tb",
+            Rule::SlidingWindow(SlidingWindow { buckets: 0, .. }) => "sw",
+            Rule::SlidingWindow(_) => "swb",
+        }
+    }
+}
+
+/// One counter to check within a decision. Keys within one decision must be distinct: callers
+/// that can ask for the same counter twice (Envoy descriptors) merge the costs first.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    /// The counter's identity, already bounded and escaped by [`crate::keys`].
+    pub key: &'a str,
+    pub rule: &'a Rule,
+    /// Units to consume; 0 checks without consuming.
+    pub cost: u64,
+}
+
+/// What one rule says about one request. Times are microseconds so both engines agree exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub allowed: bool,
+    pub limit: u64,
+    /// Whole units left after this request (before it, when the decision rejected it).
+    pub remaining: u64,
+    /// Until the counter is fully restored if nothing more is consumed.
+    pub reset_us: u64,
+    /// Until this same request could succeed; 0 when allowed.
+    pub retry_after_us: u64,
+}
+
+impl Outcome {
+    pub fn reset(&self) -> Duration {
+        Duration::from_micros(self.reset_us)
+    }
+
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_micros(self.retry_after_us)
+    }
+}
+
+/// The all-or-nothing answer for a request: it was admitted (and consumed from every counter) only
+/// when every check allowed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// One outcome per check, in the order of the checks.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Decision {
+    pub fn from_outcomes(outcomes: Vec<Outcome>) -> Self {
+        Decision {
+            allowed: outcomes.iter().all(|o| o.allowed),
+            outcomes,
+        }
+    }
+
+    /// The outcome that should speak for the request: on admission the one with the least
+    /// remaining, on rejection the one that will hold the request back longest. Ties go to the
+    /// first in config order.
+    pub fn governing(&self) -> Option<(usize, &Outcome)> {
+        let candidates = self.outcomes.iter().enumerate();
+        if self.allowed {
+            // `min_by_key` keeps the first of equal minimums.
+            candidates.min_by_key(|(_, o)| o.remaining)
+        } else {
+            candidates
+                .filter(|(_, o)| !o.allowed)
+                .max_by_key(|&(i, o)| (o.retry_after_us, std::cmp::Reverse(i)))
+        }
+    }
+}
+
+/// Why a store could not decide. The route's failure mode turns it into an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("store connection failed: {0}")]
+    Connection(String),
+    #[error("store script failed: {0}")]
+    Script(String),
+    #[error("store skipped: circuit open after repeated failures")]
+    CircuitOpen,
+}
+
+impl StoreError {
+    /// A bounded label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Connection(_) => "connection",
+            StoreError::Script(_) => "script",
+            StoreError::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+/// Where counters live. An enum rather than a trait object: two engines, no boxing per request.
+#[derive(Debug)]
+pub enum Store {
+    Memory(MemoryStore),
+}
+
+impl Store {
+    /// Checks every counter and consumes from all of them only if all allow.
+    pub async fn check(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.check(checks)),
+        }
+    }
+
+    /// The metrics label of this engine.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+        }
+    }
+
+    /// Drops idle counters (the in-process store; Redis expires keys itself).
+    pub fn sweep(&self) {
+        match self {
+            Store::Memory(store) => {
+                store.sweep();
+            }
+        }
+    }
+
+    /// Whether the store can take decisions now (for `/readyz`).
+    pub fn is_ready(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+        }
+    }
+}
+
+/// The one entry point every door decides through: the store, timed and with its failures
+/// counted, so the gateway, the Envoy service and forward-auth behave identically.
+#[derive(Debug)]
+pub struct Limiter {
+    store: Store,
+    decision_seconds: prometheus::Histogram,
+    errors: [prometheus::IntCounter; 4],
+}
+
+impl Limiter {
+    pub fn new(store: Store, metrics: &crate::metrics::Metrics) -> Self {
+        let name = store.name();
+        let errors = ["timeout", "connection", "script", "circuit_open"]
+            .map(|kind| metrics.store_error(name, kind));
+        Limiter {
+            decision_seconds: metrics.decision_duration(name),
+            errors,
+            store,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Checks every counter, consuming from all of them only when all allow.
+    pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        let timer = self.decision_seconds.start_timer();
+        let result = self.store.check(checks).await;
+        timer.observe_duration();
+        if let Err(e) = &result {
+            let index = match e {
+                StoreError::Timeout(_) => 0,
+                StoreError::Connection(_) => 1,
+                StoreError::Script(_) => 2,
+                StoreError::CircuitOpen => 3,
+            };
+            self.errors[index].inc();
+        }
+        result
+    }
+}

@@ -1,0 +1,252 @@
+//! Prometheus metrics, in a registry of our own (never the global one), served on the admin
+//! listener. Labels come only from config names, so cardinality is bounded by the config. Handles
+//! are resolved once per route and policy at config load: the hot path increments a counter it
+//! already holds, with no label lookup or formatting.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Buckets for in-gateway latencies: 50 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+/// Every metric the gateway exports.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: IntCounterVec,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    decision_duration: HistogramVec,
+    store_errors: IntCounterVec,
+    upstream_errors: IntCounterVec,
+    config_reloads: IntCounterVec,
+}
+
+/// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionLabel {
+    Allowed,
+    Limited,
+    FailedOpen,
+    FailedClosed,
+    Shadow,
+}
+
+impl DecisionLabel {
+    const ALL: [DecisionLabel; 5] = [
+        DecisionLabel::Allowed,
+        DecisionLabel::Limited,
+        DecisionLabel::FailedOpen,
+        DecisionLabel::FailedClosed,
+        DecisionLabel::Shadow,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionLabel::Allowed => "allowed",
+            DecisionLabel::Limited => "limited",
+            DecisionLabel::FailedOpen => "failed_open",
+            DecisionLabel::FailedClosed => "failed_closed",
+            DecisionLabel::Shadow => "shadow",
+        }
+    }
+}
+
+/// The decision counters of one (route, policy).
+#[derive(Debug, Clone)]
+pub struct PolicyMetrics {
+    by_label: [IntCounter; 5],
+}
+
+impl PolicyMetrics {
+    pub fn record(&self, label: DecisionLabel) {
+        self.by_label[label as usize].inc();
+    }
+}
+
+/// The request counters of one route.
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    /// 2xx, 3xx, 4xx (but 429), 429, 5xx.
+    by_code: [IntCounter; 5],
+    duration: Histogram,
+    upstream_connect: IntCounter,
+    upstream_timeout: IntCounter,
+    upstream_other: IntCounter,
+}
+
+/// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamErrorKind {
+    Connect,
+    Timeout,
+    Other,
+}
+
+impl RouteMetrics {
+    pub fn record_response(&self, status: u16, seconds: f64) {
+        let class = match status {
+            429 => 3,
+            200..=299 => 0,
+            300..=399 => 1,
+            400..=499 => 2,
+            _ => 4,
+        };
+        self.by_code[class].inc();
+        self.duration.observe(seconds);
+    }
+
+    pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
+        match kind {
+            UpstreamErrorKind::Connect => &self.upstream_connect,
+            UpstreamErrorKind::Timeout => &self.upstream_timeout,
+            UpstreamErrorKind::Other => &self.upstream_other,
+        }
+        .inc();
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            registry
+                .register(Box::new(c.clone()))
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            c
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+            let h =
+                HistogramVec::new(opts, labels).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            registry
+                .register(Box::new(h.clone()))
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            h
+        };
+        let metrics = Metrics {
+            decisions: counter(
+                "turnstile_decisions_total",
+                "Rate-limit decisions per route and policy.",
+                &["route", "policy", "decision"],
+            ),
+            requests: counter(
+                "turnstile_requests_total",
+                "Requests answered, by route and status class sent to the client.",
+                &["route", "code"],
+            ),
+            request_duration: histogram(
+                "turnstile_request_duration_seconds",
+                "Time from request head to response head through the gateway.",
+                &["route"],
+            ),
+            decision_duration: histogram(
+                "turnstile_decision_duration_seconds",
+                "Time spent deciding, store round trip included.",
+                &["store"],
+            ),
+            store_errors: counter(
+                "turnstile_store_errors_total",
+                "Decisions the store could not take.",
+                &["store", "kind"],
+            ),
+            upstream_errors: counter(
+                "turnstile_upstream_errors_total",
+                "Requests the upstream did not answer.",
+                &["route", "kind"],
+            ),
+            config_reloads: counter(
+                "turnstile_config_reloads_total",
+                "Config reloads by result.",
+                &["result"],
+            ),
+            registry,
+        };
+        let build_info = IntGaugeVec::new(
+            Opts::new("turnstile_build_info", "The running version; always 1."),
+            &["version"],
+        )
+        .unwrap_or_else(|e| panic!("metric turnstile_build_info: {e}"));
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let _ = metrics.registry.register(Box::new(build_info));
+        metrics
+    }
+
+    /// Registers a collector owned by another module (the store, the Envoy adapter).
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(collector) {
+            tracing::warn!(error = %e, "metric registration failed");
+        }
+    }
+
+    pub fn policy(&self, route: &str, policy: &str) -> PolicyMetrics {
+        PolicyMetrics {
+            by_label: DecisionLabel::ALL.map(|l| {
+                self.decisions
+                    .with_label_values(&[route, policy, l.as_str()])
+            }),
+        }
+    }
+
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        let code = |c: &str| self.requests.with_label_values(&[route, c]);
+        let upstream = |k: &str| self.upstream_errors.with_label_values(&[route, k]);
+        RouteMetrics {
+            by_code: [
+                code("2xx"),
+                code("3xx"),
+                code("4xx"),
+                code("429"),
+                code("5xx"),
+            ],
+            duration: self.request_duration.with_label_values(&[route]),
+            upstream_connect: upstream("connect"),
+            upstream_timeout: upstream("timeout"),
+            upstream_other: upstream("other"),
+        }
+    }
+
+    /// The decision latency histogram of one store.
+    pub fn decision_duration(&self, store: &str) -> Histogram {
+        self.decision_duration.with_label_values(&[store])
+    }
+
+    pub fn store_error(&self, store: &str, kind: &str) -> IntCounter {
+        self.store_errors.with_label_values(&[store, kind])
+    }
+
+    pub fn record_reload(&self, ok: bool) {
+        self.config_reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// A gauge owned by the caller, registered here.
+    pub fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        let gauge = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+        self.register(Box::new(gauge.clone()));
+        gauge
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

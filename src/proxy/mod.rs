@@ -1,0 +1,154 @@
+//! Forwarding an admitted request to its upstream and streaming the answer back.
+//!
+//! One pooled hyper client per upstream (its connect timeout is per upstream). The response head
+//! must arrive within the upstream's `timeout` (504 otherwise); bodies stream both ways.
+//! `Upgrade` requests (WebSocket) are tunnelled once the upstream answers 101.
+
+pub mod body;
+pub mod headers;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::config::Upstream;
+use crate::metrics::UpstreamErrorKind;
+use body::{BodyTooLarge, RequestBody, ResponseBody};
+
+/// A pooled HTTP/1.1 client for one upstream.
+pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+
+/// Builds the pooled client of one upstream.
+pub fn client(connect_timeout: Duration) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.set_keepalive(Some(Duration::from_secs(60)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(1024)
+        .pool_timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// Why forwarding failed; each maps to one status code.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// 502: the upstream could not be reached or broke the exchange.
+    Unreachable(UpstreamErrorKind),
+    /// 504: no response head within the timeout.
+    Timeout,
+    /// 413: the body outgrew the limit while streaming.
+    BodyTooLarge,
+}
+
+/// What the proxy needs to know about the client side of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSide {
+    pub peer: IpAddr,
+    pub peer_trusted: bool,
+}
+
+/// Sends `req` to `upstream` and returns its response (body streaming).
+pub async fn forward(
+    upstream: &Upstream,
+    req: Request<Incoming>,
+    client_side: ClientSide,
+    max_body_size: u64,
+) -> Result<Response<ResponseBody>, ForwardError> {
+    let (mut parts, body) = req.into_parts();
+    let upgrade = headers::is_upgrade(&parts.headers);
+    let client_upgrade = upgrade.then(|| {
+        let mut stub = Request::new(());
+        *stub.extensions_mut() = std::mem::take(&mut parts.extensions);
+        hyper::upgrade::on(stub)
+    });
+
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let original_authority = parts.uri.authority().cloned();
+    parts.uri = Uri::builder()
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|_| ForwardError::Unreachable(UpstreamErrorKind::Other))?;
+    // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1.
+    parts.version = http::Version::HTTP_11;
+    headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+    // HTTP/2 carries the host in the URI; HTTP/1.1 upstreams need it as a header.
+    let host = match parts.headers.get(http::header::HOST) {
+        Some(h) => Some(h.clone()),
+        None => original_authority.and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
+    };
+    if let Some(host) = &host {
+        parts.headers.insert(http::header::HOST, host.clone());
+    }
+    headers::set_forwarded(
+        &mut parts.headers,
+        client_side.peer,
+        host,
+        client_side.peer_trusted,
+    );
+
+    let outgoing = Request::from_parts(parts, RequestBody::new(body, max_body_size));
+    let response =
+        match tokio::time::timeout(upstream.timeout, upstream.client.request(outgoing)).await {
+            Err(_) => return Err(ForwardError::Timeout),
+            Ok(Err(e)) => return Err(classify(&e)),
+            Ok(Ok(response)) => response,
+        };
+
+    let (mut parts, body) = response.into_parts();
+    if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let upstream_upgrade = hyper::upgrade::on(Response::from_parts(parts.clone(), ()));
+            tokio::spawn(tunnel(client_upgrade, upstream_upgrade));
+            headers::strip_hop_by_hop(&mut parts.headers, true);
+            return Ok(Response::from_parts(parts, ResponseBody::empty()));
+        }
+    }
+    headers::strip_hop_by_hop(&mut parts.headers, false);
+    Ok(Response::from_parts(parts, ResponseBody::Upstream(body)))
+}
+
+/// Copies bytes both ways between the upgraded client and upstream connections until either
+/// closes.
+async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(error = %e, "upgraded connection ended with an error");
+    }
+}
+
+fn classify(e: &hyper_util::client::legacy::Error) -> ForwardError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<BodyTooLarge>() {
+            return ForwardError::BodyTooLarge;
+        }
+        source = err.source();
+    }
+    if e.is_connect() {
+        ForwardError::Unreachable(UpstreamErrorKind::Connect)
+    } else {
+        ForwardError::Unreachable(UpstreamErrorKind::Other)
+    }
+}

