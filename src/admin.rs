@@ -4,11 +4,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
 
 use crate::gateway::Gateway;
 
@@ -20,14 +20,19 @@ pub struct AdminState {
     pub draining: Arc<AtomicBool>,
 }
 
-/// `/metrics`, `/healthz` (the process is up) and `/readyz` (it can decide: the store answers and
-/// we are not draining).
+/// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
+/// we are not draining) and `/debug/top-limited` (the keys limited most, `?n=` of them); for the
+/// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
+    let rls = crate::rls::RlsService::new(state.gateway.clone());
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
+        .route("/debug/top-limited", get(top_limited))
         .with_state(state)
+        .merge(crate::rls::json::router(rls))
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
@@ -40,6 +45,16 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
     )
 }
 
+/// envoyproxy/ratelimit's health check: `OK` while serving, 500 once draining or when the store
+/// cannot decide.
+async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.draining.load(Ordering::Relaxed) || !state.gateway.limiter.store().is_ready() {
+        (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK\n")
+    } else {
+        (StatusCode::OK, "OK\n")
+    }
+}
+
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
@@ -48,4 +63,21 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     } else {
         (StatusCode::OK, "ready\n")
     }
+}
+
+/// How many keys `/debug/top-limited` lists per period unless `?n=` says otherwise.
+const TOP_LIMITED_DEFAULT: usize = 20;
+
+async fn top_limited(
+    State(state): State<AdminState>,
+    RawQuery(query): RawQuery,
+) -> impl IntoResponse {
+    let n = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("n="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(TOP_LIMITED_DEFAULT);
+    Json(state.gateway.top_limited.report(n))
 }

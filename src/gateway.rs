@@ -14,12 +14,13 @@ use hyper::body::Incoming;
 
 use crate::config::{Action, FailureMode, Route, Snapshot};
 use crate::keys::RequestView;
-use crate::limiter::{Check, Decision, Limiter};
+use crate::limiter::{Check, Decision, Limiter, MonotonicClock};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics, UpstreamErrorKind};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::{self, ClientSide, ForwardError};
 use crate::respond;
 use crate::route::RequestHead;
+use crate::top_limited::{TopLimited, DEFAULT_CAPACITY, DEFAULT_PERIOD_US};
 
 /// State shared by every connection of the public listener.
 #[derive(Debug)]
@@ -29,6 +30,8 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// Requests that matched no route.
     unmatched: RouteMetrics,
+    /// Who is being limited, in bounded memory: `/debug/top-limited` on the admin listener.
+    pub top_limited: TopLimited,
 }
 
 /// Seconds a client should wait before retrying when the store is down and the route fails
@@ -42,6 +45,11 @@ impl Gateway {
             limiter,
             unmatched: metrics.route("unmatched"),
             metrics,
+            top_limited: TopLimited::new(
+                Arc::new(MonotonicClock::new()),
+                DEFAULT_CAPACITY,
+                DEFAULT_PERIOD_US,
+            ),
         }
     }
 
@@ -119,6 +127,7 @@ impl Gateway {
                     key,
                     rule: &route.policies[*i].rule,
                     cost: route.policies[*i].cost,
+                    shadow: false,
                 })
                 .collect();
             match self.limiter.decide(&checks).await {
@@ -179,13 +188,15 @@ impl Gateway {
     }
 
     fn record(&self, route: &Route, keyed: &[(usize, String)], decision: &Decision) -> Verdict {
-        for ((i, _), outcome) in keyed.iter().zip(&decision.outcomes) {
-            let label = if decision.allowed || outcome.allowed {
-                DecisionLabel::Allowed
+        for ((i, key), outcome) in keyed.iter().zip(&decision.outcomes) {
+            let policy = &route.policies[*i];
+            if decision.allowed || outcome.allowed {
+                policy.metrics.record(DecisionLabel::Allowed);
             } else {
-                DecisionLabel::Limited
-            };
-            route.policies[*i].metrics.record(label);
+                policy.metrics.record(DecisionLabel::Limited);
+                self.top_limited
+                    .record(&route.name, &policy.name, policy.key_value(key));
+            }
         }
         match decision.governing() {
             None => Verdict::Admit(None),

@@ -4,8 +4,9 @@
 //!
 //! - the inline gateway ([`gateway`], [`proxy`]): route a request, extract its keys, decide, then
 //!   forward it or answer `429`;
-//! - (planned) the Envoy rate limit service and an ingress forward-auth endpoint, which reduce
-//!   their requests to the same checks.
+//! - the Envoy rate limit service ([`rls`]), which reads envoyproxy/ratelimit's config files and
+//!   reduces `ShouldRateLimit` to the same checks;
+//! - (planned) an ingress forward-auth endpoint.
 //!
 //! The tree follows the data:
 //!
@@ -29,7 +30,9 @@ pub mod limiter;
 pub mod metrics;
 pub mod proxy;
 pub mod respond;
+pub mod rls;
 pub mod route;
 pub mod server;
+pub mod top_limited;
 
 pub use server::{start, Running};

@@ -79,21 +79,30 @@ fn main() -> ExitCode {
 async fn run(path: PathBuf) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
 
+    // Handlers first: until they exist, SIGHUP, SIGTERM and SIGINT kill the process outright, and
+    // whoever reads the line below may signal at once.
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+
     let metrics = Metrics::new();
     let snapshot = config::load(&path, &metrics).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = turnstile::start(snapshot, metrics, None)
         .await
         .context("cannot start listeners")?;
     // One line, machine-readable: tests and scripts that bind port 0 read the real addresses here.
-    println!(
-        "turnstile listening public={} admin={}",
-        running.public_addr, running.admin_addr
-    );
+    match running.rls_addr {
+        Some(rls) => println!(
+            "turnstile listening public={} admin={} rls={rls}",
+            running.public_addr, running.admin_addr
+        ),
+        None => println!(
+            "turnstile listening public={} admin={}",
+            running.public_addr, running.admin_addr
+        ),
+    }
     tracing::info!(public = %running.public_addr, admin = %running.admin_addr, "turnstile started");
 
-    let mut hangup = signal(SignalKind::hangup())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
     loop {
         tokio::select! {
             _ = hangup.recv() => match running.reload() {

@@ -25,6 +25,7 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     upstream_errors: IntCounterVec,
     config_reloads: IntCounterVec,
+    rls: crate::rls::metrics::RlsMetricVecs,
 }
 
 /// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`.
@@ -167,6 +168,7 @@ impl Metrics {
                 "Config reloads by result.",
                 &["result"],
             ),
+            rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
             registry,
         };
         let build_info = IntGaugeVec::new(
@@ -213,6 +215,11 @@ impl Metrics {
             upstream_timeout: upstream("timeout"),
             upstream_other: upstream("other"),
         }
+    }
+
+    /// The Envoy rate limit service's counter families.
+    pub fn rls(&self) -> &crate::rls::metrics::RlsMetricVecs {
+        &self.rls
     }
 
     /// The decision latency histogram of one store.

@@ -29,10 +29,16 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub struct Running {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
+    pub rls_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
+    /// Stops the public listener (and the sweeper).
     shutdown: watch::Sender<bool>,
+    /// Stops the admin listener, last, so `/readyz` says "draining" while requests finish.
+    admin_shutdown: watch::Sender<bool>,
     draining: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
+    admin_task: JoinHandle<()>,
 }
 
 /// Builds the store a snapshot asks for.
@@ -86,21 +92,36 @@ pub async fn start(
         }));
     }
 
+    let rls_listener = match gateway.config.load().rls.as_ref() {
+        Some(rls) => Some(TcpListener::bind(rls.listen).await?),
+        None => None,
+    };
+    let rls_addr = rls_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    if let Some(listener) = rls_listener {
+        let service = crate::rls::RlsService::new(gateway.clone());
+        let rx = shutdown_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::rls::grpc::serve(listener, service, rx).await {
+                tracing::error!(error = %e, "rate limit service listener failed");
+            }
+        }));
+    }
+
     let public_addr = public.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let admin_router = admin::router(AdminState {
         gateway: gateway.clone(),
         draining: draining.clone(),
     });
-    let mut rx = shutdown_rx.clone();
-    tasks.push(tokio::spawn(async move {
+    let (admin_shutdown, mut rx) = watch::channel(false);
+    let admin_task = tokio::spawn(async move {
         let serve = axum::serve(admin, admin_router).with_graceful_shutdown(async move {
             let _ = rx.changed().await;
         });
         if let Err(e) = serve.await {
             tracing::error!(error = %e, "admin listener failed");
         }
-    }));
+    });
     tasks.push(tokio::spawn(serve_public(
         public,
         gateway.clone(),
@@ -110,10 +131,13 @@ pub async fn start(
     Ok(Running {
         public_addr,
         admin_addr,
+        rls_addr,
         gateway,
         shutdown,
+        admin_shutdown,
         draining,
         tasks,
+        admin_task,
     })
 }
 
@@ -132,7 +156,12 @@ async fn serve_public(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(256)
+        // Pings find dead peers; a connection that stops answering is closed.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let builder = Arc::new(builder);
+    let header_read_timeout = settings.header_read_timeout;
     let graceful = GracefulShutdown::new();
 
     loop {
@@ -150,11 +179,16 @@ async fn serve_public(
         };
         let _ = stream.set_nodelay(true);
         let gw = gateway.clone();
-        let service = service_fn(move |req| gw.clone().handle(peer, req));
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let builder = builder.clone();
+        // Taken here, before shutdown can begin, so the drain also waits for this connection.
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if !protocol_known(&stream, header_read_timeout).await {
+                return;
+            }
+            let service = service_fn(move |req| gw.clone().handle(peer, req));
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
         });
@@ -169,6 +203,39 @@ async fn serve_public(
     }
 }
 
+/// The h2c connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits until the client's first bytes tell HTTP/1.1 from an h2c preface, for at most `limit`;
+/// `false` when the client said too little in time (or hung up). hyper-util's own detection waits
+/// without a deadline, and hyper's `header_read_timeout` only starts after it, so without this a
+/// client that connects and stays silent, or trickles a preface, holds a connection forever
+/// (slowloris). Bytes are peeked, not read: hyper then reads them as usual. A slow HTTP/1.1 head
+/// thus gets at most twice `limit` in all: this wait, then hyper's own.
+async fn protocol_known(stream: &tokio::net::TcpStream, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n == H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] {
+            return true;
+        }
+        // Part of a preface: `peek` returns at once while bytes are waiting, so pause rather
+        // than spin. Real h2c clients send the 24 bytes in one write and never get here.
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5).min(deadline - tokio::time::Instant::now()))
+            .await;
+    }
+}
+
 impl Running {
     /// Re-reads the config file. On any error the running config stays, untouched.
     pub fn reload(&self) -> Result<(), ConfigErrors> {
@@ -178,6 +245,10 @@ impl Running {
         let next = result?;
         if next.listen != current.listen || next.admin_listen != current.admin_listen {
             tracing::warn!("listen addresses changed; they take effect at the next restart");
+        }
+        let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+        if rls_listen(&next) != rls_listen(&current) {
+            tracing::warn!("rls.listen changed; it takes effect at the next restart");
         }
         if next.store != current.store {
             tracing::warn!("store settings changed; they take effect at the next restart");
@@ -200,5 +271,7 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+        let _ = self.admin_shutdown.send(true);
+        let _ = self.admin_task.await;
     }
 }

@@ -102,6 +102,12 @@ pub fn compile(
         }
     }
 
+    let rls = raw.rls.as_ref().and_then(|r| {
+        crate::rls::settings::compile(r, source, metrics)
+            .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
+            .ok()
+    });
+
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok(Snapshot {
             source: source.to_path_buf(),
@@ -112,6 +118,7 @@ pub fn compile(
             failure_mode,
             server,
             routes,
+            rls,
         }),
         _ => Err(errors.0),
     }
@@ -322,13 +329,16 @@ fn route(
         (Some(name), None) => match upstreams.get(name) {
             Some(up) => Some(Action::Forward(up.clone())),
             None => {
-                let known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+                let mut known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                let hint = if known.is_empty() {
+                    "no upstreams are defined; add one under `upstreams:`".to_string()
+                } else {
+                    format!("defined: {}", known.join(", "))
+                };
                 e.add(
                     format!("{path}.upstream"),
-                    format!(
-                        "`{name}` is not defined under `upstreams` (defined: {})",
-                        known.join(", ")
-                    ),
+                    format!("`{name}` is not defined under `upstreams` ({hint})"),
                 );
                 None
             }

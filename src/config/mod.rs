@@ -93,13 +93,34 @@ pub fn parse(source: &str, path: &Path, metrics: &Metrics) -> Result<Snapshot, C
     })
 }
 
+/// Removes every ` at line N column M` from a parser message.
+fn strip_positions(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(" at line ") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + " at line ".len()..];
+        let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let line_len = digits(after);
+        let tail = &after[line_len..];
+        rest = match tail.strip_prefix(" column ") {
+            Some(col) if line_len > 0 => &col[digits(col)..],
+            _ => {
+                out.push_str(" at line ");
+                after
+            }
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
 /// serde_norway says `field.path: message at line L column C`; we say it in our own format.
 fn serde_error(e: &serde_norway::Error, path: &Path) -> ConfigError {
     let text = e.to_string();
-    let text = match text.rfind(" at line ") {
-        Some(i) => &text[..i],
-        None => &text,
-    };
+    // The position is ours to print; serde_norway may also repeat positions inside the message.
+    let text = strip_positions(&text);
+    let text = text.as_str();
     let (field, message) = match text.split_once(": ") {
         Some((field, message)) if !field.contains(' ') => (field.to_string(), message.to_string()),
         _ => (String::new(), text.to_string()),

@@ -21,6 +21,8 @@ pub struct RawConfig {
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+    /// The Envoy rate limit service (`crate::rls`).
+    pub rls: Option<crate::rls::RawRls>,
 }
 
 #[derive(Debug, Default, Deserialize)]

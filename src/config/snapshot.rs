@@ -105,6 +105,14 @@ impl Policy {
         }
     }
 
+    /// The request's values within one of this policy's counter keys (`user42`, `10.0.0.7|GET`):
+    /// what an operator recognises, without the route and policy already shown beside it.
+    pub fn key_value<'k>(&self, counter_key: &'k str) -> &'k str {
+        counter_key
+            .strip_prefix(self.key_prefix.as_str())
+            .unwrap_or(counter_key)
+    }
+
     /// This request's counter key, or `None` when a key part is absent (the policy does not
     /// apply, as in Envoy).
     pub fn counter_key(&self, req: &RequestView<'_>) -> Option<String> {
@@ -137,4 +145,6 @@ pub struct Snapshot {
     pub failure_mode: FailureMode,
     pub server: ServerSettings,
     pub routes: Vec<Route>,
+    /// The Envoy rate limit service, when `rls:` is set.
+    pub rls: Option<crate::rls::RlsSnapshot>,
 }

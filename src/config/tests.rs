@@ -101,6 +101,10 @@ fn bad_yaml_reports_the_parser_position() {
     let e = errors("routes:\n  - name: [unclosed\n");
     assert!(e[0].starts_with("p.yaml:"), "{e:?}");
     assert!(!e[0].starts_with("p.yaml:1:1:"), "a real position: {e:?}");
+    assert!(
+        !e[0].contains(" at line "),
+        "the position is said once: {e:?}"
+    );
 }
 
 #[test]

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::algorithm::{BucketState, WindowBuckets, WindowLog};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
-const SHARDS: usize = 64;
+/// The most shards; small stores get fewer so that `max_keys` is an exact bound.
+const MAX_SHARDS: usize = 64;
+/// Counters per shard below which a store uses fewer shards.
+const MIN_KEYS_PER_SHARD: usize = 256;
 
 #[derive(Debug)]
 enum State {
@@ -73,11 +76,15 @@ impl MemoryStore {
     /// `max_keys` bounds the number of live counters; past it, idle counters go first, then
     /// arbitrary ones (which forgets their usage: counted in [`MemoryStore::evictions`]).
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
+        let max_keys = max_keys.max(1);
+        let shards = (max_keys / MIN_KEYS_PER_SHARD).clamp(1, MAX_SHARDS);
+        // Rounded down: the shards together never hold more than `max_keys`.
+        let keys_per_shard = max_keys / shards;
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: DefaultHashBuilder::default(),
             clock,
-            keys_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            keys_per_shard,
             evictions: AtomicU64::new(0),
         }
     }
@@ -96,7 +103,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Checks all, consumes from all only if all allow.
+    /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]).
     pub fn check(&self, checks: &[Check<'_>]) -> Decision {
         let now = self.clock.now_us();
         let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_index(c.key)).collect();
@@ -115,7 +122,7 @@ impl MemoryStore {
             outcomes.push(outcome);
             pending.push(p);
         }
-        let mut decision = Decision::from_outcomes(outcomes);
+        let mut decision = Decision::from_checks(checks, outcomes);
         if !decision.allowed {
             // Nothing is consumed, so the policies that would have allowed report the state
             // as it stays: the outcome of a zero-cost check.
@@ -129,7 +136,11 @@ impl MemoryStore {
             }
         }
         if decision.allowed {
-            for ((check, &shard), p) in checks.iter().zip(&shard_of).zip(pending) {
+            let all = checks.iter().zip(&shard_of).zip(pending).enumerate();
+            for (i, ((check, &shard), p)) in all {
+                if !decision.commits(i) {
+                    continue;
+                }
                 if let Some(entry) = shard_mut(&mut guards, shard).get_mut(check.key) {
                     commit(entry, p, check.cost);
                 }
@@ -152,7 +163,7 @@ impl MemoryStore {
     }
 
     fn shard_index(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        (self.hasher.hash_one(key) as usize) % self.shards.len()
     }
 
     fn entry<'m>(&self, map: &'m mut Shard, check: &Check<'_>, now: u64) -> &'m mut Entry {

@@ -9,7 +9,12 @@ fn store(max_keys: usize) -> (Arc<ManualClock>, MemoryStore) {
 }
 
 fn check<'a>(key: &'a str, rule: &'a Rule) -> Check<'a> {
-    Check { key, rule, cost: 1 }
+    Check {
+        key,
+        rule,
+        cost: 1,
+        shadow: false,
+    }
 }
 
 #[test]
@@ -110,7 +115,7 @@ fn sweep_forgets_idle_counters_only() {
 
 #[test]
 fn max_keys_bounds_memory_whatever_the_traffic() {
-    let (_, store) = store(SHARDS * 2);
+    let (_, store) = store(100);
     let rule = Rule::SlidingWindow(SlidingWindow {
         limit: 5,
         window_us: 3_600 * S,
@@ -119,8 +124,22 @@ fn max_keys_bounds_memory_whatever_the_traffic() {
     for i in 0..10_000 {
         store.check(&[check(&format!("client-{i}"), &rule)]);
     }
-    assert!(store.len() <= SHARDS * 2, "{} counters kept", store.len());
+    assert_eq!(store.len(), 100, "exactly max_keys counters kept");
     assert!(store.evictions() > 0);
+}
+
+#[test]
+fn max_keys_is_exact_for_large_stores_too() {
+    let (_, store) = store(MAX_SHARDS * MIN_KEYS_PER_SHARD + 7);
+    let rule = Rule::SlidingWindow(SlidingWindow {
+        limit: 5,
+        window_us: 3_600 * S,
+        buckets: 0,
+    });
+    for i in 0..40_000 {
+        store.check(&[check(&format!("client-{i}"), &rule)]);
+    }
+    assert!(store.len() <= MAX_SHARDS * MIN_KEYS_PER_SHARD + 7);
 }
 
 #[test]

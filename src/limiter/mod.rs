@@ -65,6 +65,9 @@ pub struct Check<'a> {
     pub rule: &'a Rule,
     /// Units to consume; 0 checks without consuming.
     pub cost: u64,
+    /// Report only (Envoy's `shadow_mode`): the check is evaluated and consumes when it and the
+    /// decision allow, but its own refusal never rejects the request.
+    pub shadow: bool,
 }
 
 /// What one rule says about one request. Times are microseconds so both engines agree exactly.
@@ -91,7 +94,7 @@ impl Outcome {
 }
 
 /// The all-or-nothing answer for a request: it was admitted (and consumed from every counter) only
-/// when every check allowed it.
+/// when every check allowed it, shadow checks aside.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub allowed: bool,
@@ -105,6 +108,23 @@ impl Decision {
             allowed: outcomes.iter().all(|o| o.allowed),
             outcomes,
         }
+    }
+
+    /// The decision over `checks` (one outcome each, in order): shadow checks never reject.
+    pub fn from_checks(checks: &[Check<'_>], outcomes: Vec<Outcome>) -> Self {
+        Decision {
+            allowed: checks
+                .iter()
+                .zip(&outcomes)
+                .all(|(c, o)| c.shadow || o.allowed),
+            outcomes,
+        }
+    }
+
+    /// Whether a store commits check `i`: the decision admitted the request and the check itself
+    /// allowed it (a shadow check over its limit consumes nothing, as if it were enforced).
+    pub fn commits(&self, i: usize) -> bool {
+        self.allowed && self.outcomes.get(i).is_some_and(|o| o.allowed)
     }
 
     /// The outcome that should speak for the request: on admission the one with the least

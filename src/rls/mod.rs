@@ -1,0 +1,31 @@
+//! Turnstile as a drop-in replacement for envoyproxy/ratelimit.
+//!
+//! - `config`: reads envoyproxy/ratelimit's YAML files (a file or a directory of them) with its
+//!   exact messages, plus our extensions (`algorithm`, `token_bucket`);
+//! - `tree`: compiles them into an immutable per-domain tree and looks request descriptors up in
+//!   it, following envoyproxy/ratelimit's matching rules;
+//! - `rule`: one compiled limit, its enforcement and the names of its counters and metrics;
+//! - `read`: one file's YAML nodes into raw descriptors, checked;
+//! - `glob`: wildcard values, `*` anywhere;
+//! - `yaml`: a YAML tree that keeps line numbers for error messages;
+//! - `settings`: the `rls:` block of `policies.yaml` and the per-rule runtime state;
+//! - `decide`: `ShouldRateLimit` on the shared decision core (one store call per request);
+//! - `grpc`, `json`, `metrics`: the gRPC and health services, `POST /json`, per-rule counters.
+
+pub mod config;
+pub mod decide;
+pub mod glob;
+pub mod grpc;
+pub mod json;
+pub mod metrics;
+mod read;
+pub mod rule;
+pub mod settings;
+pub mod tree;
+mod yaml;
+
+pub use config::RlsConfigError;
+pub use decide::{RlsError, RlsService};
+pub use rule::{Algorithm, Entry, Rule, Unit};
+pub use settings::{RawRls, RlsFailureMode, RlsSnapshot};
+pub use tree::{LoadOptions, RlsConfig, RuleId};

@@ -1,0 +1,174 @@
+//! The `rls:` block of `policies.yaml`, and the runtime form of the Envoy service it enables:
+//! the descriptor tree plus, per rule, the decision-core rule and metric handles, all built once
+//! per (re)load and swapped with the rest of the snapshot.
+//!
+//! ```yaml
+//! rls:
+//!   listen: 0.0.0.0:8081
+//!   config: ./ratelimit-config   # a file, or a directory of *.yaml; relative to this file
+//!   response_headers: false      # true: RateLimit-Limit/-Remaining/-Reset in response_headers_to_add
+//!   failure_mode: error          # error (a gRPC error: Envoy's failure_mode_deny decides) | open | closed
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::metrics::{RlsMetricVecs, RuleMetrics};
+use super::rule::Algorithm;
+use super::tree::{LoadOptions, RlsConfig, RuleId};
+use crate::limiter::{Rule as CoreRule, SlidingWindow, TokenBucket};
+use crate::metrics::Metrics;
+
+/// The `rls:` block as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRls {
+    pub listen: String,
+    pub config: String,
+    #[serde(default)]
+    pub response_headers: bool,
+    pub failure_mode: Option<String>,
+}
+
+/// What the service answers when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RlsFailureMode {
+    /// A gRPC `UNAVAILABLE`: Envoy's own `failure_mode_deny` decides (it admits by default).
+    Error,
+    /// `OK` for every descriptor.
+    Open,
+    /// `OVER_LIMIT` for every descriptor that has a limit.
+    Closed,
+}
+
+/// One rule of the tree, ready for the decision core.
+#[derive(Debug)]
+pub(crate) struct Enforced {
+    /// `None` for an unlimited rule, which never reaches the store.
+    pub(crate) core: Option<CoreRule>,
+    /// `Some(window)` for `algorithm: fixed_window`: the counter key names the epoch-aligned
+    /// window, and the core counts it with a one-bucket window (see `decide.rs`).
+    pub(crate) fixed_window_us: Option<u64>,
+    /// Resolved at load when the metric label needs no request value.
+    pub(crate) metrics: Option<RuleMetrics>,
+}
+
+/// The Envoy rate limit service's part of a snapshot.
+#[derive(Debug)]
+pub struct RlsSnapshot {
+    pub listen: SocketAddr,
+    /// The envoyproxy/ratelimit config it was read from, resolved against `policies.yaml`.
+    pub config_path: PathBuf,
+    pub response_headers: bool,
+    pub failure_mode: RlsFailureMode,
+    pub tree: RlsConfig,
+    pub(crate) enforced: Vec<Enforced>,
+    pub(crate) metrics: RlsMetricVecs,
+}
+
+impl RlsSnapshot {
+    pub(crate) fn enforced(&self, id: RuleId) -> Option<&Enforced> {
+        self.enforced.get(id.0 as usize)
+    }
+}
+
+/// The decision-core rule for an algorithm (`None`: unlimited), and the fixed window's width.
+pub(crate) fn core_rule(algorithm: &Algorithm) -> (Option<CoreRule>, Option<u64>) {
+    let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    match *algorithm {
+        Algorithm::Unlimited => (None, None),
+        Algorithm::SlidingWindow { limit, window } => (
+            Some(CoreRule::SlidingWindow(SlidingWindow {
+                limit: limit.into(),
+                window_us: micros(window),
+                buckets: 0,
+            })),
+            None,
+        ),
+        // One bucket as wide as the window, on a counter keyed by the window's index: within one
+        // key's life the core's N+1 = 2 buckets hold every hit of that window and nothing else.
+        Algorithm::FixedWindow { limit, window } => (
+            Some(CoreRule::SlidingWindow(SlidingWindow {
+                limit: limit.into(),
+                window_us: micros(window),
+                buckets: 1,
+            })),
+            Some(micros(window)),
+        ),
+        Algorithm::TokenBucket {
+            rate_per_sec,
+            burst,
+        } => (
+            Some(CoreRule::TokenBucket(TokenBucket {
+                rate: rate_per_sec,
+                burst: burst.into(),
+            })),
+            None,
+        ),
+    }
+}
+
+/// Validates the block and loads the envoyproxy/ratelimit files it names. Errors are
+/// `(field path, message)` pairs in `policies.yaml`.
+pub fn compile(
+    raw: &RawRls,
+    source: &Path,
+    metrics: &Metrics,
+) -> Result<RlsSnapshot, Vec<(String, String)>> {
+    let mut errors = Vec::new();
+    let listen = raw.listen.parse::<SocketAddr>().map_err(|_| {
+        let message = format!(
+            "`{}` is not an address; expected IP:PORT (e.g. 0.0.0.0:8081)",
+            raw.listen
+        );
+        errors.push(("rls.listen".to_owned(), message));
+    });
+    let failure_mode = match raw.failure_mode.as_deref().unwrap_or("error") {
+        "error" => RlsFailureMode::Error,
+        "open" => RlsFailureMode::Open,
+        "closed" => RlsFailureMode::Closed,
+        other => {
+            let message =
+                format!("`{other}` is not a failure mode; expected `error`, `open` or `closed`");
+            errors.push(("rls.failure_mode".to_owned(), message));
+            RlsFailureMode::Error
+        }
+    };
+    let config_path = match source.parent() {
+        Some(dir) => dir.join(&raw.config),
+        None => PathBuf::from(&raw.config),
+    };
+    let tree = RlsConfig::load(&config_path, LoadOptions::default())
+        .map_err(|e| errors.push(("rls.config".to_owned(), e.to_string())));
+    match (listen, tree) {
+        (Ok(listen), Ok(tree)) if errors.is_empty() => {
+            let vecs = metrics.rls().clone();
+            let enforced = tree
+                .rules()
+                .iter()
+                .map(|rule| {
+                    let (core, fixed_window_us) = core_rule(&rule.algorithm);
+                    Enforced {
+                        core,
+                        fixed_window_us,
+                        metrics: rule
+                            .static_metric()
+                            .map(|label| vecs.rule(&rule.domain, label)),
+                    }
+                })
+                .collect();
+            Ok(RlsSnapshot {
+                listen,
+                config_path,
+                response_headers: raw.response_headers,
+                failure_mode,
+                tree,
+                enforced,
+                metrics: vecs,
+            })
+        }
+        _ => Err(errors),
+    }
+}

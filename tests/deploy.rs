@@ -1,0 +1,194 @@
+//! The docker-compose deployment, checked without a Docker engine: the compose file validates, its
+//! Turnstile config loads and listens where Prometheus scrapes it, its Prometheus config is valid,
+//! and nothing but the public listener is published beyond the host's loopback.
+
+mod support;
+
+use serde_json::Value;
+
+use support::tools::{repo_path, run_ok};
+
+const INSTALL_COMPOSE: &str = "Debian: apt-get install docker-compose";
+const INSTALL_PROMETHEUS: &str = "Debian: apt-get install prometheus";
+
+/// The compose file as docker-compose resolves it (variables at their defaults).
+fn resolved_compose() -> Value {
+    let text = run_ok(
+        "docker-compose",
+        &["-f", "docker-compose.yml", "config"],
+        INSTALL_COMPOSE,
+    );
+    serde_norway::from_str(&text).expect("docker-compose config prints YAML")
+}
+
+#[test]
+fn compose_file_validates() {
+    run_ok(
+        "docker-compose",
+        &["-f", "docker-compose.yml", "config", "-q"],
+        INSTALL_COMPOSE,
+    );
+}
+
+#[test]
+fn compose_publishes_only_the_public_listener_beyond_loopback() {
+    let compose = resolved_compose();
+    let services = compose["services"].as_object().expect("services");
+    for name in ["redis", "api", "turnstile", "prometheus", "grafana"] {
+        assert!(services.contains_key(name), "service {name} is missing");
+    }
+    for (name, service) in services {
+        for port in service["ports"].as_array().into_iter().flatten() {
+            // docker-compose prints either [HOST_IP:]HOST_PORT:CONTAINER_PORT/PROTO or, without a
+            // host IP, {published, target}: then it listens on every interface.
+            let (loopback, target) = match port.as_str() {
+                Some(short) => (
+                    short.starts_with("127.0.0.1:"),
+                    short
+                        .rsplit(':')
+                        .next()
+                        .unwrap_or("")
+                        .trim_end_matches("/tcp")
+                        .to_string(),
+                ),
+                None => (port["host_ip"] == "127.0.0.1", port["target"].to_string()),
+            };
+            let public = name == "turnstile" && target == "8080";
+            assert!(
+                public || loopback,
+                "{name} publishes {port} beyond the host's loopback"
+            );
+        }
+    }
+    for internal in ["redis", "api"] {
+        assert!(
+            services[internal]["ports"].is_null(),
+            "{internal} must stay inside the compose network"
+        );
+    }
+}
+
+#[test]
+fn compose_turnstile_config_loads_and_listens_where_prometheus_scrapes() {
+    let compose = resolved_compose();
+    let turnstile = &compose["services"]["turnstile"];
+    let volumes: Vec<&str> = turnstile["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v.ends_with("deploy/compose/policies.yaml:/etc/turnstile/policies.yaml:ro")),
+        "the compose config is mounted where the image's CMD reads it: {volumes:?}"
+    );
+
+    let metrics = turnstile::metrics::Metrics::new();
+    let snapshot = turnstile::config::load(&repo_path("deploy/compose/policies.yaml"), &metrics)
+        .unwrap_or_else(|e| panic!("deploy/compose/policies.yaml:\n{e}"));
+    assert!(
+        matches!(
+            snapshot.store,
+            turnstile::config::StoreSettings::Redis { .. }
+        ),
+        "the compose deployment uses the Redis store"
+    );
+    assert_eq!(snapshot.listen.to_string(), "0.0.0.0:8080");
+    // 0.0.0.0 so that Prometheus reaches it over the compose network.
+    assert_eq!(snapshot.admin_listen.to_string(), "0.0.0.0:9901");
+
+    let prometheus =
+        std::fs::read_to_string(repo_path("deploy/compose/prometheus.yml")).expect("read");
+    let prometheus: Value = serde_norway::from_str(&prometheus).expect("YAML");
+    let job = prometheus["scrape_configs"]
+        .as_array()
+        .expect("scrape_configs")
+        .iter()
+        .find(|j| j["job_name"] == "turnstile")
+        .expect("a turnstile job");
+    let sd = &job["dns_sd_configs"][0];
+    assert_eq!(sd["names"][0], "turnstile", "scrapes the compose service");
+    assert_eq!(sd["port"], 9901, "scrapes the admin listener");
+}
+
+#[test]
+fn compose_prometheus_config_validates() {
+    // The compose file mounts the rules at /etc/prometheus/alerts.yml; point at the repository's.
+    let text = std::fs::read_to_string(repo_path("deploy/compose/prometheus.yml")).expect("read");
+    assert!(
+        text.contains("/etc/prometheus/alerts.yml"),
+        "the compose Prometheus loads the alerts"
+    );
+    let alerts = repo_path("dashboards/alerts.yml");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &path,
+        text.replace("/etc/prometheus/alerts.yml", &alerts.display().to_string()),
+    )
+    .expect("write");
+    run_ok(
+        "promtool",
+        &["check", "config", &path.display().to_string()],
+        INSTALL_PROMETHEUS,
+    );
+}
+
+#[test]
+fn grafana_provisioning_points_at_the_dashboard() {
+    let compose = resolved_compose();
+    let grafana = &compose["services"]["grafana"];
+    let volumes: Vec<&str> = grafana["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let provider = std::fs::read_to_string(repo_path(
+        "dashboards/provisioning/dashboards/turnstile.yml",
+    ))
+    .expect("read provider");
+    let provider: Value = serde_norway::from_str(&provider).expect("YAML");
+    let dashboards_dir = provider["providers"][0]["options"]["path"]
+        .as_str()
+        .expect("a provider path");
+    assert!(
+        volumes.iter().any(|v| v.ends_with(&format!(
+            "dashboards/turnstile.json:{dashboards_dir}/turnstile.json:ro"
+        ))),
+        "the dashboard is mounted where the provider looks: {volumes:?}"
+    );
+
+    let datasource = std::fs::read_to_string(repo_path(
+        "dashboards/provisioning/datasources/prometheus.yml",
+    ))
+    .expect("read datasource");
+    let datasource: Value = serde_norway::from_str(&datasource).expect("YAML");
+    assert_eq!(datasource["datasources"][0]["type"], "prometheus");
+    assert_eq!(
+        datasource["datasources"][0]["url"],
+        "http://prometheus:9090"
+    );
+
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_path("dashboards/turnstile.json")).expect("read dashboard"),
+    )
+    .expect("JSON");
+    // Every panel and query picks its data source through the dashboard's variable.
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        assert_eq!(
+            panel["datasource"]["uid"], "${datasource}",
+            "{}",
+            panel["title"]
+        );
+        for target in panel["targets"].as_array().expect("targets") {
+            assert_eq!(
+                target["datasource"]["uid"], "${datasource}",
+                "{}",
+                panel["title"]
+            );
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The gateway over time: hot reload, graceful shutdown on SIGTERM, and `turnstile check`.
+
+use std::time::{Duration, Instant};
+
+use crate::support::process::{check, config_file};
+use crate::support::{metric, Client, GatewayProcess, TestGateway, Upstream, LIVENESS};
+
+fn version(body: &str, burst: u64) -> String {
+    format!(
+        r#"
+upstreams:
+  up: {{ url: "http://$UPSTREAM" }}
+routes:
+  - name: held
+    match: {{ prefix: /held }}
+    upstream: up
+  - name: api
+    respond: {{ body: {body} }}
+    policies:
+      - {{ name: p, key: [client_ip], token_bucket: {{ rate: 1/h, burst: {burst} }} }}
+"#
+    )
+}
+
+/// Polls `url` until its body is `want` (a reload by signal has no other completion signal).
+async fn eventually_body(c: &Client, url: &str, want: &str) {
+    let deadline = Instant::now() + LIVENESS;
+    loop {
+        let reply = c.get(url).await;
+        if reply.text() == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {:?} instead of {want:?}",
+            reply.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn reload_swaps_the_config_and_in_flight_requests_complete() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&version("v1", 1), upstream.addr).await;
+    let c = Client::new();
+    assert_eq!(c.get(&gw.url("/")).await.text(), "v1");
+    assert_eq!(c.get(&gw.url("/")).await.status, 429);
+
+    // A request in flight on the old config...
+    let in_flight = tokio::spawn({
+        let (c, url) = (c.clone(), gw.url("/held"));
+        async move { c.get_with(&url, &[("x-test-hold-head", "1")]).await }
+    });
+    upstream.wait_for_requests(1).await;
+    // ...while the config changes under it: `held` now answers directly.
+    let next = version("v2", 3).replace(
+        "upstream: up\n  - name: api",
+        "respond: { body: gone }\n  - name: api",
+    );
+    gw.reload_with(&next).expect("reload");
+    assert_eq!(c.get(&gw.url("/held")).await.text(), "gone");
+    // Same route and policy names: the counter carries over (still empty: a larger burst grants
+    // no tokens), under the new rule.
+    let reply = c.get(&gw.url("/")).await;
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.header_u64("x-ratelimit-limit"), 3);
+    let renamed = next.replace("name: p,", "name: q,");
+    gw.reload_with(&renamed).expect("reload");
+    assert_eq!(c.get(&gw.url("/")).await.text(), "v2");
+
+    upstream.release(1);
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["path"], "/held");
+    let text = gw.metrics().await;
+    assert_eq!(
+        metric(&text, "turnstile_config_reloads_total", &[("result", "ok")]),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn readyz_says_draining_while_in_flight_requests_finish() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&version("v1", 1), upstream.addr).await;
+    let c = Client::new();
+    let readyz = gw.admin_url("/readyz");
+    assert_eq!(c.get(&readyz).await.status, 200);
+    let in_flight = tokio::spawn({
+        let (c, url) = (c.clone(), gw.url("/held"));
+        async move { c.get_with(&url, &[("x-test-hold-head", "1")]).await }
+    });
+    upstream.wait_for_requests(1).await;
+    let stopping = tokio::spawn(gw.shutdown());
+    // The admin listener outlives the public one: load balancers see "draining" while the
+    // held request is still being served.
+    let deadline = Instant::now() + LIVENESS;
+    loop {
+        let reply = c.get(&readyz).await;
+        if reply.status == 503 {
+            assert_eq!(reply.text(), "draining\n");
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz never said draining");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    upstream.release(1);
+    assert_eq!(in_flight.await.unwrap().status, 200);
+    tokio::time::timeout(LIVENESS, stopping)
+        .await
+        .expect("drained")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&version("v1", 2), upstream.addr).await;
+    let c = Client::new();
+    assert_eq!(c.get(&gw.url("/")).await.text(), "v1");
+
+    let broken = version("v2", 2).replace("1/h", "1/x");
+    let errors = gw
+        .reload_with(&broken)
+        .expect_err("a bad rate must not load");
+    let text = errors.to_string();
+    let path = gw.config_path.display().to_string();
+    // Line 11 of the file (the YAML starts with an empty line), column of the value.
+    let want = format!("{path}:11:");
+    assert!(text.starts_with(&want), "{text}");
+    assert!(
+        text.contains("routes[1].policies[0].token_bucket.rate: `1/x`"),
+        "{text}"
+    );
+
+    let syntax = gw
+        .reload_with("routes:\n  - name: [unclosed\n")
+        .expect_err("bad YAML");
+    assert!(
+        syntax.to_string().starts_with(&format!("{path}:")),
+        "{syntax}"
+    );
+
+    // Still the old config, and still the old counter: one token left of two.
+    let reply = c.get(&gw.url("/")).await;
+    assert_eq!((reply.status, reply.text().as_str()), (200, "v1"));
+    assert_eq!(c.get(&gw.url("/")).await.status, 429);
+    let metrics = gw.metrics().await;
+    let errors = metric(
+        &metrics,
+        "turnstile_config_reloads_total",
+        &[("result", "error")],
+    );
+    assert_eq!(errors, Some(2.0));
+}
+
+#[tokio::test]
+async fn sighup_reloads_the_binary_and_a_bad_file_is_logged_not_applied() {
+    let upstream = Upstream::start().await;
+    let yaml =
+        |body: &str| crate::support::gateway::substitute(&version(body, 5), Some(upstream.addr));
+    let mut gw = GatewayProcess::spawn(&yaml("v1")).await;
+    let c = Client::new();
+    assert_eq!(c.get(&gw.url("/")).await.text(), "v1");
+
+    let with_ports = |y: &str| crate::support::process::with_free_ports(y);
+    std::fs::write(&gw.config_path, with_ports(&yaml("v2"))).unwrap();
+    gw.signal("HUP");
+    eventually_body(&c, &gw.url("/"), "v2").await;
+
+    std::fs::write(
+        &gw.config_path,
+        with_ports(&yaml("v3").replace("1/h", "1/x")),
+    )
+    .unwrap();
+    gw.signal("HUP");
+    let deadline = Instant::now() + LIVENESS;
+    while !gw.log().contains("config reload failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no reload failure logged:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let path = gw.config_path.display().to_string();
+    assert!(gw.log().contains(&format!("{path}:13:")), "{}", gw.log());
+    assert_eq!(c.get(&gw.url("/")).await.text(), "v2");
+
+    gw.signal("TERM");
+    assert!(gw.wait().await.success());
+}
+
+#[tokio::test]
+async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
+    let upstream = Upstream::start().await;
+    let yaml = crate::support::gateway::substitute(&version("v1", 5), Some(upstream.addr));
+    let mut gw = GatewayProcess::spawn(&yaml).await;
+    let c = Client::new();
+    let in_flight = tokio::spawn({
+        let (c, url) = (c.clone(), gw.url("/held"));
+        async move { c.get_with(&url, &[("x-test-hold-head", "1")]).await }
+    });
+    upstream.wait_for_requests(1).await;
+    gw.signal("TERM");
+
+    // The listener closes: new connections are refused while the old one drains.
+    let deadline = Instant::now() + LIVENESS;
+    while tokio::net::TcpStream::connect(gw.public).await.is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    upstream.release(1);
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["path"], "/held");
+    let status = gw.wait().await;
+    assert!(status.success(), "{status:?}; log:\n{}", gw.log());
+    assert!(gw.log().contains("draining"), "{}", gw.log());
+}
+
+#[tokio::test]
+async fn sigterm_gives_up_on_stuck_requests_after_the_grace_period() {
+    let upstream = Upstream::start().await;
+    let yaml = crate::support::gateway::substitute(
+        &format!("server:\n  shutdown_grace: 300ms\n{}", version("v1", 5)),
+        Some(upstream.addr),
+    );
+    let mut gw = GatewayProcess::spawn(&yaml).await;
+    let in_flight = tokio::spawn({
+        let url = gw.url("/held");
+        async move {
+            let req = crate::support::client::request(http::Method::GET, &url)
+                .header("x-test-hold-head", "1")
+                .body(crate::support::client::empty())
+                .unwrap();
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<crate::support::client::ReqBody>()
+                .request(req)
+                .await
+                .map(|r| r.status())
+        }
+    });
+    upstream.wait_for_requests(1).await;
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    let status = gw.wait().await;
+    assert!(status.success(), "{status:?}; log:\n{}", gw.log());
+    assert!(signalled.elapsed() >= Duration::from_millis(300));
+    // The stuck request's connection was closed without an answer.
+    let outcome = tokio::time::timeout(LIVENESS, in_flight)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(outcome.is_err(), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn sigint_stops_an_idle_gateway_with_exit_zero() {
+    let mut gw = GatewayProcess::spawn("routes:\n  - name: a\n    respond: { body: a }\n").await;
+    assert_eq!(Client::new().get(&gw.url("/")).await.text(), "a");
+    gw.signal("INT");
+    assert!(gw.wait().await.success());
+}
+
+#[test]
+fn check_accepts_a_valid_file_and_the_example() {
+    let (_dir, path) = config_file("routes:\n  - name: a\n    respond: { body: a }\n");
+    let (code, stdout, _) = check(&path);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, format!("{}: ok (1 routes)\n", path.display()));
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies.yaml");
+    let (code, _, stderr) = check(&example);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// `FILE:LINE:COL: field: message` lines on stderr, exit 1.
+fn check_errors(yaml: &str) -> Vec<String> {
+    let (_dir, path) = config_file(yaml);
+    let (code, stdout, stderr) = check(&path);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    let prefix = format!("{}:", path.display());
+    stderr
+        .lines()
+        .map(|line| {
+            line.strip_prefix(&prefix)
+                .unwrap_or_else(|| panic!("{line:?} does not start with {prefix:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn check_reports_each_error_with_file_line_column_and_field() {
+    let bad_rate = "\
+upstreams:
+  api: { url: \"http://127.0.0.1:3000\" }
+routes:
+  - name: users
+    upstream: api
+    policies:
+      - name: per_ip
+        key: [client_ip]
+        token_bucket: { rate: 10/x, burst: 5 }
+";
+    let lines = check_errors(bad_rate);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with(
+            "9:31: routes[0].policies[0].token_bucket.rate: `10/x` has an unknown unit"
+        ),
+        "{lines:?}"
+    );
+
+    let unknown_field = "\
+routes:
+  - name: users
+    respond: { body: ok }
+    policies:
+      - name: per_ip
+        key: [client_ip]
+        token_bucket: { rate: 10/s, burst: 5 }
+        burts: 3
+";
+    let lines = check_errors(unknown_field);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("8:9: routes[0].policies[0]: unknown field `burts`"),
+        "{lines:?}"
+    );
+
+    let several = "\
+routes:
+  - name: users
+    upstream: nowhere
+    policies:
+      - name: per_user
+        key: [\"path:user_id\"]
+        sliding_window: { limit: 0, window: 1m }
+";
+    let lines = check_errors(several);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(
+        lines[0].starts_with("3:15: routes[0].upstream: `nowhere`"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with("6:15: routes[0].policies[0].key[0]: `path:user_id`"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[2].starts_with("7:34: routes[0].policies[0].sliding_window.limit: must be"),
+        "{lines:?}"
+    );
+
+    let not_yaml = "routes:\n  - name: users\n    respond: { body: ok\n";
+    let lines = check_errors(not_yaml);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("4:1: "), "{lines:?}");
+}
+
+/// Regression: the binary announced its addresses before installing its signal handlers, so a
+/// SIGHUP or SIGTERM sent as soon as the line appeared killed it (status: signal 15, not exit 0).
+#[tokio::test]
+async fn a_signal_right_after_the_listening_line_is_handled() {
+    for _ in 0..5 {
+        let mut gw =
+            GatewayProcess::spawn("routes:\n  - name: a\n    respond: { body: a }\n").await;
+        gw.signal("HUP");
+        assert_eq!(Client::new().get(&gw.url("/")).await.text(), "a");
+        gw.signal("TERM");
+        let status = gw.wait().await;
+        assert_eq!(status.code(), Some(0), "{status:?}; log:\n{}", gw.log());
+    }
+    let mut gw = GatewayProcess::spawn("routes:\n  - name: a\n    respond: { body: a }\n").await;
+    gw.signal("TERM");
+    let status = gw.wait().await;
+    assert_eq!(status.code(), Some(0), "{status:?}; log:\n{}", gw.log());
+}

