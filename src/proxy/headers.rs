@@ -255,4 +255,14 @@ mod tests {
         set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, false);
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
     }
+
+    #[test]
+    fn forwarded_for_writes_an_ipv6_peer_as_display_does() {
+        let mut h = HeaderMap::new();
+        set_forwarded(&mut h, "2001:db8::7".parse().unwrap(), None, false);
+        assert_eq!(h[&X_FORWARDED_FOR], "2001:db8::7");
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("192.0.2.1"));
+        set_forwarded(&mut h, "10.1.22.255".parse().unwrap(), None, false);
+        assert_eq!(h[&X_FORWARDED_FOR], "192.0.2.1, 10.1.22.255");
+    }
 }
