@@ -151,6 +151,9 @@ impl UpstreamClient {
             .await
             .map_err(|e| ClientError::Connect(e.into()))?;
         let (sender, connection) = http1::Builder::new()
+            // Copy body chunks into the head's buffer and write once: cheaper than hyper's
+            // vectored queue for the small messages a gateway mostly carries.
+            .writev(false)
             .handshake(io)
             .await
             .map_err(|e| ClientError::Connect(e.into()))?;
