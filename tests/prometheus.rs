@@ -2,6 +2,10 @@
 //! serves allowed, limited, unrouted and upstream-failing traffic, and every PromQL expression of
 //! `dashboards/turnstile.json` and `dashboards/alerts.yml` is run through its HTTP API.
 //!
+//! A second run puts the gateway on a real Redis that is killed mid-test, so the store-error and
+//! fail-open/failed-closed panels and the store alerts are proven on non-zero values, not only on
+//! the zero series the gateway creates at start.
+//!
 //! Also here: `promtool check rules` and `promtool test rules` (the alerts' unit tests).
 
 mod support;
@@ -13,6 +17,7 @@ use serde_json::Value;
 
 use support::prometheus::{http_get, Prometheus};
 use support::tools::{repo_path, run_ok};
+use support::{RedisServer, TestGateway};
 
 /// Values for the Grafana variables the dashboard's expressions use. The rate interval spans the
 /// whole test, so every rate has samples from before and after the traffic.
@@ -304,4 +309,208 @@ routes:
     drop(prometheus);
     runtime.block_on(running.shutdown());
     drop(silent);
+}
+
+/// The expression of the dashboard target `refId` in the panel titled `title`, variables
+/// substituted.
+fn panel_query(title: &str, ref_id: &str) -> String {
+    let label = format!("{title} [{ref_id}]");
+    let (_, expr) = dashboard_queries()
+        .into_iter()
+        .find(|(panel, _)| *panel == label)
+        .unwrap_or_else(|| panic!("the dashboard has no target {label}"));
+    substitute(&expr)
+}
+
+/// The expression of the alert `name`.
+fn alert_expr(name: &str) -> String {
+    alert_rules()
+        .into_iter()
+        .find(|(alert, _)| alert == name)
+        .unwrap_or_else(|| panic!("alerts.yml has no alert {name}"))
+        .1
+}
+
+/// Each sample of an instant query: (its labels as `k=v,...`, its value).
+fn samples(prometheus: &Prometheus, expr: &str) -> Vec<(String, f64)> {
+    let result = prometheus
+        .query(expr)
+        .unwrap_or_else(|e| panic!("`{expr}` failed: {e}"));
+    result
+        .iter()
+        .map(|sample| {
+            let labels = sample["metric"]
+                .as_object()
+                .map(|m| {
+                    let mut pairs: Vec<String> = m
+                        .iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?")))
+                        .collect();
+                    pairs.sort();
+                    pairs.join(",")
+                })
+                .unwrap_or_default();
+            let value = sample["value"][1]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN);
+            (labels, value)
+        })
+        .collect()
+}
+
+/// Records a failure unless `value` is a positive rate.
+fn positive(failures: &mut Vec<String>, what: &str, value: Option<f64>) {
+    match value {
+        Some(v) if v > 0.0 => {}
+        other => failures.push(format!("{what}: {other:?}, expected a positive rate")),
+    }
+}
+
+/// The value of the sample whose labels are exactly `labels` (sorted `k=v`, comma-joined).
+fn value_of(samples: &[(String, f64)], labels: &str) -> Option<f64> {
+    samples.iter().find(|(l, _)| l == labels).map(|(_, v)| *v)
+}
+
+#[test]
+fn store_failure_panels_and_alerts_show_a_redis_outage() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut redis = RedisServer::start();
+    let route = |name: &str, extra: &str| {
+        format!(
+            "  - name: {name}\n    match: {{ path: /{name} }}\n    respond: {{ status: 200, body: \"ok\" }}\n\
+             {extra}    policies:\n      - name: shared\n        key: [method]\n        \
+             token_bucket: {{ rate: 1/d, burst: 1000 }}\n"
+        )
+    };
+    let config = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nstore:\n  type: redis\n  url: {}\n  \
+         pool_size: 2\n  timeout: 50ms\n  failure_mode: open\n  key_prefix: \"prom:\"\nroutes:\n{}{}",
+        redis.url(),
+        route("open", ""),
+        route("closed", "    failure_mode: closed\n"),
+    );
+    let gateway = runtime.block_on(TestGateway::start(&config));
+    let public = gateway.public;
+
+    let prometheus = Prometheus::start(gateway.admin, &[repo_path("dashboards/alerts.yml")]);
+    let scraped = |expr: &str, want: f64| {
+        prometheus
+            .wait_for_value(expr, want, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
+    };
+    scraped("up{job=\"turnstile\"}", 1.0);
+
+    // Healthy store: every request is decided by Redis and allowed.
+    for path in ["/open", "/closed"] {
+        for _ in 0..5 {
+            assert_eq!(get_status(public, path), 200, "{path} with Redis up");
+        }
+    }
+    scraped(
+        "sum(turnstile_decisions_total{policy=\"shared\",decision=\"allowed\"})",
+        10.0,
+    );
+    assert_eq!(
+        prometheus.scalar("sum(turnstile_store_errors_total)"),
+        Some(0.0),
+        "store errors with Redis up"
+    );
+
+    // Redis dies: the open route serves uncounted, the closed route refuses with 503.
+    redis.kill();
+    for _ in 0..20 {
+        assert_eq!(get_status(public, "/open"), 200, "/open with Redis down");
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            get_status(public, "/closed"),
+            503,
+            "/closed with Redis down"
+        );
+    }
+    scraped(
+        "sum(turnstile_decisions_total{route=\"open\",decision=\"failed_open\"})",
+        20.0,
+    );
+    scraped(
+        "sum(turnstile_decisions_total{route=\"closed\",decision=\"failed_closed\"})",
+        10.0,
+    );
+    scraped("sum(turnstile_store_errors_total{store=\"redis\"})", 30.0);
+    // One more scrape after the final counts, as in the memory-store test.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let mut failures = Vec::new();
+
+    let errors = samples(
+        &prometheus,
+        &panel_query("Store errors and fail-open decisions", "A"),
+    );
+    positive(
+        &mut failures,
+        &format!("store errors panel, summed over {errors:?}"),
+        Some(errors.iter().map(|(_, v)| v).sum()),
+    );
+    for (labels, _) in &errors {
+        if !labels.starts_with("kind=") || !labels.ends_with(",store=redis") {
+            failures.push(format!("store errors panel: unexpected series {labels}"));
+        }
+    }
+
+    let failed = samples(
+        &prometheus,
+        &panel_query("Store errors and fail-open decisions", "B"),
+    );
+    positive(
+        &mut failures,
+        &format!("fail-open panel, open route, of {failed:?}"),
+        value_of(&failed, "decision=failed_open,route=open"),
+    );
+    positive(
+        &mut failures,
+        &format!("failed-closed panel, closed route, of {failed:?}"),
+        value_of(&failed, "decision=failed_closed,route=closed"),
+    );
+
+    let stat = samples(&prometheus, &panel_query("Failed-open decisions / s", "A"));
+    positive(
+        &mut failures,
+        &format!("failed-open stat {stat:?}"),
+        value_of(&stat, ""),
+    );
+
+    // The alerts keep their `for:` clause, so this checks the expressions, not the firing state:
+    // each returns exactly the route that fails that way.
+    for (alert, route) in [
+        ("TurnstileStoreFailingOpen", "open"),
+        ("TurnstileStoreFailingClosed", "closed"),
+    ] {
+        let result = samples(&prometheus, &alert_expr(alert));
+        let routes: Vec<&str> = result.iter().map(|(l, _)| l.as_str()).collect();
+        if routes != [format!("route={route}")] {
+            failures.push(format!(
+                "alert {alert}: returns {result:?}, expected route={route}"
+            ));
+        }
+        positive(
+            &mut failures,
+            &format!("alert {alert}"),
+            value_of(&result, &format!("route={route}")),
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} problems:\n{}\n{}",
+        failures.len(),
+        failures.join("\n"),
+        prometheus.log()
+    );
+
+    drop(prometheus);
+    runtime.block_on(gateway.shutdown());
 }
