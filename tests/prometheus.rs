@@ -65,12 +65,8 @@ fn every_dashboard_and_alert_query_runs_on_a_real_prometheus() {
     let silent_addr = silent.local_addr().expect("addr");
     let refused = refused_addr();
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config_path = dir.path().join("policies.yaml");
-    std::fs::write(
-        &config_path,
-        format!(
-            r#"
+    let config = format!(
+        r#"
 listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
 upstreams:
@@ -101,24 +97,10 @@ routes:
       prefix: /slow
     upstream: silent
 "#
-        ),
-    )
-    .expect("write config");
+    );
 
-    let metrics = turnstile::metrics::Metrics::new();
-    let snapshot = turnstile::config::load(&config_path, &metrics).expect("the test config loads");
-    let running = runtime.block_on(async {
-        let public = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        turnstile::start(snapshot, metrics, Some((public, admin)))
-            .await
-            .expect("start")
-    });
-    let (public, admin) = (running.public_addr, running.admin_addr);
+    let gateway = runtime.block_on(TestGateway::start(&config));
+    let (public, admin) = (gateway.public, gateway.admin);
 
     let prometheus = Prometheus::start(admin, &[repo_path("dashboards/alerts.yml")]);
     // A first scrape before any traffic, so every rate has a starting sample.
@@ -242,7 +224,7 @@ routes:
     );
 
     drop(prometheus);
-    runtime.block_on(running.shutdown());
+    runtime.block_on(gateway.shutdown());
     drop(silent);
 }
 
