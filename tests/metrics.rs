@@ -149,7 +149,13 @@ async fn concurrent_requests_are_counted_exactly() {
     let tasks: Vec<_> = (0..200)
         .map(|_| {
             let (client, url) = (client.clone(), url.clone());
-            tokio::spawn(async move { client.get(&url).await.status })
+            // A connection per request, as 200 clients would; none left idle for the shutdown.
+            tokio::spawn(async move {
+                client
+                    .get_with(&url, &[("connection", "close")])
+                    .await
+                    .status
+            })
         })
         .collect();
     let mut statuses = Vec::new();

@@ -97,14 +97,14 @@ impl TestGateway {
         }
     }
 
-    /// The status of a GET on the public listener.
+    /// The status of a GET on the public listener, on a connection of its own.
     pub async fn get(&self, path: &str) -> u16 {
-        Client::new().get(&self.url(path)).await.status
+        one_shot(&self.url(path)).await.status
     }
 
-    /// A GET on the admin listener: (status, body).
+    /// A GET on the admin listener, on a connection of its own: (status, body).
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        let reply = Client::new().get(&self.admin_url(path)).await;
+        let reply = one_shot(&self.admin_url(path)).await;
         (reply.status, reply.text())
     }
 
@@ -114,6 +114,14 @@ impl TestGateway {
         assert_eq!(status, 200, "/metrics: {text}");
         text
     }
+}
+
+/// A GET with `Connection: close`, so no idle keep-alive connection is left for the gateway's
+/// graceful shutdown to wait on.
+async fn one_shot(url: &str) -> super::client::Reply {
+    Client::new()
+        .get_with(url, &[("connection", "close")])
+        .await
 }
 
 fn write_config(path: &Path, text: &str) {
