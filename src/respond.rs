@@ -1,6 +1,9 @@
 //! Every response the gateway writes itself, in one place: the rate-limit headers and the JSON
 //! error bodies. Adapters never format these on their own.
 
+use std::sync::OnceLock;
+
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
@@ -18,15 +21,65 @@ pub fn ceil_seconds(us: u64) -> u64 {
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds) for the governing outcome.
 pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome) {
-    headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(outcome.limit));
+    headers.insert(X_RATELIMIT_LIMIT.clone(), number_value(outcome.limit));
     headers.insert(
         X_RATELIMIT_REMAINING.clone(),
-        HeaderValue::from(outcome.remaining),
+        number_value(outcome.remaining),
     );
     headers.insert(
         X_RATELIMIT_RESET.clone(),
-        HeaderValue::from(ceil_seconds(outcome.reset_us)),
+        number_value(ceil_seconds(outcome.reset_us)),
     );
+}
+
+/// Numbers below this have their header values made once: the rate-limit headers of most
+/// responses (small limits, counts and reset times) then cost no allocation at all.
+const SMALL_NUMBERS: usize = 1024;
+
+/// `n` as a header value, as `HeaderValue::from(n)` makes it, but without its two allocations
+/// (a growable buffer, then a shared one) on every response.
+pub fn number_value(n: u64) -> HeaderValue {
+    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    if let Some(value) = usize::try_from(n)
+        .ok()
+        .and_then(|i| SMALL.get_or_init(small_numbers).get(i))
+    {
+        return value.clone();
+    }
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = n;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    HeaderValue::from_bytes(&digits[start..]).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+/// The values of 0 to `SMALL_NUMBERS - 1`, all slices of one string that lives as long as the
+/// process, so cloning one copies a pointer (no reference count).
+fn small_numbers() -> Vec<HeaderValue> {
+    let mut text = String::new();
+    let mut ends = Vec::with_capacity(SMALL_NUMBERS);
+    for i in 0..SMALL_NUMBERS {
+        text.push_str(&i.to_string());
+        ends.push(text.len());
+    }
+    let text: &'static str = Box::leak(text.into_boxed_str());
+    let mut start = 0;
+    ends.into_iter()
+        .enumerate()
+        .map(|(i, end)| {
+            let digits = &text[start..end];
+            start = end;
+            HeaderValue::from_maybe_shared(Bytes::from_static(digits.as_bytes()))
+                .unwrap_or_else(|_| HeaderValue::from(i))
+        })
+        .collect()
 }
 
 /// `Retry-After` in whole seconds, at least 1: the time until the request could succeed.
@@ -63,7 +116,7 @@ pub fn rate_limited(route: &str, policy: &str, outcome: &Outcome) -> Response<Re
             ..*outcome
         },
     );
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+    headers.insert(RETRY_AFTER, number_value(retry));
     response
 }
 
@@ -112,4 +165,19 @@ pub fn store_unavailable(route: &str, retry_after: u64) -> Response<ResponseBody
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_values_read_as_the_numbers() {
+        let mut numbers: Vec<u64> = (0..2100).collect();
+        numbers.extend([9_999, 10_000, 1_000_000_000, u64::MAX - 1, u64::MAX]);
+        for n in numbers {
+            assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
+            assert_eq!(number_value(n).to_str().unwrap(), n.to_string());
+        }
+    }
 }

@@ -157,7 +157,10 @@ async fn serve_public(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout)
-        .keep_alive(true);
+        .keep_alive(true)
+        // One flat write per response (head and small bodies copied together) costs fewer
+        // instructions than hyper's vectored queue; large bodies still stream chunk by chunk.
+        .writev(false);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -187,8 +190,15 @@ async fn serve_public(
         let builder = builder.clone();
         // Taken here, before shutdown can begin, so the drain also waits for this connection.
         let watcher = graceful.watcher();
+        let mut stopping = shutdown.clone();
         tokio::spawn(async move {
-            if !protocol_known(&stream, header_read_timeout).await {
+            // A connection that has not said a byte when shutdown begins has no request to
+            // finish: close it rather than hold the drain until its detection times out.
+            let known = tokio::select! {
+                known = protocol_known(&stream, header_read_timeout) => known,
+                _ = stopping.wait_for(|stop| *stop) => false,
+            };
+            if !known {
                 return;
             }
             let service = service_fn(move |req| gw.clone().handle(peer, req));

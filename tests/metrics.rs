@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::gateway::Gateway;
+use support::{Client, TestGateway};
 
 /// The text exposition format, read back.
 struct Scrape(String);
@@ -12,31 +12,7 @@ struct Scrape(String);
 impl Scrape {
     /// The value of the sample `name` whose labels are exactly `labels` (in any order).
     fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.0
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .find_map(|line| {
-                let (series, value) = line.rsplit_once(' ')?;
-                let (metric, label_text) = match series.split_once('{') {
-                    Some((m, rest)) => (m, rest.strip_suffix('}')?),
-                    None => (series, ""),
-                };
-                if metric != name {
-                    return None;
-                }
-                let mut found: Vec<(&str, &str)> = label_text
-                    .split(',')
-                    .filter(|p| !p.is_empty())
-                    .filter_map(|p| {
-                        let (k, v) = p.split_once('=')?;
-                        Some((k, v.trim_matches('"')))
-                    })
-                    .collect();
-                let mut want = labels.to_vec();
-                found.sort_unstable();
-                want.sort_unstable();
-                (found == want).then(|| value.parse().ok())?
-            })
+        support::metric(&self.0, name, labels)
     }
 
     fn must(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -68,10 +44,8 @@ impl Scrape {
 }
 
 /// Scrapes the gateway's `/metrics`.
-async fn scrape(gw: &Gateway) -> Scrape {
-    let (status, body) = gw.admin_get("/metrics").await;
-    assert_eq!(status, 200);
-    Scrape(body)
+async fn scrape(gw: &TestGateway) -> Scrape {
+    Scrape(gw.metrics().await)
 }
 
 const USERS: &str = r#"
@@ -91,7 +65,7 @@ routes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_requests_are_counted_exactly() {
-    let gw = Gateway::start(USERS).await;
+    let gw = TestGateway::start(USERS).await;
     let before = scrape(&gw).await;
     // Every series exists from startup, at 0.
     for decision in ["allowed", "limited", "failed_open", "failed_closed"] {
@@ -165,16 +139,23 @@ async fn sequential_requests_are_counted_exactly() {
     // Request values (user ids) never become labels: the set of series did not grow.
     assert_eq!(m.series(), before.series(), "series appeared with traffic");
     assert!(!m.0.contains("alice"));
-    gw.stop().await;
+    gw.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_are_counted_exactly() {
-    let gw = Gateway::start(USERS).await;
-    let public = gw.public();
+    let gw = TestGateway::start(USERS).await;
+    let (client, url) = (Client::new(), gw.url("/api/users/carol"));
     let tasks: Vec<_> = (0..200)
         .map(|_| {
-            tokio::spawn(async move { support::gateway::get(public, "/api/users/carol").await.0 })
+            let (client, url) = (client.clone(), url.clone());
+            // A connection per request, as 200 clients would; none left idle for the shutdown.
+            tokio::spawn(async move {
+                client
+                    .get_with(&url, &[("connection", "close")])
+                    .await
+                    .status
+            })
         })
         .collect();
     let mut statuses = Vec::new();
@@ -197,12 +178,12 @@ async fn concurrent_requests_are_counted_exactly() {
         ),
         200.0
     );
-    gw.stop().await;
+    gw.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_request_counts_limited_only_for_the_policy_that_rejected_it() {
-    let gw = Gateway::start(
+    let gw = TestGateway::start(
         r#"
 routes:
   - name: search
@@ -229,7 +210,7 @@ routes:
     assert_eq!(m.decisions("search", "loose", "allowed"), 5.0);
     assert_eq!(m.decisions("search", "loose", "limited"), 0.0);
     assert_eq!(m.requests("search", "429"), 3.0);
-    gw.stop().await;
+    gw.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,7 +223,7 @@ async fn upstream_errors_are_counted_by_kind() {
     // This one accepts (the kernel completes the handshake) and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let silent_addr = silent.local_addr().expect("addr");
-    let gw = Gateway::start(&format!(
+    let gw = TestGateway::start(&format!(
         r#"
 upstreams:
   refused:
@@ -282,6 +263,6 @@ routes:
     assert_eq!(upstream("slow", "connect"), 0.0);
     assert_eq!(m.requests("broken", "5xx"), 3.0);
     assert_eq!(m.requests("slow", "5xx"), 2.0);
-    gw.stop().await;
+    gw.shutdown().await;
     drop(silent);
 }

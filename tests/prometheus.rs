@@ -2,6 +2,10 @@
 //! serves allowed, limited, unrouted and upstream-failing traffic, and every PromQL expression of
 //! `dashboards/turnstile.json` and `dashboards/alerts.yml` is run through its HTTP API.
 //!
+//! A second run puts the gateway on a real Redis that is killed mid-test, so the store-error and
+//! fail-open/failed-closed panels and the store alerts are proven on non-zero values, not only on
+//! the zero series the gateway creates at start.
+//!
 //! Also here: `promtool check rules` and `promtool test rules` (the alerts' unit tests).
 
 mod support;
@@ -9,77 +13,13 @@ mod support;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::time::Duration;
 
-use serde_json::Value;
+use support::dashboard::{
+    alert_expr, alert_rules, dashboard_queries, panel_query, samples, substitute, value_of,
+};
 
 use support::prometheus::{http_get, Prometheus};
 use support::tools::{repo_path, run_ok};
-
-/// Values for the Grafana variables the dashboard's expressions use. The rate interval spans the
-/// whole test, so every rate has samples from before and after the traffic.
-const GRAFANA_VARIABLES: &[(&str, &str)] = &[
-    ("$__rate_interval", "1m"),
-    ("$__range", "5m"),
-    ("$route", ".*"),
-];
-
-/// Every PromQL expression of the dashboard, with its panel's title.
-fn dashboard_queries() -> Vec<(String, String)> {
-    let text =
-        std::fs::read_to_string(repo_path("dashboards/turnstile.json")).expect("read dashboard");
-    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
-    let mut out = Vec::new();
-    collect_panels(&dashboard["panels"], &mut out);
-    out
-}
-
-fn collect_panels(panels: &Value, out: &mut Vec<(String, String)>) {
-    for panel in panels.as_array().into_iter().flatten() {
-        let title = panel["title"].as_str().unwrap_or("?").to_string();
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"]
-                .as_str()
-                .expect("every target has a PromQL expr");
-            out.push((
-                format!("{title} [{}]", target["refId"].as_str().unwrap_or("?")),
-                expr.to_string(),
-            ));
-        }
-        // Panels folded inside a row.
-        collect_panels(&panel["panels"], out);
-    }
-}
-
-fn substitute(expr: &str) -> String {
-    let mut expr = expr.to_string();
-    for (name, value) in GRAFANA_VARIABLES {
-        expr = expr.replace(name, value);
-    }
-    assert!(
-        !expr.contains('$'),
-        "an unknown Grafana variable is left in `{expr}`"
-    );
-    expr
-}
-
-/// Every alert of the rules file: (name, expr).
-fn alert_rules() -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(repo_path("dashboards/alerts.yml")).expect("read alerts");
-    let rules: Value = serde_norway::from_str(&text).expect("alerts.yml is YAML");
-    let mut out = Vec::new();
-    for group in rules["groups"].as_array().expect("groups") {
-        for rule in group["rules"].as_array().expect("rules") {
-            let name = rule["alert"]
-                .as_str()
-                .or(rule["record"].as_str())
-                .expect("alert or record");
-            out.push((
-                name.to_string(),
-                rule["expr"].as_str().expect("expr").to_string(),
-            ));
-        }
-    }
-    out
-}
+use support::{RedisServer, TestGateway};
 
 #[test]
 fn promtool_checks_the_alert_rules() {
@@ -125,12 +65,8 @@ fn every_dashboard_and_alert_query_runs_on_a_real_prometheus() {
     let silent_addr = silent.local_addr().expect("addr");
     let refused = refused_addr();
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config_path = dir.path().join("policies.yaml");
-    std::fs::write(
-        &config_path,
-        format!(
-            r#"
+    let config = format!(
+        r#"
 listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
 upstreams:
@@ -161,24 +97,10 @@ routes:
       prefix: /slow
     upstream: silent
 "#
-        ),
-    )
-    .expect("write config");
+    );
 
-    let metrics = turnstile::metrics::Metrics::new();
-    let snapshot = turnstile::config::load(&config_path, &metrics).expect("the test config loads");
-    let running = runtime.block_on(async {
-        let public = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        turnstile::start(snapshot, metrics, Some((public, admin)))
-            .await
-            .expect("start")
-    });
-    let (public, admin) = (running.public_addr, running.admin_addr);
+    let gateway = runtime.block_on(TestGateway::start(&config));
+    let (public, admin) = (gateway.public, gateway.admin);
 
     let prometheus = Prometheus::start(admin, &[repo_path("dashboards/alerts.yml")]);
     // A first scrape before any traffic, so every rate has a starting sample.
@@ -302,6 +224,157 @@ routes:
     );
 
     drop(prometheus);
-    runtime.block_on(running.shutdown());
+    runtime.block_on(gateway.shutdown());
     drop(silent);
+}
+
+/// Records a failure unless `value` is a positive rate.
+fn positive(failures: &mut Vec<String>, what: &str, value: Option<f64>) {
+    match value {
+        Some(v) if v > 0.0 => {}
+        other => failures.push(format!("{what}: {other:?}, expected a positive rate")),
+    }
+}
+
+#[test]
+fn store_failure_panels_and_alerts_show_a_redis_outage() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut redis = RedisServer::start();
+    let route = |name: &str, extra: &str| {
+        format!(
+            "  - name: {name}\n    match: {{ path: /{name} }}\n    respond: {{ status: 200, body: \"ok\" }}\n\
+             {extra}    policies:\n      - name: shared\n        key: [method]\n        \
+             token_bucket: {{ rate: 1/d, burst: 1000 }}\n"
+        )
+    };
+    let config = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nstore:\n  type: redis\n  url: {}\n  \
+         pool_size: 2\n  timeout: 50ms\n  failure_mode: open\n  key_prefix: \"prom:\"\nroutes:\n{}{}",
+        redis.url(),
+        route("open", ""),
+        route("closed", "    failure_mode: closed\n"),
+    );
+    let gateway = runtime.block_on(TestGateway::start(&config));
+    let public = gateway.public;
+
+    let prometheus = Prometheus::start(gateway.admin, &[repo_path("dashboards/alerts.yml")]);
+    let scraped = |expr: &str, want: f64| {
+        prometheus
+            .wait_for_value(expr, want, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
+    };
+    scraped("up{job=\"turnstile\"}", 1.0);
+
+    // Healthy store: every request is decided by Redis and allowed.
+    for path in ["/open", "/closed"] {
+        for _ in 0..5 {
+            assert_eq!(get_status(public, path), 200, "{path} with Redis up");
+        }
+    }
+    scraped(
+        "sum(turnstile_decisions_total{policy=\"shared\",decision=\"allowed\"})",
+        10.0,
+    );
+    assert_eq!(
+        prometheus.scalar("sum(turnstile_store_errors_total)"),
+        Some(0.0),
+        "store errors with Redis up"
+    );
+
+    // Redis dies: the open route serves uncounted, the closed route refuses with 503.
+    redis.kill();
+    for _ in 0..20 {
+        assert_eq!(get_status(public, "/open"), 200, "/open with Redis down");
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            get_status(public, "/closed"),
+            503,
+            "/closed with Redis down"
+        );
+    }
+    scraped(
+        "sum(turnstile_decisions_total{route=\"open\",decision=\"failed_open\"})",
+        20.0,
+    );
+    scraped(
+        "sum(turnstile_decisions_total{route=\"closed\",decision=\"failed_closed\"})",
+        10.0,
+    );
+    scraped("sum(turnstile_store_errors_total{store=\"redis\"})", 30.0);
+    // One more scrape after the final counts, as in the memory-store test.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let mut failures = Vec::new();
+
+    let errors = samples(
+        &prometheus,
+        &panel_query("Store errors and fail-open decisions", "A"),
+    );
+    positive(
+        &mut failures,
+        &format!("store errors panel, summed over {errors:?}"),
+        Some(errors.iter().map(|(_, v)| v).sum()),
+    );
+    for (labels, _) in &errors {
+        if !labels.starts_with("kind=") || !labels.ends_with(",store=redis") {
+            failures.push(format!("store errors panel: unexpected series {labels}"));
+        }
+    }
+
+    let failed = samples(
+        &prometheus,
+        &panel_query("Store errors and fail-open decisions", "B"),
+    );
+    positive(
+        &mut failures,
+        &format!("fail-open panel, open route, of {failed:?}"),
+        value_of(&failed, "decision=failed_open,route=open"),
+    );
+    positive(
+        &mut failures,
+        &format!("failed-closed panel, closed route, of {failed:?}"),
+        value_of(&failed, "decision=failed_closed,route=closed"),
+    );
+
+    let stat = samples(&prometheus, &panel_query("Failed-open decisions / s", "A"));
+    positive(
+        &mut failures,
+        &format!("failed-open stat {stat:?}"),
+        value_of(&stat, ""),
+    );
+
+    // The alerts keep their `for:` clause, so this checks the expressions, not the firing state:
+    // each returns exactly the route that fails that way.
+    for (alert, route) in [
+        ("TurnstileStoreFailingOpen", "open"),
+        ("TurnstileStoreFailingClosed", "closed"),
+    ] {
+        let result = samples(&prometheus, &alert_expr(alert));
+        let routes: Vec<&str> = result.iter().map(|(l, _)| l.as_str()).collect();
+        if routes != [format!("route={route}")] {
+            failures.push(format!(
+                "alert {alert}: returns {result:?}, expected route={route}"
+            ));
+        }
+        positive(
+            &mut failures,
+            &format!("alert {alert}"),
+            value_of(&result, &format!("route={route}")),
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} problems:\n{}\n{}",
+        failures.len(),
+        failures.join("\n"),
+        prometheus.log()
+    );
+
+    drop(prometheus);
+    runtime.block_on(gateway.shutdown());
 }

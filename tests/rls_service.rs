@@ -2,6 +2,7 @@
 //! in-process store: envoyproxy/ratelimit's semantics, with exact counts.
 
 mod rls_support;
+mod support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

@@ -207,7 +207,7 @@ fn report_is_limited_to_n() {
 /// `/debug/top-limited` on the admin listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoint_reports_the_heaviest_limited_keys() {
-    let gw = support::gateway::Gateway::start(
+    let gw = support::TestGateway::start(
         r#"
 routes:
   - name: users
@@ -268,5 +268,5 @@ routes:
 
     let (_, body) = gw.admin_get("/debug/top-limited").await;
     assert!(body.contains("\"keys\""));
-    gw.stop().await;
+    gw.shutdown().await;
 }

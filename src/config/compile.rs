@@ -308,7 +308,7 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
             authority: authority.clone(),
             connect_timeout,
             timeout,
-            client: crate::proxy::client(connect_timeout),
+            client: crate::proxy::client(authority, connect_timeout),
         }),
         (Some("http"), Some(_), _) => {
             e.add(

@@ -166,3 +166,72 @@ fn a_changed_rule_keeps_compatible_state() {
     });
     assert!(store.check(&[check("k", &window)]).allowed);
 }
+
+#[test]
+fn one_check_decides_as_it_would_among_several() {
+    // `check` takes a shortcut for a single check; it must agree with the general path, here
+    // the same key checked beside a counter that always allows.
+    let (clock_one, one) = store(100);
+    let (clock_many, many) = store(100);
+    let rules = [
+        Rule::TokenBucket(TokenBucket {
+            rate: 2.0,
+            burst: 3,
+        }),
+        Rule::SlidingWindow(SlidingWindow {
+            limit: 3,
+            window_us: S,
+            buckets: 0,
+        }),
+        Rule::SlidingWindow(SlidingWindow {
+            limit: 3,
+            window_us: S,
+            buckets: 4,
+        }),
+    ];
+    let roomy = Rule::TokenBucket(TokenBucket {
+        rate: 1e9,
+        burst: 1_000_000_000,
+    });
+    for rule in &rules {
+        for step in 0..40u64 {
+            let key = format!("k-{}", rule.kind());
+            let alone = one.check(&[check(&key, rule)]);
+            let beside = many.check(&[check(&key, rule), check("roomy", &roomy)]);
+            assert_eq!(alone.allowed, beside.allowed, "{rule:?} step {step}");
+            assert_eq!(
+                alone.outcomes[0], beside.outcomes[0],
+                "{rule:?} step {step}"
+            );
+            clock_one.advance_us(S / 7);
+            clock_many.advance_us(S / 7);
+        }
+    }
+}
+
+#[test]
+fn one_shadow_check_over_its_limit_admits_and_consumes_nothing() {
+    let (clock, store) = store(100);
+    let rule = Rule::SlidingWindow(SlidingWindow {
+        limit: 2,
+        window_us: S,
+        buckets: 0,
+    });
+    let shadow = Check {
+        shadow: true,
+        ..check("s", &rule)
+    };
+    for _ in 0..2 {
+        assert!(store.check(&[shadow]).outcomes[0].allowed);
+    }
+    clock.advance_us(S / 2);
+    for _ in 0..3 {
+        let d = store.check(&[shadow]);
+        assert!(d.allowed, "a shadow check never rejects");
+        assert!(!d.outcomes[0].allowed);
+    }
+    // The two admitted units expire; the three refused ones were never logged.
+    clock.advance_us(S / 2 + 1);
+    let peek = Check { cost: 0, ..shadow };
+    assert_eq!(store.check(&[peek]).outcomes[0].remaining, 2);
+}

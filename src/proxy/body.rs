@@ -12,7 +12,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What the gateway sends to a client: an upstream's streamed body or one it wrote itself.
 #[derive(Debug)]
 pub enum ResponseBody {
-    Upstream(Incoming),
+    Upstream(super::pool::UpstreamBody),
     Full(Option<Bytes>),
 }
 

@@ -28,35 +28,84 @@ fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
 /// Removes hop-by-hop fields (RFC 9110 §7.6.1): `Connection`, the fields it names, and the
 /// fields every proxy must treat as hop-by-hop. With `upgrade`, `Upgrade` and `Connection:
 /// upgrade` survive, because the upgrade must reach the next hop to happen at all.
+///
+/// Runs twice per proxied request, so it first looks at the names present (one pass, cheap
+/// comparisons) and only then removes, instead of a hash lookup per hop-by-hop name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    if headers.contains_key(CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            if !(upgrade && name == UPGRADE) {
+    let mut has_connection = false;
+    let mut has_fixed = false;
+    for name in headers.keys() {
+        if *name == CONNECTION {
+            has_connection = true;
+        } else if is_fixed_hop_by_hop(name, upgrade) {
+            has_fixed = true;
+        }
+    }
+    if has_connection {
+        remove_connection_named(headers);
+        headers.remove(CONNECTION);
+    }
+    if has_fixed {
+        for name in [
+            &KEEP_ALIVE,
+            &PROXY_CONNECTION,
+            &TE,
+            &TRAILER,
+            &TRANSFER_ENCODING,
+            &UPGRADE,
+        ] {
+            if !(upgrade && *name == UPGRADE) {
                 headers.remove(name);
             }
         }
-        headers.remove(CONNECTION);
-    }
-    for name in [
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &TE,
-        &TRAILER,
-        &TRANSFER_ENCODING,
-    ] {
-        headers.remove(name);
     }
     if upgrade {
         headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(UPGRADE);
+    }
+}
+
+/// The fields removed whatever `Connection` says (`Upgrade` too, unless upgrading).
+fn is_fixed_hop_by_hop(name: &HeaderName, upgrade: bool) -> bool {
+    *name == KEEP_ALIVE
+        || *name == PROXY_CONNECTION
+        || *name == TE
+        || *name == TRAILER
+        || *name == TRANSFER_ENCODING
+        || (!upgrade && *name == UPGRADE)
+}
+
+/// Removes the fields the `Connection` header names, except `Upgrade` when upgrading. The names
+/// removed anyway (`keep-alive`, the usual one) are skipped before parsing, which would allocate.
+fn remove_connection_named(headers: &mut HeaderMap) {
+    const REMOVED_ANYWAY_OR_KEPT: [&str; 7] = [
+        "keep-alive",
+        "connection",
+        "upgrade",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+    ];
+    let mut named: Vec<HeaderName> = Vec::new();
+    for token in headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+    {
+        if REMOVED_ANYWAY_OR_KEPT
+            .iter()
+            .any(|n| token.eq_ignore_ascii_case(n))
+        {
+            continue;
+        }
+        if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+            named.push(name);
+        }
+    }
+    for name in named {
+        headers.remove(name);
     }
 }
 
@@ -68,22 +117,20 @@ pub fn set_forwarded(
     host: Option<HeaderValue>,
     peer_trusted: bool,
 ) {
-    let peer_text = peer.to_string();
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prior) if headers.get_all(&X_FORWARDED_FOR).iter().count() == 1 => {
-            format!("{prior}, {peer_text}")
+    // Prior values are kept when the first one is text (several are joined in order); otherwise
+    // the list restarts at the peer.
+    let mut xff = String::with_capacity(48);
+    let mut prior = headers.get_all(&X_FORWARDED_FOR).iter();
+    if let Some(Ok(first)) = prior.next().map(HeaderValue::to_str) {
+        xff.push_str(first);
+        for value in prior.filter_map(|v| v.to_str().ok()) {
+            xff.push_str(", ");
+            xff.push_str(value);
         }
-        Some(_) => {
-            let all: Vec<&str> = headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            format!("{}, {peer_text}", all.join(", "))
-        }
-        None => peer_text,
-    };
-    if let Ok(value) = HeaderValue::from_str(&xff) {
+        xff.push_str(", ");
+    }
+    crate::keys::push_ip(&mut xff, peer);
+    if let Ok(value) = HeaderValue::try_from(xff) {
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -156,5 +203,66 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com");
+    }
+
+    #[test]
+    fn connection_names_fields_in_any_case_and_keep_alive_goes_anyway() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            CONNECTION,
+            HeaderValue::from_static("Keep-Alive, X-Secret, close"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("close", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-kept"]);
+    }
+
+    #[test]
+    fn upgrade_without_upgrading_is_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        assert!(!is_upgrade(&h));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-kept"]);
+    }
+
+    #[test]
+    fn forwarded_for_joins_several_prior_values_in_order() {
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1"));
+        h.append(
+            &X_FORWARDED_FOR,
+            HeaderValue::from_static("2.2.2.2, 3.3.3.3"),
+        );
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, false);
+        assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.1");
+        assert_eq!(h.get_all(&X_FORWARDED_FOR).iter().count(), 1);
+        assert!(!h.contains_key(&X_FORWARDED_HOST));
+    }
+
+    #[test]
+    fn forwarded_for_restarts_when_the_prior_value_is_not_text() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            &X_FORWARDED_FOR,
+            HeaderValue::from_bytes(b"1.1.1.1\xff").unwrap(),
+        );
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, false);
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+    }
+
+    #[test]
+    fn forwarded_for_writes_an_ipv6_peer_as_display_does() {
+        let mut h = HeaderMap::new();
+        set_forwarded(&mut h, "2001:db8::7".parse().unwrap(), None, false);
+        assert_eq!(h[&X_FORWARDED_FOR], "2001:db8::7");
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("192.0.2.1"));
+        set_forwarded(&mut h, "10.1.22.255".parse().unwrap(), None, false);
+        assert_eq!(h[&X_FORWARDED_FOR], "192.0.2.1, 10.1.22.255");
     }
 }

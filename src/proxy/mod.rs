@@ -1,40 +1,30 @@
 //! Forwarding an admitted request to its upstream and streaming the answer back.
 //!
-//! One pooled hyper client per upstream (its connect timeout is per upstream). The response head
-//! must arrive within the upstream's `timeout` (504 otherwise); bodies stream both ways.
+//! One connection pool per upstream ([`pool`]; its connect timeout is per upstream). The response
+//! head must arrive within the upstream's `timeout` (504 otherwise); bodies stream both ways.
 //! `Upgrade` requests (WebSocket) are tunnelled once the upstream answers 101.
 
 pub mod body;
 pub mod headers;
+pub mod pool;
 
 use std::net::IpAddr;
 use std::time::Duration;
 
-use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri};
+use http::uri::{Authority, PathAndQuery};
+use http::{Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use crate::config::Upstream;
 use crate::metrics::UpstreamErrorKind;
 use body::{BodyTooLarge, RequestBody, ResponseBody};
-
-/// A pooled HTTP/1.1 client for one upstream.
-pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+use pool::ClientError;
+pub use pool::UpstreamClient;
 
 /// Builds the pooled client of one upstream.
-pub fn client(connect_timeout: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.set_keepalive(Some(Duration::from_secs(60)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(1024)
-        .pool_timer(TokioTimer::new())
-        .build(connector)
+pub fn client(authority: &Authority, connect_timeout: Duration) -> UpstreamClient {
+    UpstreamClient::new(authority, connect_timeout)
 }
 
 /// Why forwarding failed; each maps to one status code.
@@ -70,18 +60,19 @@ pub async fn forward(
         hyper::upgrade::on(stub)
     });
 
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
     let original_authority = parts.uri.authority().cloned();
-    parts.uri = Uri::builder()
-        .scheme(upstream.scheme.clone())
-        .authority(upstream.authority.clone())
-        .path_and_query(path_and_query)
-        .build()
-        .map_err(|_| ForwardError::Unreachable(UpstreamErrorKind::Other))?;
+    // HTTP/1.1 to an origin server: origin-form (`/path?query`), or authority-form for CONNECT.
+    parts.uri = if parts.method == Method::CONNECT {
+        Uri::from(upstream.authority.clone())
+    } else {
+        Uri::from(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        )
+    };
     // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1.
     parts.version = http::Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers, upgrade);
@@ -90,8 +81,16 @@ pub async fn forward(
         Some(h) => Some(h.clone()),
         None => original_authority.and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
     };
-    if let Some(host) = &host {
-        parts.headers.insert(http::header::HOST, host.clone());
+    match &host {
+        Some(host) => {
+            parts.headers.insert(http::header::HOST, host.clone());
+        }
+        // An HTTP/1.0 client may send none; the upstream gets its own authority.
+        None => {
+            if let Some(default) = upstream.client.default_host() {
+                parts.headers.insert(http::header::HOST, default.clone());
+            }
+        }
     }
     headers::set_forwarded(
         &mut parts.headers,
@@ -102,15 +101,16 @@ pub async fn forward(
 
     let outgoing = Request::from_parts(parts, RequestBody::new(body, max_body_size));
     let response =
-        match tokio::time::timeout(upstream.timeout, upstream.client.request(outgoing)).await {
+        match tokio::time::timeout(upstream.timeout, upstream.client.send(outgoing)).await {
             Err(_) => return Err(ForwardError::Timeout),
             Ok(Err(e)) => return Err(classify(&e)),
             Ok(Ok(response)) => response,
         };
 
-    let (mut parts, body) = response.into_parts();
+    let (mut parts, mut body) = response.into_parts();
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
+            body.detach();
             let upstream_upgrade = hyper::upgrade::on(Response::from_parts(parts.clone(), ()));
             tokio::spawn(tunnel(client_upgrade, upstream_upgrade));
             headers::strip_hop_by_hop(&mut parts.headers, true);
@@ -138,7 +138,11 @@ async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnU
     }
 }
 
-fn classify(e: &hyper_util::client::legacy::Error) -> ForwardError {
+fn classify(e: &ClientError) -> ForwardError {
+    let e = match e {
+        ClientError::Connect(_) => return ForwardError::Unreachable(UpstreamErrorKind::Connect),
+        ClientError::Request(e) => e,
+    };
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if err.is::<BodyTooLarge>() {
@@ -146,9 +150,5 @@ fn classify(e: &hyper_util::client::legacy::Error) -> ForwardError {
         }
         source = err.source();
     }
-    if e.is_connect() {
-        ForwardError::Unreachable(UpstreamErrorKind::Connect)
-    } else {
-        ForwardError::Unreachable(UpstreamErrorKind::Other)
-    }
+    ForwardError::Unreachable(UpstreamErrorKind::Other)
 }

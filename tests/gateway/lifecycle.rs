@@ -114,6 +114,26 @@ async fn readyz_says_draining_while_in_flight_requests_finish() {
 }
 
 #[tokio::test]
+async fn a_silent_connection_does_not_hold_up_shutdown() {
+    let gw = TestGateway::start(
+        "server: { header_read_timeout: 30s }\nroutes:\n  - name: r\n    respond: { body: ok }\n",
+    )
+    .await;
+    let _silent = tokio::net::TcpStream::connect(gw.public).await.unwrap();
+    // Connections are accepted in order: once a later one is answered, the silent one is in.
+    assert_eq!(Client::new().get(&gw.url("/")).await.status, 200);
+    let started = Instant::now();
+    tokio::time::timeout(LIVENESS, gw.shutdown())
+        .await
+        .expect("shutdown completes");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown waited {:?} for a connection that never sent a byte",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
     let upstream = Upstream::start().await;
     let gw = TestGateway::with_upstream(&version("v1", 2), upstream.addr).await;

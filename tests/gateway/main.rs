@@ -11,6 +11,7 @@ mod concurrency;
 mod keys;
 mod lifecycle;
 mod limits;
+mod pool;
 mod proxy;
 mod routing;
 mod slowloris;

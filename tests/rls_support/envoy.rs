@@ -86,9 +86,9 @@ impl Envoy {
                 .and_then(|t| t.trim().parse().ok())
             {
                 envoy.admin = admin;
-                let (status, ready) = super::http(admin, "GET", "/ready", "").await;
+                let (status, ready) = admin_get(admin, "/ready").await;
                 if status == 200 && ready.trim() == "LIVE" {
-                    let (_, json) = super::http(admin, "GET", "/listeners?format=json", "").await;
+                    let (_, json) = admin_get(admin, "/listeners?format=json").await;
                     let v: serde_json::Value = serde_json::from_str(&json).expect("listeners json");
                     let port = v["listener_statuses"][0]["local_address"]["socket_address"]
                         ["port_value"]
@@ -108,8 +108,7 @@ impl Envoy {
 
     /// A counter from Envoy's `/stats`, 0 when absent.
     pub async fn stat(&self, name: &str) -> u64 {
-        let (_, text) =
-            super::http(self.admin, "GET", &format!("/stats?filter=^{name}$"), "").await;
+        let (_, text) = admin_get(self.admin, &format!("/stats?filter=^{name}$")).await;
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .and_then(|v| v.trim().parse().ok())
@@ -194,4 +193,12 @@ static_resources:
         up = upstream.port(),
         rl = rls.port(),
     )
+}
+
+/// A GET on Envoy's admin listener: (status, body).
+async fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
+    let reply = crate::support::Client::new()
+        .get(&format!("http://{admin}{path}"))
+        .await;
+    (reply.status, reply.text())
 }

@@ -1,20 +1,22 @@
 //! Test support for the Envoy rate limit service: a Turnstile with an `rls:` block on free
-//! loopback ports, a gRPC client, and plain HTTP/1.1 calls to the admin listener.
+//! loopback ports, a gRPC client, and calls to the admin listener. HTTP goes through
+//! `tests/support`'s client, so a test binary using this module declares `mod support;` too.
 
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::Path;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http::Method;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use turnstile::metrics::Metrics;
 use turnstile::Running;
+
+use crate::support::client::{self, Client, Reply};
 
 /// A running Turnstile whose `rls:` block reads the given envoyproxy/ratelimit files. Shut down
 /// (and its temp dir removed) when dropped.
@@ -28,38 +30,13 @@ pub struct Rls {
 /// Writes `policies.yaml` (with `rls_extra` lines added to the `rls:` block and `store_block` as
 /// the store) and the rls config files, then starts Turnstile on port 0 everywhere.
 pub async fn start_with(files: &[(&str, &str)], rls_extra: &str, store_block: &str) -> Rls {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(dir.path().join("rls")).expect("mkdir");
-    for (name, text) in files {
-        std::fs::write(dir.path().join("rls").join(name), text).expect("write rls file");
-    }
-    let policies = format!(
-        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{store_block}\nrls:\n  listen: 127.0.0.1:0\n  config: ./rls\n{rls_extra}"
-    );
-    let path = dir.path().join("policies.yaml");
-    std::fs::write(&path, policies).expect("write policies");
-    let running = start_file(&path).await;
-    Rls {
-        grpc: running.rls_addr.expect("rls listener"),
-        admin: running.admin_addr,
-        running: Some(running),
-        dir,
-    }
+    try_start_with(files, rls_extra, store_block)
+        .await
+        .unwrap_or_else(|e| panic!("start: {e}"))
 }
 
 pub async fn start(files: &[(&str, &str)], rls_extra: &str) -> Rls {
     start_with(files, rls_extra, "store:\n  type: memory").await
-}
-
-async fn start_file(path: &Path) -> Running {
-    let metrics = Metrics::new();
-    let snapshot =
-        turnstile::config::load(path, &metrics).unwrap_or_else(|e| panic!("config: {e}"));
-    let public = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    turnstile::start(snapshot, metrics, Some((public, admin)))
-        .await
-        .expect("start")
 }
 
 impl Rls {
@@ -71,7 +48,13 @@ impl Rls {
 
     /// `GET`/`POST` on the admin listener: (status, body).
     pub async fn admin(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        http(self.admin, method, path, body).await
+        let method = Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        let request = client::request(method, &format!("http://{}{path}", self.admin))
+            .header("content-type", "application/json")
+            .body(client::full(body.to_owned()))
+            .expect("request");
+        let reply = Client::new().send(request).await;
+        (reply.status, reply.text())
     }
 
     pub async fn metrics(&self) -> String {
@@ -85,84 +68,11 @@ impl Rls {
     }
 }
 
-/// One HTTP/1.1 request with `Connection: close`; enough for admin endpoints.
-pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    (
-        status,
-        if chunked {
-            dechunk(body)
-        } else {
-            body.to_owned()
-        },
-    )
-}
-
-/// Decodes an HTTP/1.1 chunked body (RFC 9112 §7.1).
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-/// A GET with extra headers: (status, lower-cased response headers, body).
-pub async fn get(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, Vec<(String, String)>, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        request.push_str(&format!("{k}: {v}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (status, headers, body.to_owned())
-}
-
-/// The first value of header `name` (lower case).
-pub fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
+/// A GET with extra headers on a fresh client.
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    Client::new()
+        .get_with(&format!("http://{addr}{path}"), headers)
+        .await
 }
 
 /// An upstream that answers every request `200 upstream`, until the test's runtime ends.
@@ -222,60 +132,6 @@ pub fn metric(text: &str, prefix: &str) -> u64 {
 
 pub mod envoy;
 
-/// A throwaway `redis-server` on a free loopback port, killed by PID on drop.
-pub struct Redis {
-    child: std::process::Child,
-    pub port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    pub async fn start() -> Redis {
-        let dir = tempfile::tempdir().expect("tempdir");
-        // redis-server cannot bind port 0: take a free one and hand it over.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server is not installed: apt-get install redis-server");
-        let redis = Redis {
-            child,
-            port,
-            _dir: dir,
-        };
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return redis;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        panic!("redis-server did not listen on {port}");
-    }
-
-    /// Kills the server now (a store outage).
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Like [`start_with`], but returns the start error instead of panicking.
 pub async fn try_start_with(
     files: &[(&str, &str)],
@@ -301,7 +157,8 @@ pub async fn try_start_with(
         .map_err(|e| e.to_string())?;
     // A Redis store connects in the background: wait until it can decide.
     for _ in 0..200 {
-        if http(running.admin_addr, "GET", "/readyz", "").await.0 == 200 {
+        let ready = format!("http://{}/readyz", running.admin_addr);
+        if Client::new().get(&ready).await.status == 200 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

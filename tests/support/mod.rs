@@ -13,6 +13,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod dashboard;
 pub mod gateway;
 pub mod process;
 pub mod prometheus;

@@ -1,0 +1,471 @@
+#!/usr/bin/env bash
+# Turnstile benchmark: in one run on this machine, the same fast upstream measured direct, behind
+# NGINX as a plain reverse proxy, and behind Turnstile, with wrk. Prints req/s, p50, p99 and the
+# Turnstile/NGINX ratios against the targets (throughput >= 0.8x, p99 <= 1.5x).
+#
+# Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
+#                     [--connections N] [--workers "1 2"] [--no-build] [--turnstile BIN]
+#                     [--max-busy PCT] [--max-wait SECS]
+# Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct).
+#
+# CPU placement (2 cores): the proxy under test (NGINX or Turnstile) gets CPU $BENCH_CPU_PROXY to
+# itself; wrk and the upstream share CPU $BENCH_CPU_LOAD. The "direct" row is measured with that same
+# placement, so it also shows how much headroom the load core has. With --workers 1 the proxy runs
+# 1 NGINX worker vs Turnstile with TOKIO_WORKER_THREADS=1, pinned. With 2 the proxy runs 2 NGINX
+# workers vs 2 tokio workers, and nothing is pinned (all processes float over both cores).
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$BENCH_DIR")
+
+# ---- settings (flags override) -------------------------------------------------------------------
+SECTIONS_ALL=(memory)
+ONLY=""
+ROUNDS=${BENCH_ROUNDS:-3}
+DURATION=${BENCH_DURATION:-10}
+WARMUP=${BENCH_WARMUP:-2}
+CONNECTIONS=${BENCH_CONNECTIONS:-64}
+WRK_THREADS=${BENCH_WRK_THREADS:-1}
+WORKERS_LIST=${BENCH_WORKERS:-"1 2"}
+BUILD=1
+TURNSTILE_BIN=${TURNSTILE_BIN:-}
+CPU_PROXY=${BENCH_CPU_PROXY:-0}
+CPU_LOAD=${BENCH_CPU_LOAD:-1}
+MAX_BUSY=${BENCH_MAX_BUSY:-20}     # % of all CPUs busy (others' load) tolerated before a run
+MAX_WAIT=${BENCH_MAX_WAIT:-300}    # seconds to wait for a quiet machine before running anyway
+MAX_OTHERS=${BENCH_MAX_OTHERS:-10} # % of one core others may use during a run before it is retried
+RETRIES=${BENCH_RETRIES:-3}
+TICKS=$(getconf CLK_TCK)
+NGINX=${NGINX:-nginx}
+WRK=${WRK:-wrk}
+
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --only) ONLY="$2"; shift 2 ;;
+        --rounds) ROUNDS="$2"; shift 2 ;;
+        --duration) DURATION="$2"; shift 2 ;;
+        --warmup) WARMUP="$2"; shift 2 ;;
+        --connections) CONNECTIONS="$2"; shift 2 ;;
+        --workers) WORKERS_LIST="$2"; shift 2 ;;
+        --no-build) BUILD=0; shift ;;
+        --turnstile) TURNSTILE_BIN="$2"; BUILD=0; shift 2 ;;
+        --max-busy) MAX_BUSY="$2"; shift 2 ;;
+        --max-wait) MAX_WAIT="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+if [[ -n "$ONLY" ]]; then
+    IFS=',' read -r -a SECTIONS <<<"$ONLY"
+else
+    SECTIONS=("${SECTIONS_ALL[@]}")
+fi
+
+# ---- process bookkeeping: everything we start is stopped by PID on exit --------------------------
+PIDS=()
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnstile-bench.XXXXXX")
+
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        # Bounded wait for a clean exit, then force.
+        for _ in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -9 "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+stop_pid() {
+    local pid=$1
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    local kept=()
+    for p in "${PIDS[@]}"; do [[ "$p" == "$pid" ]] || kept+=("$p"); done
+    PIDS=("${kept[@]}")
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+# pin CPU CMD...: run a command in the foreground, pinned to CPU (unpinned when CPU is empty).
+pin() {
+    local cpu=$1; shift
+    if [[ -n "$cpu" ]]; then taskset -c "$cpu" "$@"; else "$@"; fi
+}
+
+# spawn CPU LOG CMD...: start a server in the background, pinned like `pin`, output to LOG. The
+# subshell execs (taskset execs too), so LAST_PID is the server's own PID and `kill` reaches it.
+spawn() {
+    local cpu=$1 log=$2; shift 2
+    if [[ -n "$cpu" ]]; then
+        (exec taskset -c "$cpu" "$@") >"$log" 2>&1 &
+    else
+        (exec "$@") >"$log" 2>&1 &
+    fi
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
+}
+
+# wait_http URL NAME: bounded wait (10 s) until URL answers 200 with a body.
+wait_http() {
+    local url=$1 name=$2 code
+    for _ in $(seq 1 100); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)
+        [[ "$code" == 200 ]] && return 0
+        sleep 0.1
+    done
+    echo "error: $name did not answer 200 at $url within 10 s" >&2
+    return 1
+}
+
+# check_ok URL NAME: the target must answer 200 "ok" (not a 429, 404 or 502 that would inflate req/s).
+check_ok() {
+    local url=$1 name=$2 body code
+    body=$(curl -s --max-time 2 -w '\n%{http_code}' "$url" || true)
+    code=${body##*$'\n'}
+    body=${body%$'\n'*}
+    if [[ "$code" != 200 || "$body" != ok ]]; then
+        echo "error: $name answered $code '$body' at $url, expected 200 'ok'" >&2
+        return 1
+    fi
+}
+
+# render TEMPLATE OUT KEY=VALUE...: fill @KEY@ placeholders.
+render() {
+    local tmpl=$1 out=$2; shift 2
+    local args=() kv
+    for kv in "$@"; do args+=(-e "s|@${kv%%=*}@|${kv#*=}|g"); done
+    sed "${args[@]}" "$tmpl" >"$out"
+}
+
+# ---- servers -------------------------------------------------------------------------------------
+# Each start_* sets LAST_PID and LAST_PORT.
+
+# start_nginx NAME TEMPLATE CPU [KEY=VALUE...]
+start_nginx() {
+    local name=$1 tmpl=$2 cpu=$3; shift 3
+    local dir="$WORK/$name"
+    mkdir -p "$dir/tmp"
+    local port
+    port=$(free_port)
+    render "$tmpl" "$dir/nginx.conf" DIR="$dir" PORT="$port" "$@"
+    spawn "$cpu" "$dir/stdout.log" "$NGINX" -p "$dir" -c "$dir/nginx.conf" -g 'daemon off;'
+    LAST_PORT=$port
+    if ! wait_http "http://127.0.0.1:$port/" "$name"; then
+        cat "$dir/stdout.log" "$dir/error.log" >&2 2>/dev/null || true
+        return 1
+    fi
+}
+
+start_nginx_upstream() {
+    start_nginx upstream "$BENCH_DIR/nginx-upstream.conf.tmpl" "$CPU_LOAD"
+    UPSTREAM_PID=$LAST_PID
+    UPSTREAM_PORT=$LAST_PORT
+}
+
+# start_nginx_proxy WORKERS CPU
+start_nginx_proxy() {
+    local workers=$1 cpu=$2
+    start_nginx "nginx-proxy-w$workers" "$BENCH_DIR/nginx-proxy.conf.tmpl" "$cpu" \
+        WORKERS="$workers" UPSTREAM_PORT="$UPSTREAM_PORT"
+}
+
+# start_turnstile CONFIG_TEMPLATE WORKERS CPU [KEY=VALUE...]
+start_turnstile() {
+    local tmpl=$1 workers=$2 cpu=$3; shift 3
+    local name
+    name="turnstile-$(basename "$tmpl" .yaml.tmpl)-w$workers"
+    local dir="$WORK/$name"
+    mkdir -p "$dir"
+    local port admin
+    port=$(free_port)
+    admin=$(free_port)
+    render "$tmpl" "$dir/policies.yaml" PORT="$port" ADMIN_PORT="$admin" \
+        UPSTREAM_PORT="$UPSTREAM_PORT" "$@"
+    TOKIO_WORKER_THREADS=$workers TURNSTILE_LOG=${TURNSTILE_LOG:-warn} \
+        spawn "$cpu" "$dir/turnstile.log" "$TURNSTILE_BIN" run --config "$dir/policies.yaml"
+    LAST_PORT=$port
+    TURNSTILE_ADMIN_PORT=$admin
+    if ! wait_http "http://127.0.0.1:$port/" "$name"; then
+        cat "$dir/turnstile.log" >&2 || true
+        return 1
+    fi
+}
+
+# ---- load and measurement ------------------------------------------------------------------------
+
+# busy_pct SECS: share of all CPUs busy over SECS seconds (from /proc/stat), as an integer percent.
+busy_pct() {
+    local secs=${1:-1} a b
+    a=$(head -1 /proc/stat)
+    sleep "$secs"
+    b=$(head -1 /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN {
+        n = split(a, x, " "); split(b, y, " ");
+        for (i = 2; i <= n; i++) { t += y[i] - x[i]; if (i == 5 || i == 6) idle += y[i] - x[i] }
+        printf "%d\n", (t > 0 ? 100 * (t - idle) / t : 0) }'
+}
+
+# wait_quiet: before a measurement our servers are idle, so CPU use now is other people's. Wait
+# (bounded by MAX_WAIT) until it is under MAX_BUSY; record what it was in LAST_BUSY and LAST_LOAD.
+wait_quiet() {
+    local waited=0 busy
+    while :; do
+        busy=$(busy_pct 2)
+        if (( busy <= MAX_BUSY )); then break; fi
+        if (( waited >= MAX_WAIT )); then
+            echo "warning: machine still ${busy}% busy after ${waited}s; measuring anyway" >&2
+            break
+        fi
+        echo "  machine ${busy}% busy (others); waiting..." >&2
+        sleep 8
+        waited=$((waited + 10))
+    done
+    LAST_BUSY=$busy
+    LAST_LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+}
+
+# to_ms VALUE: wrk latency (e.g. 512.00us, 1.23ms, 1.01s) in milliseconds.
+to_ms() {
+    awk -v v="$1" 'BEGIN {
+        if (v ~ /us$/) { sub(/us$/, "", v); printf "%.3f", v / 1000 }
+        else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.3f", v }
+        else if (v ~ /m$/) { sub(/m$/, "", v); printf "%.3f", v * 60000 }
+        else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.3f", v * 1000 }
+        else printf "nan" }'
+}
+
+# stat_fields FILE: the fields of a /proc/PID/stat after the `(comm)` field, which may hold spaces.
+stat_fields() { sed 's/.*) //' "$1" 2>/dev/null; }
+
+# pid_ticks PID...: CPU ticks (user + system) used so far by these processes and their children
+# (nginx's workers).
+pid_ticks() {
+    local total=0 pid p f
+    for pid in "$@"; do
+        for p in $pid $(ps -o pid= --ppid "$pid" 2>/dev/null); do
+            read -r -a f < <(stat_fields "/proc/$p/stat") || continue
+            [[ ${#f[@]} -gt 13 ]] && total=$((total + f[11] + f[12]))
+        done
+    done
+    echo "$total"
+}
+
+# our_ticks: CPU ticks used so far by the servers we run and by the wrk runs this shell waited for.
+our_ticks() {
+    local total=0 pid p f
+    for pid in "${PIDS[@]}"; do
+        for p in $pid $(ps -o pid= --ppid "$pid" 2>/dev/null); do
+            read -r -a f < <(stat_fields "/proc/$p/stat") || continue
+            [[ ${#f[@]} -gt 13 ]] && total=$((total + f[11] + f[12]))
+        done
+    done
+    read -r -a f < <(stat_fields "/proc/$$/stat")
+    echo $((total + f[13] + f[14]))
+}
+
+# all_ticks: CPU ticks used so far by everything on the machine: user, nice, system, and irq and
+# softirq (loopback traffic is softirq time, which the kernel also charges to the processes).
+all_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
+
+# run_wrk NAME URL [PID]: warm up, wait for a quiet machine, measure, and append a row to results.tsv.
+# Other people's CPU use during the measurement (everything but our servers and wrk) is recorded
+# as a share of one core; a run disturbed by more than MAX_OTHERS % is retried (up to RETRIES
+# attempts) and the least disturbed attempt is kept. With PID (the server under test), its CPU use
+# is recorded too: a proxy below 100% of its core is limited by something else (wrk, upstream).
+run_wrk() {
+    local name=$1 url=$2 server=${3:-}
+    check_ok "$url" "$name"
+    pin "$WRK_CPU" "$WRK" -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "$url" >/dev/null
+    local raw="$OUT/raw/round$ROUND-$name.txt" attempt best_others=-1 others a0 o0 a1 o1 busy load
+    local s0 s1 server_cpu=- best_server_cpu=-
+    for attempt in $(seq 1 "$RETRIES"); do
+        wait_quiet
+        a0=$(all_ticks); o0=$(our_ticks); s0=$([[ -n "$server" ]] && pid_ticks "$server" || echo 0)
+        pin "$WRK_CPU" "$WRK" -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --latency "$url" \
+            >"$raw.try"
+        a1=$(all_ticks); o1=$(our_ticks); s1=$([[ -n "$server" ]] && pid_ticks "$server" || echo 0)
+        [[ -n "$server" ]] && server_cpu=$(( (s1 - s0) * 100 / (DURATION * TICKS) ))
+        others=$(( ((a1 - a0) - (o1 - o0)) * 100 / (DURATION * TICKS) ))
+        [[ -n "${BENCH_DEBUG:-}" ]] && echo "  debug: all $((a1 - a0)) ours $((o1 - o0)) ticks" >&2
+        (( others < 0 )) && others=0
+        if (( best_others < 0 || others < best_others )); then
+            best_others=$others
+            best_server_cpu=$server_cpu
+            busy=$LAST_BUSY
+            load=$LAST_LOAD
+            mv "$raw.try" "$raw"
+        fi
+        (( others <= MAX_OTHERS )) && break
+        echo "  $name: others used ${others}% of a core during the run; retrying" >&2
+    done
+    rm -f "$raw.try"
+    local rps p50 p99 non2xx errors
+    rps=$(awk '/^Requests\/sec:/ {print $2}' "$raw")
+    p50=$(to_ms "$(awk '$1 == "50%" {print $2}' "$raw")")
+    p99=$(to_ms "$(awk '$1 == "99%" {print $2}' "$raw")")
+    non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$raw")
+    errors=$(awk '/Socket errors:/ {gsub(/,/, ""); print $4 + $6 + $8 + $10}' "$raw")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "${rps:-0}" "$p50" \
+        "$p99" "${non2xx:-0}" "${errors:-0}" "$best_server_cpu" "$busy" "$best_others" "$load" \
+        >>"$OUT/results.tsv"
+    printf '  %-22s %9s req/s  p50 %6s ms  p99 %7s ms  cpu %4s%%  (others: %s%% before, %s%% during)\n' \
+        "$name" "${rps:-0}" "$p50" "$p99" "$best_server_cpu" "$busy" "$best_others"
+    if [[ "${non2xx:-0}" != 0 || "${errors:-0}" != 0 ]]; then
+        echo "  warning: $name had ${non2xx:-0} non-2xx responses and ${errors:-0} socket errors" >&2
+    fi
+}
+
+# add_comparison LABEL NUMERATOR DENOMINATOR MIN_THROUGHPUT_RATIO MAX_P99_RATIO
+add_comparison() {
+    printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$OUT/comparisons.tsv"
+}
+
+# ---- sections ------------------------------------------------------------------------------------
+# A section measures one comparison in every round. It may start servers for the whole run in
+# section_NAME_setup, and is called as section_NAME once per round. New sections (Redis vs NGINX +
+# ngx_lua, Envoy RLS decisions/s) add their functions here and their name to SECTIONS_ALL.
+
+section_memory_setup() {
+    local w
+    for w in $WORKERS_LIST; do
+        add_comparison "Turnstile memory / NGINX proxy, $w worker(s)" \
+            "turnstile-memory-w$w" "nginx-proxy-w$w" 0.8 1.5
+    done
+}
+
+section_memory() {
+    WRK_CPU=$CPU_LOAD
+    run_wrk upstream-direct "http://127.0.0.1:$UPSTREAM_PORT/" "$UPSTREAM_PID"
+    local w cpu
+    for w in $WORKERS_LIST; do
+        if [[ "$w" == 1 ]]; then cpu=$CPU_PROXY; WRK_CPU=$CPU_LOAD; else cpu=""; WRK_CPU=""; fi
+        # NGINX and Turnstile alternate within a round and run one at a time, so neither gets a
+        # quieter machine or a warmer cache by position.
+        start_nginx_proxy "$w" "$cpu"
+        local pid=$LAST_PID
+        run_wrk "nginx-proxy-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+        stop_pid "$pid"
+        start_turnstile "$BENCH_DIR/turnstile-memory.yaml.tmpl" "$w" "$cpu"
+        pid=$LAST_PID
+        run_wrk "turnstile-memory-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+        stop_pid "$pid"
+    done
+}
+
+# ---- summary -------------------------------------------------------------------------------------
+summarize() {
+    python3 - "$OUT/results.tsv" "$OUT/comparisons.tsv" <<'PY'
+import statistics, sys
+rows, order = {}, []
+for line in open(sys.argv[1]):
+    f = line.rstrip("\n").split("\t")
+    if f[0] == "round":
+        continue
+    name = f[1]
+    if name not in rows:
+        rows[name] = []
+        order.append(name)
+    rows[name].append(dict(rps=float(f[2]), p50=float(f[3]), p99=float(f[4]),
+                           bad=int(f[5]) + int(f[6]), cpu=f[7], busy=int(f[8]),
+                           during=int(f[9]), load=f[10]))
+med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in ("rps", "p50", "p99")}
+       for n in order}
+print(f"{'target':<30}{'req/s':>12}{'p50 ms':>10}{'p99 ms':>10}{'rounds':>8}  notes")
+for n in order:
+    m, rs = med[n], rows[n]
+    bad = sum(r["bad"] for r in rs)
+    during = max(r["during"] for r in rs)
+    cpus = [int(r["cpu"]) for r in rs if r["cpu"] != "-"]
+    cpu = f"server cpu {statistics.median(cpus):.0f}%; " if cpus else ""
+    note = cpu + f"others <= {during}% of a core" + (f"; {bad} non-2xx/errors: INVALID" if bad else "")
+    print(f"{n:<30}{m['rps']:>12.0f}{m['p50']:>10.3f}{m['p99']:>10.3f}{len(rs):>8}  {note}")
+print()
+ok = True
+try:
+    comps = [l.rstrip("\n").split("\t") for l in open(sys.argv[2]) if l.strip()]
+except FileNotFoundError:
+    comps = []
+for label, num, den, min_tp, max_p99 in comps:
+    if num not in med or den not in med:
+        continue
+    tp = med[num]["rps"] / med[den]["rps"]
+    p99 = med[num]["p99"] / med[den]["p99"]
+    good = tp >= float(min_tp) and p99 <= float(max_p99)
+    ok &= good
+    print(f"{label}: throughput {tp:.2f}x (target >= {min_tp}x), "
+          f"p99 {p99:.2f}x (target <= {max_p99}x): {'MEETS TARGET' if good else 'BELOW TARGET'}")
+sys.exit(0 if ok else 3)
+PY
+}
+
+# ---- main ----------------------------------------------------------------------------------------
+for s in "${SECTIONS[@]}"; do
+    if ! declare -F "section_$s" >/dev/null; then
+        echo "unknown section: $s (known: ${SECTIONS_ALL[*]})" >&2
+        exit 2
+    fi
+done
+for tool in "$NGINX" "$WRK" taskset curl python3; do
+    command -v "$tool" >/dev/null || { echo "error: $tool not found; install it" >&2; exit 2; }
+done
+
+if [[ -z "$TURNSTILE_BIN" ]]; then
+    if (( BUILD )); then
+        echo "building turnstile (cargo build --release)..."
+        (cd "$REPO_DIR" && cargo build --release --bin turnstile)
+    fi
+    TURNSTILE_BIN="${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/turnstile"
+fi
+[[ -x "$TURNSTILE_BIN" ]] || { echo "error: no turnstile binary at $TURNSTILE_BIN" >&2; exit 2; }
+
+STAMP=$(date +%Y%m%d-%H%M%S)
+OUT="$BENCH_DIR/out/$STAMP"
+mkdir -p "$OUT/raw"
+ln -sfn "$STAMP" "$BENCH_DIR/out/latest"
+printf 'round\ttarget\treq_s\tp50_ms\tp99_ms\tnon2xx\tsocket_errors\tserver_cpu_pct\tothers_before_pct\tothers_during_pct\tloadavg\n' \
+    >"$OUT/results.tsv"
+
+{
+    echo "date: $(date -Is)"
+    echo "host: $(uname -srm), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+    echo "nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2)  wrk: $("$WRK" -v 2>&1 | head -1 | cut -d' ' -f2)"
+    echo "turnstile: $TURNSTILE_BIN ($(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    echo "wrk: -t$WRK_THREADS -c$CONNECTIONS -d${DURATION}s (warm-up ${WARMUP}s), rounds: $ROUNDS"
+    echo "placement: proxy on CPU $CPU_PROXY; wrk + upstream on CPU $CPU_LOAD (1-worker rows);"
+    echo "           2-worker rows unpinned; TOKIO_WORKER_THREADS = NGINX worker_processes"
+    echo "sections: ${SECTIONS[*]}; workers: $WORKERS_LIST"
+} | tee "$OUT/setup.txt"
+
+start_nginx_upstream
+for s in "${SECTIONS[@]}"; do
+    if declare -F "section_${s}_setup" >/dev/null; then "section_${s}_setup"; fi
+done
+for ROUND in $(seq 1 "$ROUNDS"); do
+    echo "round $ROUND/$ROUNDS"
+    for s in "${SECTIONS[@]}"; do "section_$s"; done
+done
+
+echo
+status=0
+summarize | tee "$OUT/summary.txt" || status=$?
+echo
+echo "results: $OUT"
+exit "$status"

@@ -1,0 +1,269 @@
+//! The connection pool of one upstream: idle HTTP/1.1 connections, reused last in, first out.
+//!
+//! Why not hyper-util's pooled client: per request it hashes its pool key (scheme and authority,
+//! byte by byte through SipHash) twice and spawns a task to put the connection back once it is
+//! idle, which together cost more than the rest of the gateway's own work. One pool per upstream
+//! needs no key, and a connection goes back as its response body ends, when it is almost always
+//! ready for the next request already (otherwise a task waits for it, as hyper-util's does).
+//!
+//! Like hyper-util's client, it retries a request that a reused connection never sent (the
+//! upstream closed it while it sat idle) on another connection, gives every request a `Host`, and
+//! closes connections idle for longer than [`IDLE_TIMEOUT`].
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower::ServiceExt;
+
+use super::body::RequestBody;
+
+/// Idle connections kept per upstream; more are closed as they fall idle.
+pub const MAX_IDLE: usize = 1024;
+/// An idle connection older than this is closed instead of reused.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The pooled HTTP/1.1 client of one upstream. Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    connector: HttpConnector,
+    /// What the connector dials: `http://authority`.
+    target: Uri,
+    /// The `Host` of a request that arrives without one: the authority, minus a default port.
+    default_host: Option<HeaderValue>,
+    idle: Mutex<VecDeque<Idle>>,
+}
+
+struct Idle {
+    sender: SendRequest<RequestBody>,
+    since: Instant,
+}
+
+/// Why a request did not get a response.
+#[derive(Debug)]
+pub enum ClientError {
+    /// No connection could be opened.
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// The exchange failed on an open connection (or the request body failed).
+    Request(hyper::Error),
+}
+
+impl std::fmt::Debug for UpstreamClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamClient")
+            .field("target", &self.shared.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamClient {
+    pub fn new(authority: &Authority, connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let target = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .unwrap_or_default();
+        let default_host = match authority.port_u16() {
+            Some(port) if port != 80 => {
+                HeaderValue::from_str(&format!("{}:{port}", authority.host())).ok()
+            }
+            _ => HeaderValue::from_str(authority.host()).ok(),
+        };
+        UpstreamClient {
+            shared: Arc::new(Shared {
+                connector,
+                target,
+                default_host,
+                idle: Mutex::new(VecDeque::new()),
+            }),
+        }
+    }
+
+    /// The `Host` to send when the client's request has none.
+    pub fn default_host(&self) -> Option<&HeaderValue> {
+        self.shared.default_host.as_ref()
+    }
+
+    /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or a new one, and returns
+    /// the response with its body streaming; the connection returns to the pool when that body
+    /// ends.
+    pub async fn send(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
+        loop {
+            let (mut sender, reused) = match self.checkout() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(req).await {
+                Ok(response) => {
+                    let shared = self.shared.clone();
+                    return Ok(response.map(|body| UpstreamBody {
+                        inner: body,
+                        reuse: Some((sender, shared)),
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Never sent: the connection closed while idle. Another one may do.
+                    Some(back) if reused => req = back,
+                    _ => return Err(ClientError::Request(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently idle connection that is still usable; stale ones are closed on the way.
+    fn checkout(&self) -> Option<SendRequest<RequestBody>> {
+        let mut idle = lock(&self.shared.idle);
+        while let Some(entry) = idle.pop_back() {
+            if entry.sender.is_ready() && entry.since.elapsed() < IDLE_TIMEOUT {
+                return Some(entry.sender);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self) -> Result<SendRequest<RequestBody>, ClientError> {
+        let io = self
+            .shared
+            .connector
+            .clone()
+            .oneshot(self.shared.target.clone())
+            .await
+            .map_err(|e| ClientError::Connect(e.into()))?;
+        let (sender, connection) = http1::Builder::new()
+            // Copy body chunks into the head's buffer and write once: cheaper than hyper's
+            // vectored queue for the small messages a gateway mostly carries.
+            .writev(false)
+            .handshake(io)
+            .await
+            .map_err(|e| ClientError::Connect(e.into()))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+impl Shared {
+    /// Takes back a connection whose exchange is over.
+    fn put(self: Arc<Self>, sender: SendRequest<RequestBody>) {
+        if sender.is_ready() {
+            self.push(sender);
+        } else if !sender.is_closed() {
+            // Still finishing (a request body the upstream did not wait for): wait aside.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let mut sender = sender;
+                runtime.spawn(async move {
+                    if sender.ready().await.is_ok() {
+                        self.push(sender);
+                    }
+                });
+            }
+        }
+    }
+
+    fn push(&self, sender: SendRequest<RequestBody>) {
+        let now = Instant::now();
+        let mut idle = lock(&self.idle);
+        while idle
+            .front()
+            .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back(Idle { sender, since: now });
+        }
+    }
+}
+
+/// A poisoned pool only means a panic elsewhere while it was locked; the list is still valid.
+fn lock(idle: &Mutex<VecDeque<Idle>>) -> MutexGuard<'_, VecDeque<Idle>> {
+    idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An upstream response body. When it has been read to the end, its connection goes back to the
+/// pool; dropped before that, the connection is closed (HTTP/1.1 cannot skip the rest).
+pub struct UpstreamBody {
+    inner: Incoming,
+    reuse: Option<(SendRequest<RequestBody>, Arc<Shared>)>,
+}
+
+impl UpstreamBody {
+    /// Keeps the connection out of the pool: it has been upgraded (101) and belongs to a tunnel.
+    pub fn detach(&mut self) {
+        self.reuse = None;
+    }
+
+    fn release(&mut self) {
+        if let Some((sender, shared)) = self.reuse.take() {
+            shared.put(sender);
+        }
+    }
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.release(),
+            Poll::Ready(Some(Err(_))) => this.reuse = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // A body the server never polls (empty, or its length reached) still ended cleanly.
+        if self.inner.is_end_stream() {
+            self.release();
+        }
+    }
+}
