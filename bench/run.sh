@@ -6,7 +6,9 @@
 # Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
 #                     [--connections N] [--workers "1 2"] [--no-build] [--turnstile BIN]
 #                     [--max-busy PCT] [--max-wait SECS]
-# Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct).
+# Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct);
+#           redis (Turnstile on Redis vs NGINX + ngx_lua vs NGINX proxy, and decisions/s vs the
+#           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh).
 #
 # CPU placement (2 cores): the proxy under test (NGINX or Turnstile) gets CPU $BENCH_CPU_PROXY to
 # itself; wrk and the upstream share CPU $BENCH_CPU_LOAD. The "direct" row is measured with that same
@@ -19,7 +21,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory)
+SECTIONS_ALL=(memory redis)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-3}
 DURATION=${BENCH_DURATION:-10}
@@ -39,7 +41,7 @@ TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -369,6 +371,9 @@ section_memory() {
         stop_pid "$pid"
     done
 }
+
+# shellcheck source=bench/redis.sh
+source "$BENCH_DIR/redis.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {
