@@ -199,7 +199,7 @@ start_turnstile() {
     admin=$(free_port)
     render "$tmpl" "$dir/policies.yaml" PORT="$port" ADMIN_PORT="$admin" \
         UPSTREAM_PORT="$UPSTREAM_PORT" "$@"
-    TOKIO_WORKER_THREADS=$workers TURNSTILE_LOG=${TURNSTILE_LOG:-warn} \
+    TOKIO_WORKER_THREADS=$workers TURNSTILE_LOG=${TURNSTILE_LOG:-info} \
         spawn "$cpu" "$dir/turnstile.log" "$TURNSTILE_BIN" run --config "$dir/policies.yaml"
     LAST_PORT=$port
     TURNSTILE_ADMIN_PORT=$admin
@@ -333,7 +333,7 @@ run_wrk() {
     fi
 }
 
-# add_comparison LABEL NUMERATOR DENOMINATOR MIN_THROUGHPUT_RATIO MAX_P99_RATIO
+# add_comparison LABEL NUMERATOR DENOMINATOR MIN_THROUGHPUT_RATIO MAX_P99_RATIO ("-": no target)
 add_comparison() {
     printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$OUT/comparisons.tsv"
 }
@@ -346,8 +346,14 @@ add_comparison() {
 section_memory_setup() {
     local w
     for w in $WORKERS_LIST; do
-        add_comparison "Turnstile memory / NGINX proxy, $w worker(s)" \
-            "turnstile-memory-w$w" "nginx-proxy-w$w" 0.8 1.5
+        # The target is against one NGINX worker; the 2-worker row is for information.
+        if [[ "$w" == 1 ]]; then
+            add_comparison "Turnstile memory / NGINX proxy, 1 worker (target)" \
+                turnstile-memory-w1 nginx-proxy-w1 0.8 1.5
+        else
+            add_comparison "Turnstile memory / NGINX proxy, $w workers" \
+                "turnstile-memory-w$w" "nginx-proxy-w$w" - -
+        fi
     done
 }
 
@@ -408,6 +414,9 @@ for label, num, den, min_tp, max_p99 in comps:
         continue
     tp = med[num]["rps"] / med[den]["rps"]
     p99 = med[num]["p99"] / med[den]["p99"]
+    if min_tp == "-":
+        print(f"{label}: throughput {tp:.2f}x, p99 {p99:.2f}x")
+        continue
     good = tp >= float(min_tp) and p99 <= float(max_p99)
     ok &= good
     print(f"{label}: throughput {tp:.2f}x (target >= {min_tp}x), "
