@@ -5,14 +5,15 @@
 #
 # Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
 #                     [--connections N] [--workers "1 2"] [--no-build] [--turnstile BIN]
-#                     [--max-busy PCT] [--max-wait SECS]
+#                     [--max-busy PCT] [--max-wait SECS] [--layout proxy-alone|servers-together]
 # Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct).
 #
-# CPU placement (2 cores): the proxy under test (NGINX or Turnstile) gets CPU $BENCH_CPU_PROXY to
-# itself; wrk and the upstream share CPU $BENCH_CPU_LOAD. The "direct" row is measured with that same
-# placement, so it also shows how much headroom the load core has. With --workers 1 the proxy runs
-# 1 NGINX worker vs Turnstile with TOKIO_WORKER_THREADS=1, pinned. With 2 the proxy runs 2 NGINX
-# workers vs 2 tokio workers, and nothing is pinned (all processes float over both cores).
+# CPU placement (2 cores), 1-worker rows: the proxy under test (NGINX's worker, or Turnstile with
+# TOKIO_WORKER_THREADS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
+# has that core to itself and wrk shares CPU $BENCH_CPU_LOAD with the upstream; with
+# servers-together the upstream shares the proxy's core and wrk has the other one. The "direct" row
+# uses the same placement. 2-worker rows (2 NGINX workers vs 2 tokio workers) pin neither proxy
+# nor wrk (the upstream stays where the layout put it).
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,9 +32,10 @@ BUILD=1
 TURNSTILE_BIN=${TURNSTILE_BIN:-}
 CPU_PROXY=${BENCH_CPU_PROXY:-0}
 CPU_LOAD=${BENCH_CPU_LOAD:-1}
+LAYOUT=${BENCH_LAYOUT:-proxy-alone}
 MAX_BUSY=${BENCH_MAX_BUSY:-20}     # % of all CPUs busy (others' load) tolerated before a run
 MAX_WAIT=${BENCH_MAX_WAIT:-300}    # seconds to wait for a quiet machine before running anyway
-MAX_OTHERS=${BENCH_MAX_OTHERS:-10} # % of one core others may use during a run before it is retried
+MAX_OTHERS=${BENCH_MAX_OTHERS:-3}  # % of one core others may use during a run before it is retried
 RETRIES=${BENCH_RETRIES:-3}
 TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
@@ -53,6 +55,7 @@ while [[ $# -gt 0 ]]; do
         --turnstile) TURNSTILE_BIN="$2"; BUILD=0; shift 2 ;;
         --max-busy) MAX_BUSY="$2"; shift 2 ;;
         --max-wait) MAX_WAIT="$2"; shift 2 ;;
+        --layout) LAYOUT="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -175,7 +178,7 @@ start_nginx() {
 }
 
 start_nginx_upstream() {
-    start_nginx upstream "$BENCH_DIR/nginx-upstream.conf.tmpl" "$CPU_LOAD"
+    start_nginx upstream "$BENCH_DIR/nginx-upstream.conf.tmpl" "$CPU_UPSTREAM"
     UPSTREAM_PID=$LAST_PID
     UPSTREAM_PORT=$LAST_PORT
 }
@@ -436,6 +439,12 @@ for tool in "$NGINX" "$WRK" taskset curl python3; do
     command -v "$tool" >/dev/null || { echo "error: $tool not found; install it" >&2; exit 2; }
 done
 
+case "$LAYOUT" in
+    proxy-alone) CPU_UPSTREAM=$CPU_LOAD ;;
+    servers-together) CPU_UPSTREAM=$CPU_PROXY ;;
+    *) echo "unknown layout: $LAYOUT (proxy-alone or servers-together)" >&2; exit 2 ;;
+esac
+
 if [[ -z "$TURNSTILE_BIN" ]]; then
     if (( BUILD )); then
         echo "building turnstile (cargo build --release)..."
@@ -458,8 +467,8 @@ printf 'round\ttarget\treq_s\tp50_ms\tp99_ms\tnon2xx\tsocket_errors\tserver_cpu_
     echo "nginx: $("$NGINX" -v 2>&1 | cut -d/ -f2)  wrk: $("$WRK" -v 2>&1 | head -1 | cut -d' ' -f2)"
     echo "turnstile: $TURNSTILE_BIN ($(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo '?'))"
     echo "wrk: -t$WRK_THREADS -c$CONNECTIONS -d${DURATION}s (warm-up ${WARMUP}s), rounds: $ROUNDS"
-    echo "placement: proxy on CPU $CPU_PROXY; wrk + upstream on CPU $CPU_LOAD (1-worker rows);"
-    echo "           2-worker rows unpinned; TOKIO_WORKER_THREADS = NGINX worker_processes"
+    echo "placement ($LAYOUT): proxy on CPU $CPU_PROXY, upstream on CPU $CPU_UPSTREAM, wrk on CPU" \
+        "$CPU_LOAD (1-worker rows); 2-worker rows unpinned; TOKIO_WORKER_THREADS = NGINX workers"
     echo "sections: ${SECTIONS[*]}; workers: $WORKERS_LIST"
 } | tee "$OUT/setup.txt"
 
