@@ -28,6 +28,7 @@ declare -A debs=(
   [redis-server]=redis-server [redis-cli]=redis-tools [redis-benchmark]=redis-tools
   [nginx]=nginx-light [prometheus]=prometheus [promtool]=prometheus
   [faketime]=faketime [docker-compose]=docker-compose [wrk]=wrk
+  [openssl]=openssl         # the rediss:// test makes its own CA
 )
 missing=()
 for cmd in "${!debs[@]}"; do
