@@ -276,11 +276,38 @@ pub(crate) fn write_entries_key(domain: &str, entries: &[Entry<'_>], out: &mut S
     }
 }
 
+/// Writes `text` into a counter key: bounded (long descriptor values come from requests and are
+/// hashed, as the gateway's key values are) and escaped so that distinct entries stay distinct.
 fn escape(text: &str, out: &mut String) {
+    if crate::keys::push_digest_if_long(text.as_bytes(), out) {
+        return;
+    }
     for c in text.chars() {
-        if matches!(c, '\\' | '|' | '=' | '*') {
+        if matches!(c, '\\' | '|' | '=' | '*' | '#') {
             out.push('\\');
         }
         out.push(c);
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::escape;
+    use crate::keys::MAX_KEY_VALUE_BYTES;
+
+    #[test]
+    fn long_descriptor_values_are_bounded_and_stay_distinct() {
+        let key = |v: &str| {
+            let mut out = String::new();
+            escape(v, &mut out);
+            out
+        };
+        let a = key(&("x".repeat(MAX_KEY_VALUE_BYTES) + "1"));
+        let b = key(&("x".repeat(MAX_KEY_VALUE_BYTES) + "2"));
+        assert_eq!(a.len(), 33, "a digest, not the value: {a}");
+        assert_ne!(a, b);
+        // A literal value that looks like a digest is escaped, so it never collides with one.
+        assert!(key(&a).starts_with("\\#"));
+        assert_eq!(key("a|b"), "a\\|b");
     }
 }
