@@ -64,7 +64,7 @@ case "$TARGET" in
     turnstile)
         render "$BENCH_DIR/turnstile-memory.yaml.tmpl" "$WORK/px/policies.yaml" PORT="$PORT" \
             ADMIN_PORT="$(free_port)" UPSTREAM_PORT="$UP_PORT"
-        (TOKIO_WORKER_THREADS=1 TURNSTILE_LOG=warn exec "${VG[@]}" "$TURNSTILE_BIN" run \
+        (TURNSTILE_WORKERS=1 TURNSTILE_LOG=warn exec "${VG[@]}" "$TURNSTILE_BIN" run \
             --config "$WORK/px/policies.yaml") >"$WORK/px/log" 2>&1 &
         ;;
     nginx)

@@ -101,7 +101,7 @@ run_redis_benchmark() {
 
 run_decisions() {
     local raw="$OUT/raw/round$ROUND-turnstile-decisions.txt"
-    measured "$raw" env TOKIO_WORKER_THREADS=1 taskset -c "$CPU_PROXY" timeout $((DURATION + 30)) \
+    measured "$raw" env TURNSTILE_WORKERS=1 taskset -c "$CPU_PROXY" timeout $((DURATION + 30)) \
         "$DECISIONS_BIN" "redis://127.0.0.1:$REDIS_PORT" "$CONNECTIONS" "$DURATION" "$REDIS_POOL"
     local rps p50 p99 errors
     read -r rps p50 p99 errors < <(awk '{ print $2, $4, $6, $8 }' "$raw")

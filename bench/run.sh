@@ -11,7 +11,7 @@
 #           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh).
 #
 # CPU placement (2 cores), 1-worker rows: the proxy under test (NGINX's worker, or Turnstile with
-# TOKIO_WORKER_THREADS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
+# TURNSTILE_WORKERS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
 # has that core to itself and wrk shares CPU $BENCH_CPU_LOAD with the upstream; with
 # servers-together the upstream shares the proxy's core and wrk has the other one. The "direct" row
 # uses the same placement. 2-worker rows (2 NGINX workers vs 2 tokio workers) pin neither proxy
@@ -204,7 +204,7 @@ start_turnstile() {
     admin=$(free_port)
     render "$tmpl" "$dir/policies.yaml" PORT="$port" ADMIN_PORT="$admin" \
         UPSTREAM_PORT="$UPSTREAM_PORT" "$@"
-    TOKIO_WORKER_THREADS=$workers TURNSTILE_LOG=${TURNSTILE_LOG:-info} \
+    TURNSTILE_WORKERS=$workers TURNSTILE_LOG=${TURNSTILE_LOG:-info} \
         spawn "$cpu" "$dir/turnstile.log" "$TURNSTILE_BIN" run --config "$dir/policies.yaml"
     LAST_PORT=$port
     TURNSTILE_ADMIN_PORT=$admin
@@ -473,7 +473,7 @@ printf 'round\ttarget\treq_s\tp50_ms\tp99_ms\tnon2xx\tsocket_errors\tserver_cpu_
     echo "turnstile: $TURNSTILE_BIN ($(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo '?'))"
     echo "wrk: -t$WRK_THREADS -c$CONNECTIONS -d${DURATION}s (warm-up ${WARMUP}s), rounds: $ROUNDS"
     echo "placement ($LAYOUT): proxy on CPU $CPU_PROXY, upstream on CPU $CPU_UPSTREAM, wrk on CPU" \
-        "$CPU_LOAD (1-worker rows); 2-worker rows unpinned; TOKIO_WORKER_THREADS = NGINX workers"
+        "$CPU_LOAD (1-worker rows); 2-worker rows unpinned; TURNSTILE_WORKERS = NGINX workers"
     echo "sections: ${SECTIONS[*]}; workers: $WORKERS_LIST"
 } | tee "$OUT/setup.txt"
 

@@ -254,22 +254,24 @@ async fn protocol_known(stream: &tokio::net::TcpStream, limit: Duration) -> bool
 impl Running {
     /// Re-reads the config file. On any error the running config stays, untouched.
     pub fn reload(&self) -> Result<(), ConfigErrors> {
-        let current = self.gateway.config.load();
-        let result = config::load(&current.source, &self.gateway.metrics);
-        self.gateway.metrics.record_reload(result.is_ok());
-        let next = result?;
-        if next.listen != current.listen || next.admin_listen != current.admin_listen {
-            tracing::warn!("listen addresses changed; they take effect at the next restart");
+        reload(&self.gateway)
+    }
+
+    /// [`Running::reload`] on the blocking pool, so the workers keep serving while the files are
+    /// read and validated.
+    pub async fn reload_in_background(&self) -> Result<(), ConfigErrors> {
+        let gateway = self.gateway.clone();
+        match tokio::task::spawn_blocking(move || reload(&gateway)).await {
+            Ok(result) => result,
+            // The loader panicked: a bug, but the running config is untouched and serving goes on.
+            Err(e) => Err(ConfigErrors(vec![config::ConfigError {
+                file: self.gateway.config.load().source.clone(),
+                line: 1,
+                column: 1,
+                field: String::new(),
+                message: format!("the config loader failed unexpectedly (a bug): {e}"),
+            }])),
         }
-        let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
-        if rls_listen(&next) != rls_listen(&current) {
-            tracing::warn!("rls.listen changed; it takes effect at the next restart");
-        }
-        if next.store != current.store {
-            tracing::warn!("store settings changed; they take effect at the next restart");
-        }
-        self.gateway.config.store(Arc::new(next));
-        Ok(())
     }
 
     /// Reloads from another file (tests, and `run --config` pointing elsewhere).
@@ -289,4 +291,25 @@ impl Running {
         let _ = self.admin_shutdown.send(true);
         let _ = self.admin_task.await;
     }
+}
+
+/// Re-reads `gateway`'s config file and swaps the new snapshot in; on any error the running
+/// config stays, untouched.
+pub fn reload(gateway: &Gateway) -> Result<(), ConfigErrors> {
+    let current = gateway.config.load();
+    let result = config::load(&current.source, &gateway.metrics);
+    gateway.metrics.record_reload(result.is_ok());
+    let next = result?;
+    if next.listen != current.listen || next.admin_listen != current.admin_listen {
+        tracing::warn!("listen addresses changed; they take effect at the next restart");
+    }
+    let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+    if rls_listen(&next) != rls_listen(&current) {
+        tracing::warn!("rls.listen changed; it takes effect at the next restart");
+    }
+    if next.store != current.store {
+        tracing::warn!("store settings changed; they take effect at the next restart");
+    }
+    gateway.config.store(Arc::new(next));
+    Ok(())
 }

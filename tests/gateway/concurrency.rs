@@ -3,16 +3,17 @@
 
 use std::time::Instant;
 
-use crate::support::{metric, Client, TestGateway, Upstream};
+use crate::support::gateway::substitute;
+use crate::support::{metric, Client, GatewayProcess, TestGateway, Upstream};
 
 const REQUESTS: usize = 200;
 
-/// Fires `REQUESTS` concurrent GETs; returns (admitted, rejected, elapsed seconds).
-async fn burst_of_requests(gw: &TestGateway, c: Client) -> (usize, usize, f64) {
+/// Fires `REQUESTS` concurrent GETs at `url`; returns (admitted, rejected, elapsed seconds).
+async fn burst_of_requests(url: &str, c: Client) -> (usize, usize, f64) {
     let started = Instant::now();
     let tasks: Vec<_> = (0..REQUESTS)
         .map(|_| {
-            let (c, url) = (c.clone(), gw.url("/"));
+            let (c, url) = (c.clone(), url.to_string());
             tokio::spawn(async move { c.get(&url).await.status })
         })
         .collect();
@@ -27,11 +28,10 @@ async fn burst_of_requests(gw: &TestGateway, c: Client) -> (usize, usize, f64) {
     (admitted, rejected, started.elapsed().as_secs_f64())
 }
 
-async fn run(policy: &str, client: Client, bound: impl Fn(f64) -> usize) {
-    let upstream = Upstream::start().await;
-    let gw = TestGateway::with_upstream(
-        &format!(
-            r#"
+/// One route to `$UPSTREAM` with one policy `p` keyed by client IP.
+fn config(policy: &str) -> String {
+    format!(
+        r#"
 upstreams:
   up: {{ url: "http://$UPSTREAM" }}
 routes:
@@ -40,11 +40,20 @@ routes:
     policies:
       - {{ name: p, key: [client_ip], {policy} }}
 "#
-        ),
-        upstream.addr,
     )
-    .await;
-    let (admitted, rejected, elapsed) = burst_of_requests(&gw, client).await;
+}
+
+/// Fires the requests at `url` and checks the counts: at least the burst of 5, at most `bound`
+/// of the time taken, and the upstream and the metrics (scraped from `metrics_url`) agree.
+async fn check_burst(
+    policy: &str,
+    url: &str,
+    metrics_url: &str,
+    upstream: &Upstream,
+    client: Client,
+    bound: impl Fn(f64) -> usize,
+) {
+    let (admitted, rejected, elapsed) = burst_of_requests(url, client).await;
     let most = bound(elapsed);
     println!("{policy}: {admitted} admitted of {REQUESTS} in {elapsed:.3}s (at most {most})");
     assert!(
@@ -57,7 +66,7 @@ routes:
         admitted,
         "only admitted requests reach the upstream"
     );
-    let text = gw.metrics().await;
+    let text = Client::new().get(metrics_url).await.text();
     let count = |d: &str| {
         metric(
             &text,
@@ -67,6 +76,13 @@ routes:
     };
     assert_eq!(count("allowed"), Some(admitted as f64));
     assert_eq!(count("limited"), Some(rejected as f64));
+}
+
+async fn run(policy: &str, client: Client, bound: impl Fn(f64) -> usize) {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&config(policy), upstream.addr).await;
+    let metrics_url = gw.admin_url("/metrics");
+    check_burst(policy, &gw.url("/"), &metrics_url, &upstream, client, bound).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,4 +125,26 @@ async fn two_hundred_concurrent_h2_streams_on_a_burst_of_five() {
         |elapsed| 5 + (2.0 * elapsed).floor() as usize,
     )
     .await;
+}
+
+/// The binary itself, on one worker (tokio's single-threaded scheduler) and on two
+/// (work-stealing): the same exact count either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_admits_exactly_the_burst_on_one_worker_and_on_two() {
+    let policy = "token_bucket: { rate: 2/s, burst: 5 }";
+    for workers in ["1", "2"] {
+        let upstream = Upstream::start().await;
+        let yaml = substitute(&config(policy), Some(upstream.addr));
+        let gw = GatewayProcess::spawn_with(&yaml, &[("TURNSTILE_WORKERS", workers)]).await;
+        let bound = |elapsed: f64| 5 + (2.0 * elapsed).floor() as usize;
+        check_burst(
+            policy,
+            &gw.url("/"),
+            &gw.admin_url("/metrics"),
+            &upstream,
+            Client::new(),
+            bound,
+        )
+        .await;
+    }
 }

@@ -51,6 +51,12 @@ impl GatewayProcess {
         Self::spawn_at(dir, config_path, &[]).await
     }
 
+    /// [`GatewayProcess::spawn`] with extra environment variables (`TURNSTILE_WORKERS`, ...).
+    pub async fn spawn_with(yaml: &str, env: &[(&str, &str)]) -> GatewayProcess {
+        let (dir, config_path) = config_file(&with_free_ports(yaml));
+        Self::spawn_at(dir, config_path, env).await
+    }
+
     /// Starts the binary on an existing config file, with extra environment variables.
     pub async fn spawn_at(dir: TempDir, config_path: PathBuf, env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(BINARY);
