@@ -24,7 +24,7 @@ REPO_DIR=$(dirname "$BENCH_DIR")
 # ---- settings (flags override) -------------------------------------------------------------------
 SECTIONS_ALL=(memory redis)
 ONLY=""
-ROUNDS=${BENCH_ROUNDS:-3}
+ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
 WARMUP=${BENCH_WARMUP:-2}
 CONNECTIONS=${BENCH_CONNECTIONS:-64}
@@ -397,7 +397,7 @@ for line in open(sys.argv[1]):
     if name not in rows:
         rows[name] = []
         order.append(name)
-    rows[name].append(dict(rps=float(f[2]), p50=float(f[3]), p99=float(f[4]),
+    rows[name].append(dict(round=f[0], rps=float(f[2]), p50=float(f[3]), p99=float(f[4]),
                            bad=int(f[5]) + int(f[6]), cpu=f[7], busy=int(f[8]),
                            during=int(f[9]), load=f[10]))
 med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in ("rps", "p50", "p99")}
@@ -429,6 +429,11 @@ for label, num, den, min_tp, max_p99 in comps:
     ok &= good
     print(f"{label}: throughput {tp:.2f}x (target >= {min_tp}x), "
           f"p99 {p99:.2f}x (target <= {max_p99}x): {'MEETS TARGET' if good else 'BELOW TARGET'}")
+    # The medians decide; each round's own ratios show how much a single run can move.
+    by_round = {r["round"]: r for r in rows[den]}
+    pairs = [(r, by_round[r["round"]]) for r in rows[num] if r["round"] in by_round]
+    print("    per round: throughput " + " ".join(f"{a['rps'] / b['rps']:.2f}" for a, b in pairs)
+          + "; p99 " + " ".join(f"{a['p99'] / b['p99']:.2f}" for a, b in pairs))
 sys.exit(0 if ok else 3)
 PY
 }
