@@ -136,8 +136,8 @@ async fn three_instances_admit_exactly_the_limit() {
     // One instance on a single thread (tokio's current_thread scheduler), two on work-stealing
     // pools: the store's client works the same under both.
     let mut gateways = Vec::new();
-    for workers in ["1", "2", "2"] {
-        gateways.push(GatewayProcess::spawn_with(&config, &[("TURNSTILE_WORKERS", workers)]).await);
+    for workers in [1, 2, 2] {
+        gateways.push(GatewayProcess::spawn_with_workers(&config, workers).await);
     }
     for gw in &gateways {
         wait_ready(gw, 200, READY).await;
@@ -242,11 +242,11 @@ fn date_seconds(reply: &Reply) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_killed_then_restarted() {
     // On a single thread the outage must cost no more than on several.
-    redis_killed_then_restarted_on("1").await;
-    redis_killed_then_restarted_on("2").await;
+    redis_killed_then_restarted_on(1).await;
+    redis_killed_then_restarted_on(2).await;
 }
 
-async fn redis_killed_then_restarted_on(workers: &str) {
+async fn redis_killed_then_restarted_on(workers: usize) {
     let mut redis = RedisServer::start();
     let config = format!(
         "{}routes:\n{}{}{}",
@@ -259,7 +259,7 @@ async fn redis_killed_then_restarted_on(workers: &str) {
         ),
         route("limited", "", "token_bucket: { rate: 1/d, burst: 3 }"),
     );
-    let gw = GatewayProcess::spawn_with(&config, &[("TURNSTILE_WORKERS", workers)]).await;
+    let gw = GatewayProcess::spawn_with_workers(&config, workers).await;
     wait_ready(&gw, 200, READY).await;
     let client = Client::new();
     let statuses = burst(&[gw.url("/limited")], 5).await;
@@ -313,18 +313,18 @@ async fn redis_killed_then_restarted_on(workers: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_redis_costs_at_most_the_timeout_then_nothing() {
-    a_stalled_redis_on("1").await;
-    a_stalled_redis_on("2").await;
+    a_stalled_redis_on(1).await;
+    a_stalled_redis_on(2).await;
 }
 
-async fn a_stalled_redis_on(workers: &str) {
+async fn a_stalled_redis_on(workers: usize) {
     let redis = RedisServer::start();
     let config = format!(
         "{}routes:\n{}",
         store(&redis, "50ms", "open"),
         route("open", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
     );
-    let gw = GatewayProcess::spawn_with(&config, &[("TURNSTILE_WORKERS", workers)]).await;
+    let gw = GatewayProcess::spawn_with_workers(&config, workers).await;
     wait_ready(&gw, 200, READY).await;
     let client = Client::new();
     assert_eq!(client.get(&gw.url("/open")).await.status, 200);

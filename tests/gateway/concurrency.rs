@@ -132,10 +132,10 @@ async fn two_hundred_concurrent_h2_streams_on_a_burst_of_five() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_admits_exactly_the_burst_on_one_worker_and_on_two() {
     let policy = "token_bucket: { rate: 2/s, burst: 5 }";
-    for workers in ["1", "2"] {
+    for workers in [1, 2] {
         let upstream = Upstream::start().await;
         let yaml = substitute(&config(policy), Some(upstream.addr));
-        let gw = GatewayProcess::spawn_with(&yaml, &[("TURNSTILE_WORKERS", workers)]).await;
+        let gw = GatewayProcess::spawn_with_workers(&yaml, workers).await;
         let bound = |elapsed: f64| 5 + (2.0 * elapsed).floor() as usize;
         check_burst(
             policy,

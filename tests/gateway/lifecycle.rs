@@ -175,19 +175,6 @@ async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
     assert_eq!(errors, Some(2.0));
 }
 
-/// The binary with `workers` worker threads: 1 runs tokio's single-threaded scheduler, more its
-/// work-stealing one; the signal tests run on both.
-async fn spawn_binary(yaml: &str, workers: &str) -> GatewayProcess {
-    let gw = GatewayProcess::spawn_with(yaml, &[("TURNSTILE_WORKERS", workers)]).await;
-    let started = format!("workers={workers}");
-    let deadline = Instant::now() + LIVENESS;
-    while !gw.log().contains(&started) {
-        assert!(Instant::now() < deadline, "no {started} in:\n{}", gw.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    gw
-}
-
 #[tokio::test]
 async fn sighup_reloads_the_binary_and_a_bad_file_is_logged_not_applied() {
     sighup_reloads(1).await;
@@ -198,7 +185,7 @@ async fn sighup_reloads(workers: usize) {
     let upstream = Upstream::start().await;
     let yaml =
         |body: &str| crate::support::gateway::substitute(&version(body, 5), Some(upstream.addr));
-    let mut gw = spawn_binary(&yaml("v1"), &workers.to_string()).await;
+    let mut gw = GatewayProcess::spawn_with_workers(&yaml("v1"), workers).await;
     let c = Client::new();
     assert_eq!(c.get(&gw.url("/")).await.text(), "v1");
 
@@ -239,7 +226,7 @@ async fn sigterm_drains_an_in_flight_request_then_exits_zero() {
 async fn sigterm_drains(workers: usize) {
     let upstream = Upstream::start().await;
     let yaml = crate::support::gateway::substitute(&version("v1", 5), Some(upstream.addr));
-    let mut gw = spawn_binary(&yaml, &workers.to_string()).await;
+    let mut gw = GatewayProcess::spawn_with_workers(&yaml, workers).await;
     let c = Client::new();
     let in_flight = tokio::spawn({
         let (c, url) = (c.clone(), gw.url("/held"));
@@ -275,7 +262,7 @@ async fn sigterm_gives_up(workers: usize) {
         &format!("server:\n  shutdown_grace: 300ms\n{}", version("v1", 5)),
         Some(upstream.addr),
     );
-    let mut gw = spawn_binary(&yaml, &workers.to_string()).await;
+    let mut gw = GatewayProcess::spawn_with_workers(&yaml, workers).await;
     let in_flight = tokio::spawn({
         let url = gw.url("/held");
         async move {

@@ -51,10 +51,23 @@ impl GatewayProcess {
         Self::spawn_at(dir, config_path, &[]).await
     }
 
-    /// [`GatewayProcess::spawn`] with extra environment variables (`TURNSTILE_WORKERS`, ...).
-    pub async fn spawn_with(yaml: &str, env: &[(&str, &str)]) -> GatewayProcess {
+    /// [`GatewayProcess::spawn`] with `workers` worker threads (1 runs tokio's single-threaded
+    /// scheduler, more its work-stealing one), after checking in the log that they took effect.
+    pub async fn spawn_with_workers(yaml: &str, workers: usize) -> GatewayProcess {
         let (dir, config_path) = config_file(&with_free_ports(yaml));
-        Self::spawn_at(dir, config_path, env).await
+        let workers = workers.to_string();
+        let gw = Self::spawn_at(dir, config_path, &[("TURNSTILE_WORKERS", &workers)]).await;
+        let started = format!("workers={workers}");
+        let deadline = std::time::Instant::now() + LIVENESS;
+        while !gw.log().contains(&started) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {started} in the log:\n{}",
+                gw.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        gw
     }
 
     /// Starts the binary on an existing config file, with extra environment variables.
