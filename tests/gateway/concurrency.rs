@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::support::gateway::substitute;
+use crate::support::gateway::{one_route, substitute};
 use crate::support::{metric, Client, GatewayProcess, TestGateway, Upstream};
 
 const REQUESTS: usize = 200;
@@ -30,17 +30,9 @@ async fn burst_of_requests(url: &str, c: Client) -> (usize, usize, f64) {
 
 /// One route to `$UPSTREAM` with one policy `p` keyed by client IP.
 fn config(policy: &str) -> String {
-    format!(
-        r#"
-upstreams:
-  up: {{ url: "http://$UPSTREAM" }}
-routes:
-  - name: api
-    upstream: up
-    policies:
-      - {{ name: p, key: [client_ip], {policy} }}
-"#
-    )
+    one_route(&format!(
+        "      - {{ name: p, key: [client_ip], {policy} }}"
+    ))
 }
 
 /// Fires the requests at `url` and checks the counts: at least the burst of 5, at most `bound`

@@ -4,21 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::gateway::one_route;
 use crate::support::{Client, TestGateway, Upstream};
-
-fn one_route(policies: &str) -> String {
-    format!(
-        r#"
-upstreams:
-  up: {{ url: "http://$UPSTREAM" }}
-routes:
-  - name: api
-    upstream: up
-    policies:
-{policies}
-"#
-    )
-}
 
 #[tokio::test]
 async fn a_token_bucket_admits_its_burst_then_rejects_before_the_upstream() {

@@ -29,6 +29,22 @@ pub struct TestGateway {
     _dir: TempDir,
 }
 
+/// One route, `api`, proxying everything to `$UPSTREAM` under `policies` (YAML list items,
+/// indented six spaces).
+pub fn one_route(policies: &str) -> String {
+    format!(
+        r#"
+upstreams:
+  up: {{ url: "http://$UPSTREAM" }}
+routes:
+  - name: api
+    upstream: up
+    policies:
+{policies}
+"#
+    )
+}
+
 /// Replaces `$UPSTREAM` with `addr` (as `http://IP:PORT`'s authority).
 pub fn substitute(yaml: &str, upstream: Option<SocketAddr>) -> String {
     match upstream {
