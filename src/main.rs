@@ -127,6 +127,8 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
 
+    // Before the load: a change made while the file is being read is then seen as a change.
+    let mut watcher = turnstile::watch::ConfigWatcher::new(&path);
     let metrics = Metrics::new();
     let snapshot = config::load(&path, &metrics).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = turnstile::start(snapshot, metrics, None)
@@ -150,7 +152,6 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
         "turnstile started"
     );
 
-    let mut watcher = turnstile::watch::ConfigWatcher::new(&path);
     tracing::debug!(?watcher, "watching the config file");
     loop {
         tokio::select! {
