@@ -10,12 +10,12 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::gateway::Gateway;
+use crate::state::AppState;
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
 pub struct AdminState {
-    pub gateway: Arc<Gateway>,
+    pub state: Arc<AppState>,
     /// Set once shutdown begins, so load balancers stop sending traffic before we stop accepting.
     pub draining: Arc<AtomicBool>,
 }
@@ -24,7 +24,7 @@ pub struct AdminState {
 /// we are not draining) and `/debug/top-limited` (the keys limited most, `?n=` of them); for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
-    let rls = crate::rls::RlsService::new(state.gateway.clone());
+    let rls = crate::rls::RlsService::new(state.state.clone());
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -41,14 +41,14 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.gateway.metrics.render(),
+        state.state.metrics.render(),
     )
 }
 
 /// envoyproxy/ratelimit's health check: `OK` while serving, 500 once draining or when the store
 /// cannot decide.
 async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.draining.load(Ordering::Relaxed) || !state.gateway.limiter.store().is_ready() {
+    if state.draining.load(Ordering::Relaxed) || !state.state.engine.store().is_ready() {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK\n")
     } else {
         (StatusCode::OK, "OK\n")
@@ -58,7 +58,7 @@ async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    } else if !state.gateway.limiter.store().is_ready() {
+    } else if !state.state.engine.store().is_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
     } else {
         (StatusCode::OK, "ready\n")
@@ -79,5 +79,5 @@ async fn top_limited(
         .find_map(|pair| pair.strip_prefix("n="))
         .and_then(|n| n.parse().ok())
         .unwrap_or(TOP_LIMITED_DEFAULT);
-    Json(state.gateway.top_limited.report(n))
+    Json(state.state.engine.top_limited().report(n))
 }

@@ -39,7 +39,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config } => match config::load(&config, &Metrics::new()) {
+        Command::Check { config } => match config::load(&config) {
             Ok(snapshot) => {
                 println!(
                     "{}: ok ({} routes)",
@@ -108,7 +108,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
 
     let metrics = Metrics::new();
-    let snapshot = config::load(&path, &metrics).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let snapshot = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = turnstile::start(snapshot, metrics, None)
         .await
         .context("cannot start listeners")?;
@@ -134,8 +134,8 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
         tokio::select! {
             // Parsing runs on the blocking pool: with one worker, it would otherwise hold up
             // every request while it reads and validates the files.
-            _ = hangup.recv() => match running.reload_in_background().await {
-                Ok(()) => tracing::info!(config = %path.display(), "config reloaded"),
+            _ = hangup.recv() => match running.reload().await {
+                Ok(_) => tracing::info!(config = %path.display(), "config reloaded"),
                 Err(e) => tracing::error!("config reload failed; the running config stays:\n{e}"),
             },
             _ = terminate.recv() => break,

@@ -58,7 +58,7 @@ async fn reload_swaps_the_config_and_in_flight_requests_complete() {
         "upstream: up\n  - name: api",
         "respond: { body: gone }\n  - name: api",
     );
-    gw.reload_with(&next).expect("reload");
+    gw.reload_with(&next).await.expect("reload");
     assert_eq!(c.get(&gw.url("/held")).await.text(), "gone");
     // Same route and policy names: the counter carries over (still empty: a larger burst grants
     // no tokens), under the new rule.
@@ -66,7 +66,7 @@ async fn reload_swaps_the_config_and_in_flight_requests_complete() {
     assert_eq!(reply.status, 429);
     assert_eq!(reply.header_u64("x-ratelimit-limit"), 3);
     let renamed = next.replace("name: p,", "name: q,");
-    gw.reload_with(&renamed).expect("reload");
+    gw.reload_with(&renamed).await.expect("reload");
     assert_eq!(c.get(&gw.url("/")).await.text(), "v2");
 
     upstream.release(1);
@@ -143,6 +143,7 @@ async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
     let broken = version("v2", 2).replace("1/h", "1/x");
     let errors = gw
         .reload_with(&broken)
+        .await
         .expect_err("a bad rate must not load");
     let text = errors.to_string();
     let path = gw.config_path.display().to_string();
@@ -156,6 +157,7 @@ async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
 
     let syntax = gw
         .reload_with("routes:\n  - name: [unclosed\n")
+        .await
         .expect_err("bad YAML");
     assert!(
         syntax.to_string().starts_with(&format!("{path}:")),
