@@ -53,12 +53,7 @@ async fn envoy_enforces_turnstile_decisions(store: TestStore) {
     let mut remaining = Vec::new();
     for _ in 0..3 {
         let reply = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
-        assert_eq!(
-            (reply.status, reply.text().as_str()),
-            (200, "upstream\n"),
-            "{}",
-            envoy.log()
-        );
+        assert_eq!(reply.status, 200, "{}", envoy.log());
         assert_eq!(reply.header("x-ratelimit-limit"), Some("3, 3;w=60"));
         remaining.push(reply.header("x-ratelimit-remaining").map(str::to_owned));
     }

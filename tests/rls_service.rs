@@ -359,6 +359,57 @@ async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it(store: TestS
     rls.stop().await;
 }
 
+/// Regression: a call answered by `failure_mode: open` or `closed` was counted twice in
+/// `turnstile_rls_requests_total` (as `failed_*`, then again as `ok` or `over_limit`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_is_answered_by_the_failure_mode_and_counted_once() {
+    for (mode, code, result) in [
+        ("open", OK, "failed_open"),
+        ("closed", OVER, "failed_closed"),
+    ] {
+        let mut redis = support::RedisServer::start();
+        let store = format!(
+            "store:\n  type: redis\n  url: {}\n  timeout: 100ms",
+            redis.url()
+        );
+        let extra = format!("  failure_mode: {mode}\n");
+        let rls = start_with(&[("shop.yaml", CONFIG)], &extra, &store).await;
+        let mut c = rls.client().await;
+        redis.kill();
+        for _ in 0..3 {
+            let descriptors = vec![descriptor(&[("user", "u")]), descriptor(&[("user", "vip")])];
+            let r = call(&mut c, request("shop", descriptors)).await;
+            assert_eq!(r.overall_code, code, "{mode}");
+            assert_eq!(r.statuses[0].code, code, "{mode}");
+            assert_eq!(
+                r.statuses[0].current_limit.is_some(),
+                mode == "closed",
+                "{mode}: only a refusal names its limit"
+            );
+            // An unlimited rule never needed the store.
+            assert_eq!(r.statuses[1].code, OK, "{mode}");
+            assert_eq!(r.statuses[1].limit_remaining, u32::MAX, "{mode}");
+        }
+        let calls = "turnstile_rls_requests_total";
+        assert_eq!(
+            rls.metric(calls, &[("result", result)]).await,
+            3.0,
+            "{mode}"
+        );
+        for other in ["ok", "over_limit", "error"] {
+            let n = rls.metric(calls, &[("result", other)]).await;
+            assert_eq!(n, 0.0, "{mode}: {other}");
+        }
+        let hits = [("descriptor", "user"), ("domain", "shop")];
+        assert_eq!(
+            rls.metric("turnstile_rls_total_hits", &hits).await,
+            0.0,
+            "{mode}: no rule statistics without a decision"
+        );
+        rls.stop().await;
+    }
+}
+
 crate::store_matrix!(
     exact_counts_statuses_in_order_and_unknowns,
     shadow_mode_counts_but_never_rejects,

@@ -415,3 +415,25 @@ async fn a_signal_right_after_the_listening_line_is_handled() {
     let status = gw.wait().await;
     assert_eq!(status.code(), Some(0), "{status:?}; log:\n{}", gw.log());
 }
+
+/// Regression: a reload that changed `server.header_read_timeout` (read once, by the connection
+/// builder) said nothing about it needing a restart, and `reload_from` skipped the reload counter.
+#[tokio::test]
+async fn a_reload_names_each_changed_setting_that_needs_a_restart_and_counts_every_result() {
+    let routes = "routes:\n  - name: api\n    respond: { body: ok }\n";
+    let gw = TestGateway::start(routes).await;
+    let changed = format!(
+        "server:\n  header_read_timeout: 7s\n  max_body_size: 1KiB\nstore:\n  type: memory\n  max_keys: 999\n{routes}"
+    );
+    let pending = gw.reload_with(&changed).await.expect("reload");
+    // max_body_size is read per request: it needs no restart.
+    assert_eq!(pending, ["store", "server.header_read_timeout"]);
+    let same = gw.reload_with(&changed).await.expect("reload");
+    assert!(same.is_empty(), "{same:?}");
+    gw.reload_with("routes: [")
+        .await
+        .expect_err("bad YAML keeps the running config");
+    let name = "turnstile_config_reloads_total";
+    assert_eq!(gw.metric(name, &[("result", "ok")]).await, 2.0);
+    assert_eq!(gw.metric(name, &[("result", "error")]).await, 1.0);
+}
