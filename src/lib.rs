@@ -36,6 +36,7 @@ pub mod respond;
 pub mod rls;
 pub mod route;
 pub mod server;
+pub mod state;
 pub mod top_limited;
 pub mod watch;
 

@@ -1,8 +1,8 @@
-//! Listeners and lifecycle: accept connections (HTTP/1.1 and h2c) on the public listener, serve
-//! the admin listener, reload the config atomically, and drain on shutdown.
+//! Listeners and lifecycle: attach runtime resources to the config, accept connections (HTTP/1.1
+//! and h2c) on the public listener, serve the admin listener and the Envoy service, reload the
+//! config atomically (one path, [`reload`]), and drain on shutdown.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,9 +17,9 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::config::{self, ConfigErrors, Snapshot, StoreSettings};
-use crate::gateway::Gateway;
-use crate::limiter::{Limiter, MemoryStore, MonotonicClock, RedisStore, Store};
+use crate::limiter::{Engine, MemoryStore, MonotonicClock, RedisStore, Store};
 use crate::metrics::Metrics;
+use crate::state::{AppState, Live};
 
 /// How often the in-process store drops idle counters.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -31,7 +31,8 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
     pub rls_addr: Option<SocketAddr>,
-    pub gateway: Arc<Gateway>,
+    /// What every listener shares: the live config, the engine, the metrics.
+    pub state: Arc<AppState>,
     /// Stops the public listener (and the sweeper).
     shutdown: watch::Sender<bool>,
     /// Stops the admin listener, last, so `/readyz` says "draining" while requests finish.
@@ -75,21 +76,22 @@ pub async fn start(
     let store = build_store(&snapshot.store)
         .await
         .map_err(std::io::Error::other)?;
-    let limiter = Limiter::new(store, &metrics);
-    let gateway = Arc::new(Gateway::new(snapshot, limiter, metrics));
+    let engine = Engine::new(store, Arc::new(MonotonicClock::new()), &metrics);
+    let live = Live::attach(snapshot, &metrics);
+    let state = Arc::new(AppState::new(live, engine, metrics));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let draining = Arc::new(AtomicBool::new(false));
 
     let mut tasks = Vec::new();
-    if matches!(gateway.limiter.store(), Store::Memory(_)) {
-        let gw = gateway.clone();
+    if matches!(state.engine.store(), Store::Memory(_)) {
+        let st = state.clone();
         let mut rx = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(SWEEP_EVERY);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        gw.limiter.store().sweep();
+                        st.engine.store().sweep();
                     }
                     _ = rx.changed() => return,
                 }
@@ -97,13 +99,13 @@ pub async fn start(
         }));
     }
 
-    let rls_listener = match gateway.config.load().rls.as_ref() {
+    let rls_listener = match state.live.load().config.rls.as_ref() {
         Some(rls) => Some(TcpListener::bind(rls.listen).await?),
         None => None,
     };
     let rls_addr = rls_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     if let Some(listener) = rls_listener {
-        let service = crate::rls::RlsService::new(gateway.clone());
+        let service = crate::rls::RlsService::new(state.clone());
         let rx = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = crate::rls::grpc::serve(listener, service, rx).await {
@@ -115,7 +117,7 @@ pub async fn start(
     let public_addr = public.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let admin_router = admin::router(AdminState {
-        gateway: gateway.clone(),
+        state: state.clone(),
         draining: draining.clone(),
     });
     let (admin_shutdown, mut rx) = watch::channel(false);
@@ -129,7 +131,7 @@ pub async fn start(
     });
     tasks.push(tokio::spawn(serve_public(
         public,
-        gateway.clone(),
+        state.clone(),
         shutdown_rx,
     )));
 
@@ -137,7 +139,7 @@ pub async fn start(
         public_addr,
         admin_addr,
         rls_addr,
-        gateway,
+        state,
         shutdown,
         admin_shutdown,
         draining,
@@ -148,10 +150,10 @@ pub async fn start(
 
 async fn serve_public(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
+    state: Arc<AppState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let settings = gateway.config.load().server.clone();
+    let settings = state.live.load().config.server.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -186,7 +188,7 @@ async fn serve_public(
             _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        let gw = gateway.clone();
+        let st = state.clone();
         let builder = builder.clone();
         // Taken here, before shutdown can begin, so the drain also waits for this connection.
         let watcher = graceful.watcher();
@@ -201,7 +203,7 @@ async fn serve_public(
             if !known {
                 return;
             }
-            let service = service_fn(move |req| gw.clone().handle(peer, req));
+            let service = service_fn(move |req| crate::gateway::handle(st.clone(), peer, req));
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
@@ -209,7 +211,7 @@ async fn serve_public(
         });
     }
     drop(listener);
-    let grace = gateway.config.load().server.shutdown_grace;
+    let grace = state.live.load().config.server.shutdown_grace;
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()
@@ -252,33 +254,9 @@ async fn protocol_known(stream: &tokio::net::TcpStream, limit: Duration) -> bool
 }
 
 impl Running {
-    /// Re-reads the config file. On any error the running config stays, untouched.
-    pub fn reload(&self) -> Result<(), ConfigErrors> {
-        reload(&self.gateway)
-    }
-
-    /// [`Running::reload`] on the blocking pool, so the workers keep serving while the files are
-    /// read and validated.
-    pub async fn reload_in_background(&self) -> Result<(), ConfigErrors> {
-        let gateway = self.gateway.clone();
-        match tokio::task::spawn_blocking(move || reload(&gateway)).await {
-            Ok(result) => result,
-            // The loader panicked: a bug, but the running config is untouched and serving goes on.
-            Err(e) => Err(ConfigErrors(vec![config::ConfigError {
-                file: self.gateway.config.load().source.clone(),
-                line: 1,
-                column: 1,
-                field: String::new(),
-                message: format!("the config loader failed unexpectedly (a bug): {e}"),
-            }])),
-        }
-    }
-
-    /// Reloads from another file (tests, and `run --config` pointing elsewhere).
-    pub fn reload_from(&self, path: &Path) -> Result<(), ConfigErrors> {
-        let next = config::load(path, &self.gateway.metrics)?;
-        self.gateway.config.store(Arc::new(next));
-        Ok(())
+    /// Re-reads the config file, as SIGHUP does: see [`reload`].
+    pub async fn reload(&self) -> Result<Vec<&'static str>, ConfigErrors> {
+        reload(&self.state).await
     }
 
     /// Stops accepting, lets in-flight requests finish within the grace period, and returns.
@@ -293,38 +271,75 @@ impl Running {
     }
 }
 
-/// Re-reads `gateway`'s config file and swaps the new snapshot in; on any error the running
-/// config stays, untouched.
-pub fn reload(gateway: &Gateway) -> Result<(), ConfigErrors> {
-    let current = gateway.config.load();
-    let result = config::load(&current.source, &gateway.metrics);
-    gateway.metrics.record_reload(result.is_ok());
+/// The one reload path. Re-reads the running config's file on the blocking pool (so workers keep
+/// serving while it is read and validated), attaches fresh resources and swaps the pair in; on
+/// any error the running config stays, untouched. Every result is counted in
+/// `turnstile_config_reloads_total`. Returns the changed settings that only a restart applies
+/// (each is also logged): they keep their running values until then.
+pub async fn reload(state: &Arc<AppState>) -> Result<Vec<&'static str>, ConfigErrors> {
+    let source = state.live.load().config.source.clone();
+    let loader = state.clone();
+    let result = match tokio::task::spawn_blocking(move || swap_in(&loader, &source)).await {
+        Ok(result) => result,
+        // The loader panicked: a bug, but the running config is untouched and serving goes on.
+        Err(e) => Err(ConfigErrors(vec![config::ConfigError {
+            file: state.live.load().config.source.clone(),
+            line: 1,
+            column: 1,
+            field: String::new(),
+            message: format!("the config loader failed unexpectedly (a bug): {e}"),
+        }])),
+    };
+    state.metrics.record_reload(result.is_ok());
     {
-        let mut status = gateway
+        let mut status = state
             .reload_status
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         status.last_attempt = Some(std::time::SystemTime::now());
         status.last_error = result.as_ref().err().map(ToString::to_string);
     }
-    let next = result?;
-    let changes = current.source_info.changes(&next.source_info);
+    result
+}
+
+fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static str>, ConfigErrors> {
+    let next = config::load(source)?;
+    let current = state.live.load();
+    let changes = current.config.source_info.changes(&next.source_info);
     tracing::info!(
         config = %next.source.display(),
         sha256 = %next.source_info.sha256,
         changes = %if changes.is_empty() { "none".to_string() } else { changes.join(", ") },
         "config reloaded"
     );
-    if next.listen != current.listen || next.admin_listen != current.admin_listen {
-        tracing::warn!("listen addresses changed; they take effect at the next restart");
+    let pending = needs_restart(&current.config, &next);
+    for setting in &pending {
+        tracing::warn!(
+            setting,
+            "changed by the reload; it takes effect at the next restart"
+        );
     }
+    state
+        .live
+        .store(Arc::new(Live::attach(next, &state.metrics)));
+    Ok(pending)
+}
+
+/// The settings read once at startup (listeners, the store, the connection builder) that differ
+/// between `current` and `next`.
+pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
-    if rls_listen(&next) != rls_listen(&current) {
-        tracing::warn!("rls.listen changed; it takes effect at the next restart");
-    }
-    if next.store != current.store {
-        tracing::warn!("store settings changed; they take effect at the next restart");
-    }
-    gateway.config.store(Arc::new(next));
-    Ok(())
+    [
+        ("listen", current.listen != next.listen),
+        ("admin_listen", current.admin_listen != next.admin_listen),
+        ("rls.listen", rls_listen(current) != rls_listen(next)),
+        ("store", current.store != next.store),
+        (
+            "server.header_read_timeout",
+            current.server.header_read_timeout != next.server.header_read_timeout,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
 }

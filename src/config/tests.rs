@@ -3,7 +3,7 @@ use std::path::Path;
 use super::*;
 
 fn errors(yaml: &str) -> Vec<String> {
-    match parse(yaml, Path::new("p.yaml"), &Metrics::new()) {
+    match parse(yaml, Path::new("p.yaml")) {
         Ok(_) => panic!("expected errors for:\n{yaml}"),
         Err(e) => e.0.iter().map(ToString::to_string).collect(),
     }
@@ -14,7 +14,7 @@ const BASE: &str = "upstreams:\n  api:\n    url: http://127.0.0.1:3000\nroutes:\
 #[test]
 fn the_shipped_policies_file_loads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies.yaml");
-    let snapshot = load(&path, &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert!(snapshot
         .routes
         .iter()
@@ -116,7 +116,7 @@ fn admin_listener_must_not_share_the_public_one() {
 #[test]
 fn a_valid_config_compiles_to_runtime_types() {
     let yaml = format!("{BASE}  - name: a\n    match: {{ path: \"/u/{{id}}\", methods: [get] }}\n    upstream: api\n    failure_mode: closed\n    policies:\n      - name: p\n        key: [path:id]\n        sliding_window: {{ limit: 5, window: 1m, buckets: 60 }}\n");
-    let s = parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap();
+    let s = parse(&yaml, Path::new("p.yaml")).unwrap();
     let route = &s.routes[0];
     assert_eq!(route.failure_mode, FailureMode::Closed);
     assert_eq!(
@@ -153,7 +153,7 @@ fn redis_settings_are_validated_without_echoing_the_url() {
 #[test]
 fn rediss_urls_are_accepted() {
     let yaml = format!("store:\n  type: redis\n  url: rediss://user:pw@127.0.0.1:6380\n{BASE}");
-    parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -161,8 +161,7 @@ fn a_redis_store_compiles() {
     let yaml = format!(
         "store:\n  type: redis\n  url: redis://:pw@127.0.0.1:6390/2\n  pool_size: 8\n  timeout: 20ms\n  failure_mode: closed\n  key_prefix: \"gw:\"\n{BASE}"
     );
-    let snapshot =
-        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         snapshot.store,
         StoreSettings::Redis {

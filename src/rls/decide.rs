@@ -1,10 +1,11 @@
 //! `ShouldRateLimit`, independent of the transport: the gRPC service and `POST /json` both call
 //! [`RlsService::should_rate_limit`] with Envoy's request message and send back its response.
 //!
-//! Per descriptor, in request order: find the rule (or Envoy's `limit` override), drop rules that
-//! another rule of the request `replaces`, and turn the rest into core checks. Every check of the
-//! request goes to the store in ONE all-or-nothing decision (one Redis round trip); two descriptors
-//! naming the same counter share one check with their costs summed.
+//! Translation only. Per descriptor, in request order: find the rule (or Envoy's `limit`
+//! override), drop rules that another rule of the request `replaces`, and turn the rest into
+//! [`Checks`]. The [`crate::limiter::Engine`] decides them all at once (one Redis round trip),
+//! merging descriptors that name the same counter, applying `rls.failure_mode` and counting the
+//! per-rule statistics; its verdict becomes the descriptor statuses and the response headers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,9 +21,9 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
 use super::metrics::{CallResult, RuleMetrics};
 use super::rule::{write_entries_key, Algorithm, Entry, Unit};
-use super::settings::{core_rule, RlsFailureMode, RlsSnapshot};
-use crate::gateway::Gateway;
-use crate::limiter::{Check, Clock, Decision, Outcome, Rule as CoreRule};
+use super::settings::{core_rule, RlsResources, RlsSnapshot};
+use crate::limiter::{Checks, Clock, Kind, Outcome, Rule as CoreRule, StoreError, Tally};
+use crate::state::AppState;
 
 /// Why a call got no rate-limit answer.
 #[derive(Debug, thiserror::Error)]
@@ -54,22 +55,20 @@ impl Clock for SystemClock {
     }
 }
 
-/// The Envoy rate limit service: the gateway's snapshot and limiter, seen through Envoy's API.
+/// The Envoy rate limit service: the shared state's snapshot and engine, seen through Envoy's API.
 #[derive(Debug, Clone)]
 pub struct RlsService {
-    pub gateway: Arc<Gateway>,
+    pub state: Arc<AppState>,
     /// For fixed windows only; every other time is the store's.
     pub clock: Arc<dyn Clock>,
 }
 
-/// What one descriptor asks of the store.
+/// What one descriptor asks of the engine.
 struct Limited<'a> {
     /// The config rule; `None` for Envoy's override.
     rule: Option<&'a super::rule::Rule>,
     key: String,
     core: CoreRule,
-    /// Index of its check in the decision, assigned once replaced rules are gone.
-    check: usize,
     requests_per_unit: u32,
     unit: Unit,
     shadow: bool,
@@ -87,37 +86,42 @@ enum Plan<'a> {
 }
 
 impl RlsService {
-    pub fn new(gateway: Arc<Gateway>) -> Self {
+    pub fn new(state: Arc<AppState>) -> Self {
         RlsService {
-            gateway,
+            state,
             clock: Arc::new(SystemClock::default()),
         }
     }
 
-    /// Decides one request: counted, and answered as envoyproxy/ratelimit would.
+    /// Decides one request: counted once by how it ended, and answered as envoyproxy/ratelimit
+    /// would.
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RlsError> {
-        let snapshot = self.gateway.config.load_full();
-        let Some(rls) = snapshot.rls.as_ref() else {
+        let live = self.state.live.load_full();
+        let (Some(rls), Some(resources)) = (live.config.rls.as_ref(), live.rls.as_ref()) else {
             return Err(RlsError::NotConfigured);
         };
-        let result = self.decide(rls, request).await;
-        rls.metrics.record_call(match &result {
-            Ok(r) if r.overall_code == Code::OverLimit as i32 => CallResult::OverLimit,
+        let result = self.decide(rls, resources, request).await;
+        resources.vecs.record_call(match &result {
+            Ok((_, Kind::FailedOpen)) => CallResult::FailedOpen,
+            Ok((_, Kind::FailedClosed)) => CallResult::FailedClosed,
+            Ok((r, _)) if r.overall_code == Code::OverLimit as i32 => CallResult::OverLimit,
             Ok(_) => CallResult::Ok,
             Err(RlsError::Invalid(_)) => CallResult::Invalid,
             Err(_) => CallResult::Error,
         });
-        result
+        result.map(|(response, _)| response)
     }
 
+    /// The request's descriptors as engine checks, and the verdict as Envoy's response.
     async fn decide(
         &self,
         rls: &RlsSnapshot,
+        resources: &RlsResources,
         request: &RateLimitRequest,
-    ) -> Result<RateLimitResponse, RlsError> {
+    ) -> Result<(RateLimitResponse, Kind), RlsError> {
         if request.domain.is_empty() {
             return Err(RlsError::Invalid(
                 "rate limit domain must not be empty".into(),
@@ -134,6 +138,7 @@ impl RlsService {
         for descriptor in &request.descriptors {
             plans.push(plan(
                 rls,
+                resources,
                 &request.domain,
                 descriptor,
                 request_hits,
@@ -143,84 +148,62 @@ impl RlsService {
         // `replaces`: a limit named by another limit of the same request does not apply.
         drop_replaced(&mut plans);
 
-        // Keys within one decision must be distinct: a repeated counter is one check, costs summed.
-        let mut keys: Vec<(&str, &CoreRule, u64, bool)> = Vec::with_capacity(plans.len());
-        for plan in plans.iter_mut() {
-            let Plan::Limited(l) = plan else { continue };
-            l.check = match keys.iter().position(|(k, ..)| *k == l.key) {
-                Some(i) => {
-                    keys[i].2 += l.cost;
-                    keys[i].3 &= l.shadow;
-                    i
-                }
-                None => {
-                    keys.push((&l.key, &l.core, l.cost, l.shadow));
-                    keys.len() - 1
-                }
-            };
-        }
-        let checks: Vec<Check<'_>> = keys
-            .iter()
-            .map(|&(key, rule, cost, shadow)| Check {
-                key,
-                rule,
-                cost,
-                shadow,
-            })
-            .collect();
-        let decision = if checks.is_empty() {
-            Decision::from_outcomes(Vec::new())
-        } else {
-            match self.gateway.limiter.decide(&checks).await {
-                Ok(decision) => decision,
-                Err(e) => return self.failed(rls, plans, e),
+        // One check per limited descriptor, in order (the engine merges repeated counters).
+        let mut checks = Checks::with_capacity(plans.len());
+        for plan in &plans {
+            if let Plan::Limited(l) = plan {
+                let tally = Tally::Descriptor(&l.metrics);
+                checks.push(l.key.as_str(), &l.core, l.cost, l.shadow, tally);
             }
-        };
-        let statuses: Vec<DescriptorStatus> = plans
-            .iter()
-            .map(|plan| status(plan, &decision, now_us))
-            .collect();
-        Ok(respond(rls, statuses))
-    }
-
-    /// The answer when the store failed, by `failure_mode`.
-    fn failed(
-        &self,
-        rls: &RlsSnapshot,
-        plans: Vec<Plan<'_>>,
-        error: crate::limiter::StoreError,
-    ) -> Result<RateLimitResponse, RlsError> {
-        let closed = match rls.failure_mode {
-            RlsFailureMode::Error => return Err(RlsError::Store(error)),
-            RlsFailureMode::Open => false,
-            RlsFailureMode::Closed => true,
-        };
-        tracing::warn!(%error, closed, "rate-limit store failed; applying rls.failure_mode");
-        rls.metrics.record_call(if closed {
-            CallResult::FailedClosed
-        } else {
-            CallResult::FailedOpen
-        });
+        }
+        let verdict = self.state.engine.decide(checks, rls.failure_mode).await;
+        let governing = verdict.governing().map(|(i, _)| i);
+        let mut check = 0;
+        let mut governing_status = None;
         let statuses = plans
             .iter()
-            .map(|plan| match plan {
-                Plan::Limited(l) if closed => DescriptorStatus {
-                    code: Code::OverLimit as i32,
-                    current_limit: Some(current_limit(l)),
-                    ..Default::default()
-                },
-                Plan::Unlimited => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..Default::default()
-                },
-                _ => DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..Default::default()
-                },
+            .enumerate()
+            .map(|(n, plan)| {
+                let Plan::Limited(l) = plan else {
+                    return free_status(plan);
+                };
+                if governing == Some(check) {
+                    governing_status = Some(n);
+                }
+                check += 1;
+                match (verdict.kind, verdict.outcome(check - 1)) {
+                    (Kind::FailedClosed, _) => DescriptorStatus {
+                        code: Code::OverLimit as i32,
+                        current_limit: Some(current_limit(l)),
+                        ..Default::default()
+                    },
+                    (_, Some(outcome)) => status(l, outcome, now_us),
+                    // Failed open: OK, as if unlimited for this call.
+                    (_, None) => DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..Default::default()
+                    },
+                }
             })
             .collect();
-        Ok(respond(rls, statuses))
+        if verdict.kind == Kind::Failed {
+            let error = verdict.into_error().unwrap_or(StoreError::CircuitOpen);
+            return Err(RlsError::Store(error));
+        }
+        Ok((respond(rls, statuses, governing_status), verdict.kind))
+    }
+}
+
+/// The status of a descriptor the engine did not check.
+fn free_status(plan: &Plan<'_>) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        limit_remaining: if matches!(plan, Plan::Unlimited) {
+            u32::MAX
+        } else {
+            0
+        },
+        ..Default::default()
     }
 }
 
@@ -252,6 +235,7 @@ fn drop_replaced(plans: &mut [Plan<'_>]) {
 /// Finds the rule of one descriptor (or takes Envoy's override) and names its counter.
 fn plan<'a>(
     rls: &'a RlsSnapshot,
+    resources: &RlsResources,
     domain: &str,
     descriptor: &RateLimitDescriptor,
     request_hits: u64,
@@ -292,13 +276,12 @@ fn plan<'a>(
             rule: None,
             key,
             core,
-            check: 0,
             requests_per_unit: over.requests_per_unit,
             unit,
             shadow: false,
             cost,
             fixed_end_us: None,
-            metrics: rls.metrics.rule(domain, &override_label(&entries)),
+            metrics: resources.vecs.rule(domain, &override_label(&entries)),
         }));
     }
     let Some((id, rule)) = rls.tree.lookup(domain, &entries) else {
@@ -317,15 +300,16 @@ fn plan<'a>(
         key.push_str(&index.to_string());
         (index + 1).saturating_mul(w)
     });
-    let metrics = match &enforced.metrics {
+    let metrics = match resources.rule(id) {
         Some(m) => m.clone(),
-        None => rls.metrics.rule(domain, &rule.metric_descriptor(&entries)),
+        None => resources
+            .vecs
+            .rule(domain, &rule.metric_descriptor(&entries)),
     };
     Ok(Plan::Limited(Limited {
         rule: Some(rule),
         key,
         core,
-        check: 0,
         requests_per_unit: rule.requests_per_unit,
         unit,
         shadow: rule.shadow_mode,
@@ -347,34 +331,9 @@ fn current_limit(l: &Limited<'_>) -> PbLimit {
     }
 }
 
-/// The status of one descriptor from the decision, counting its metrics.
-fn status(plan: &Plan<'_>, decision: &Decision, now_us: u64) -> DescriptorStatus {
-    let l = match plan {
-        Plan::Free => {
-            return DescriptorStatus {
-                code: Code::Ok as i32,
-                ..Default::default()
-            }
-        }
-        Plan::Unlimited => {
-            return DescriptorStatus {
-                code: Code::Ok as i32,
-                limit_remaining: u32::MAX,
-                ..Default::default()
-            }
-        }
-        Plan::Limited(l) => l,
-    };
-    let Some(outcome) = decision.outcomes.get(l.check) else {
-        return DescriptorStatus {
-            code: Code::Ok as i32,
-            ..Default::default()
-        };
-    };
+/// The status of one checked descriptor.
+fn status(l: &Limited<'_>, outcome: &Outcome, now_us: u64) -> DescriptorStatus {
     let over = !outcome.allowed;
-    let used_after = outcome.limit.saturating_sub(outcome.remaining);
-    l.metrics
-        .record(l.cost, outcome.limit, used_after, over, l.shadow);
     let until_reset_us = match l.fixed_end_us {
         Some(end) => end.saturating_sub(now_us),
         None if over => outcome.retry_after_us,
@@ -404,41 +363,37 @@ fn duration(us: u64) -> PbDuration {
     }
 }
 
-/// The overall code, and with `response_headers` the RateLimit-* headers of the status that
-/// governs: the over-limit one that resets last, else the one with the least remaining.
-fn respond(rls: &RlsSnapshot, statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
+/// The overall code, and with `response_headers` the RateLimit-* headers of the status the engine
+/// chose to govern (`docs/algorithms.md`); none when the store failed.
+fn respond(
+    rls: &RlsSnapshot,
+    statuses: Vec<DescriptorStatus>,
+    governing: Option<usize>,
+) -> RateLimitResponse {
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
     let mut response = RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         ..Default::default()
     };
-    if rls.response_headers {
-        let reset = |s: &DescriptorStatus| {
-            s.duration_until_reset
-                .as_ref()
-                .map_or(0, |d| d.seconds + i64::from(d.nanos > 0))
+    if let Some(s) = governing
+        .filter(|_| rls.response_headers)
+        .map(|i| &statuses[i])
+    {
+        let reset = s
+            .duration_until_reset
+            .as_ref()
+            .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+        let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+        let header = |key: &str, value: String| HeaderValue {
+            key: key.to_owned(),
+            value,
+            raw_value: Vec::new(),
         };
-        let limited = statuses.iter().filter(|s| s.current_limit.is_some());
-        let governing = if over {
-            limited
-                .filter(|s| s.code == Code::OverLimit as i32)
-                .max_by_key(|s| reset(s))
-        } else {
-            limited.min_by_key(|s| s.limit_remaining)
-        };
-        if let Some(s) = governing {
-            let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-            let header = |key: &str, value: String| HeaderValue {
-                key: key.to_owned(),
-                value,
-                raw_value: Vec::new(),
-            };
-            response.response_headers_to_add = vec![
-                header("RateLimit-Limit", limit.to_string()),
-                header("RateLimit-Remaining", s.limit_remaining.to_string()),
-                header("RateLimit-Reset", reset(s).to_string()),
-            ];
-        }
+        response.response_headers_to_add = vec![
+            header("RateLimit-Limit", limit.to_string()),
+            header("RateLimit-Remaining", s.limit_remaining.to_string()),
+            header("RateLimit-Reset", reset.to_string()),
+        ];
     }
     response.statuses = statuses;
     response

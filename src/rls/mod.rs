@@ -9,7 +9,8 @@
 //! - `glob`: wildcard values, `*` anywhere;
 //! - `yaml`: a YAML tree that keeps line numbers for error messages;
 //! - `settings`: the `rls:` block of `policies.yaml` and the per-rule runtime state;
-//! - `decide`: `ShouldRateLimit` on the shared decision core (one store call per request);
+//! - `decide`: `ShouldRateLimit` translated to engine checks and the verdict back (one store call
+//!   per request; no decision policy of its own);
 //! - `grpc`, `json`, `metrics`: the gRPC and health services, `POST /json`, per-rule counters.
 
 pub mod config;
@@ -27,5 +28,5 @@ mod yaml;
 pub use config::RlsConfigError;
 pub use decide::{RlsError, RlsService};
 pub use rule::{Algorithm, Entry, Rule, Unit};
-pub use settings::{RawRls, RlsFailureMode, RlsSnapshot};
+pub use settings::{RawRls, RlsSnapshot};
 pub use tree::{LoadOptions, RlsConfig, RuleId};
