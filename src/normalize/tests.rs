@@ -1,0 +1,421 @@
+use std::borrow::Cow;
+
+use http::{HeaderMap, Method, Request, Version};
+use proptest::prelude::*;
+
+use super::*;
+use crate::keys::{write_key, ClientPrefix, KeyPart, RequestView};
+use crate::route::{RequestHead, RouteMatch};
+
+const SAFE: PathOptions = PathOptions {
+    normalize_path: true,
+    merge_slashes: true,
+    escaped_slashes: EscapedSlashes::Reject,
+};
+
+fn norm(path: &str) -> Result<String, PathError> {
+    normalize_path(path, SAFE).map(Cow::into_owned)
+}
+
+#[test]
+fn every_spelling_of_one_path_normalises_to_it() {
+    for spelling in [
+        "/api/users/1",
+        "//api/users/1",
+        "/api//users/1",
+        "/api/./users/1",
+        "/api/x/../users/1",
+        "/%61pi/users/1",
+        "/%61%70%69/users/%31",
+        "/api/users/./1",
+        "/api/users/1/x/..",
+        "/api/%2E/users/1",
+        "/api/x/%2e%2E/users/1",
+    ] {
+        let want = if spelling.ends_with("..") {
+            "/api/users/1/"
+        } else {
+            "/api/users/1"
+        };
+        assert_eq!(norm(spelling).as_deref(), Ok(want), "{spelling}");
+    }
+}
+
+#[test]
+fn a_canonical_path_is_borrowed() {
+    for path in [
+        "/",
+        "/api/users/1",
+        "/a/b/",
+        "/a%20b",
+        "/x.y/..z/...",
+        "/%C3%A9",
+    ] {
+        assert!(
+            matches!(normalize_path(path, SAFE), Ok(Cow::Borrowed(_))),
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn dot_segments_follow_rfc_3986_5_2_4() {
+    let cases = [
+        ("/a/b/c/./../../g", "/a/g"),
+        ("/a/b/..", "/a/"),
+        ("/a/b/.", "/a/b/"),
+        ("/.", "/"),
+        ("/a/..", "/"),
+        ("/./a", "/a"),
+        ("/a/.//b", "/a/b"),
+        ("//", "/"),
+        ("/a//", "/a/"),
+    ];
+    for (path, want) in cases {
+        assert_eq!(norm(path).as_deref(), Ok(want), "{path}");
+    }
+}
+
+#[test]
+fn escapes_are_upper_cased_and_unreserved_ones_decoded() {
+    assert_eq!(norm("/a%7eb%2db").as_deref(), Ok("/a~b-b"));
+    assert_eq!(norm("/a%3fb").as_deref(), Ok("/a%3Fb"));
+    assert_eq!(norm("/%c3%a9").as_deref(), Ok("/%C3%A9"));
+}
+
+#[test]
+fn a_path_above_the_root_or_badly_escaped_is_refused() {
+    for path in ["/..", "/../x", "/a/../..", "/%2e%2e/x", "/a/./../../b"] {
+        assert_eq!(norm(path), Err(PathError::AboveRoot), "{path}");
+    }
+    for path in ["/%", "/a%2", "/a%zz", "/%%41"] {
+        assert_eq!(norm(path), Err(PathError::BadPercent), "{path}");
+    }
+}
+
+#[test]
+fn encoded_slashes_are_refused_or_kept() {
+    for path in ["/a%2Fb", "/a%2fb", "/a%5cb", "/a%5C..%5Cb"] {
+        assert_eq!(norm(path), Err(PathError::EncodedSlash), "{path}");
+    }
+    let keep = PathOptions {
+        escaped_slashes: EscapedSlashes::Keep,
+        ..SAFE
+    };
+    assert_eq!(
+        normalize_path("/a%2fb/./c", keep).as_deref(),
+        Ok("/a%2Fb/c")
+    );
+    assert!(matches!(
+        normalize_path("/a%2Fb", keep),
+        Ok(Cow::Borrowed(_))
+    ));
+}
+
+#[test]
+fn each_step_can_be_turned_off() {
+    let raw = PathOptions {
+        normalize_path: false,
+        merge_slashes: false,
+        escaped_slashes: EscapedSlashes::Keep,
+    };
+    for path in ["//a/./b/../%61%2f", "/../x"] {
+        assert_eq!(normalize_path(path, raw).as_deref(), Ok(path));
+    }
+    let no_merge = PathOptions {
+        merge_slashes: false,
+        ..SAFE
+    };
+    assert_eq!(
+        normalize_path("//a/./%62", no_merge).as_deref(),
+        Ok("//a/b")
+    );
+    let no_normalize = PathOptions {
+        normalize_path: false,
+        ..SAFE
+    };
+    assert_eq!(
+        normalize_path("//a/./%62", no_normalize).as_deref(),
+        Ok("/a/./%62")
+    );
+    assert_eq!(
+        normalize_path("/%zz", no_normalize),
+        Err(PathError::BadPercent)
+    );
+}
+
+#[test]
+fn hosts_are_lower_cased_without_trailing_dot_or_default_port() {
+    let cases = [
+        ("a.example", "a.example"),
+        ("A.Example", "a.example"),
+        ("a.example.", "a.example"),
+        ("a.example:80", "a.example"),
+        ("A.EXAMPLE.:80", "a.example"),
+        ("a.example:", "a.example"),
+        ("a.example:8080", "a.example:8080"),
+        ("a.example:08080", "a.example:8080"),
+        ("[2001:DB8::1]:80", "[2001:db8::1]"),
+        ("[::1]:9000", "[::1]:9000"),
+        ("127.0.0.1:80", "127.0.0.1"),
+    ];
+    for (raw, want) in cases {
+        let got = canonical_host(raw).unwrap().unwrap();
+        assert_eq!(got, want, "{raw}");
+        assert_eq!(matches!(got, Cow::Borrowed(_)), raw == want, "{raw}");
+    }
+    for bad in [
+        "a b", "a@b", "a:b", "a:99999", "[::1", "[::1]x", "a/b", "a:1:2",
+    ] {
+        assert_eq!(canonical_host(bad), Err(HostError::Invalid), "{bad}");
+    }
+    assert_eq!(canonical_host(""), Ok(None));
+}
+
+fn request(version: Version, uri: &str, hosts: &[&str]) -> Request<()> {
+    let mut req = Request::builder().version(version).uri(uri);
+    for host in hosts {
+        req = req.header("host", *host);
+    }
+    req.body(()).unwrap()
+}
+
+fn canonical(req: &mut Request<()>) -> Result<(Option<String>, String), Rejection> {
+    canonicalize(req, SAFE)?;
+    Ok((
+        host::host(req.headers()).map(str::to_string),
+        req.uri().to_string(),
+    ))
+}
+
+#[test]
+fn absolute_form_authority_wins_over_host() {
+    let mut req = request(
+        Version::HTTP_11,
+        "http://B.example./x//y?q=%61",
+        &["a.example"],
+    );
+    assert_eq!(
+        canonical(&mut req),
+        Ok((Some("b.example".into()), "/x/y?q=%61".into()))
+    );
+}
+
+#[test]
+fn h2_authority_and_a_conflicting_host_are_refused() {
+    let mut agree = request(Version::HTTP_2, "http://a.example/x", &["A.example:80"]);
+    assert_eq!(
+        canonical(&mut agree).unwrap().0.as_deref(),
+        Some("a.example")
+    );
+    let mut conflict = request(Version::HTTP_2, "http://a.example/x", &["b.example"]);
+    assert_eq!(canonical(&mut conflict), Err(HostError::Conflict.into()));
+}
+
+#[test]
+fn two_host_headers_are_refused() {
+    let mut req = request(Version::HTTP_11, "/x", &["a.example", "a.example"]);
+    assert_eq!(canonical(&mut req), Err(HostError::Duplicate.into()));
+}
+
+#[test]
+fn a_canonical_request_is_left_alone() {
+    let mut req = request(Version::HTTP_11, "/api/users/1?x=%41", &["a.example"]);
+    let before = req.headers().get("host").unwrap().as_bytes().as_ptr();
+    assert_eq!(
+        canonical(&mut req),
+        Ok((Some("a.example".into()), "/api/users/1?x=%41".into()))
+    );
+    assert_eq!(
+        req.headers().get("host").unwrap().as_bytes().as_ptr(),
+        before
+    );
+}
+
+// The property: whatever the spelling of a request's path, host and key values, it meets the same
+// route and the same counter key.
+
+/// Characters of a user id and query value: unreserved ones and some that must be escaped.
+const VALUE_CHARS: &[u8] = b"abcXYZ019-._~ @!$&'()*+,;=:\"<>\xc3\xa9";
+
+fn value_strategy() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(prop::sample::select(VALUE_CHARS.to_vec()), 1..8)
+        .prop_filter("not a dot segment", |v| v != b"." && v != b"..")
+}
+
+/// One spelling of `byte` in a path or query: itself when it may appear raw, else `%XX` in either
+/// case. `'+'` in a query is written `%2B` (a raw `+` is a space there).
+fn spell_byte(byte: u8, raw_ok: bool, lower: bool, raw: bool, out: &mut String) {
+    if raw && raw_ok {
+        out.push(char::from(byte));
+    } else if lower {
+        out.push_str(&format!("%{byte:02x}"));
+    } else {
+        out.push_str(&format!("%{byte:02X}"));
+    }
+}
+
+fn spell(value: &[u8], in_query: bool, choices: &[(bool, bool)], out: &mut String) {
+    for (i, &byte) in value.iter().enumerate() {
+        let (raw, lower) = choices[i % choices.len()];
+        if in_query && byte == b' ' && raw {
+            out.push('+');
+            continue;
+        }
+        spell_byte(byte, path::is_unreserved(byte), lower, raw, out);
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Spelling {
+    choices: Vec<(bool, bool)>,
+    doubled_slashes: Vec<bool>,
+    detour: Option<usize>,
+    dot: Option<usize>,
+    trailing_slash: bool,
+    host_case: Vec<bool>,
+    trailing_dot: bool,
+    default_port: bool,
+    absolute_form: bool,
+    client_low_bits: u64,
+}
+
+fn spelling_strategy() -> impl Strategy<Value = Spelling> {
+    (
+        prop::collection::vec(any::<(bool, bool)>(), 1..6),
+        prop::collection::vec(any::<bool>(), 3),
+        prop::option::of(0..3usize),
+        prop::option::of(0..3usize),
+        any::<bool>(),
+        prop::collection::vec(any::<bool>(), 1..6),
+        (any::<bool>(), any::<bool>(), any::<bool>()),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(choices, doubled_slashes, detour, dot, trailing_slash, host_case, flags, low)| {
+                Spelling {
+                    choices,
+                    doubled_slashes,
+                    detour,
+                    dot,
+                    trailing_slash,
+                    host_case,
+                    trailing_dot: flags.0,
+                    default_port: flags.1,
+                    absolute_form: flags.2,
+                    client_low_bits: low,
+                }
+            },
+        )
+}
+
+/// The request target and `Host` of one spelling of `GET /api/users/{id}?k={k}` to
+/// `api.example`.
+fn spelled_request(id: &[u8], k: &[u8], s: &Spelling) -> Request<()> {
+    let mut path = String::new();
+    let segments: [&[u8]; 3] = [b"api", b"users", id];
+    for (i, segment) in segments.iter().enumerate() {
+        path.push_str(if s.doubled_slashes[i] { "//" } else { "/" });
+        if s.detour == Some(i) {
+            path.push_str("zz/../");
+        }
+        if s.dot == Some(i) {
+            path.push_str("./");
+        }
+        spell(segment, false, &s.choices, &mut path);
+    }
+    if s.trailing_slash {
+        path.push('/');
+    }
+    path.push_str("?k=");
+    spell(k, true, &s.choices, &mut path);
+    let mut host: String = "api.example"
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if s.host_case[i % s.host_case.len()] {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            }
+        })
+        .collect();
+    if s.trailing_dot {
+        host.push('.');
+    }
+    if s.default_port {
+        host.push_str(":80");
+    }
+    if s.absolute_form {
+        // RFC 9112 §3.2.2: the target's authority wins over a decoy `Host`.
+        request(
+            Version::HTTP_11,
+            &format!("http://{host}{path}"),
+            &["decoy.example"],
+        )
+    } else {
+        request(Version::HTTP_11, &path, &[&host])
+    }
+}
+
+/// The route's parameters and the counter key of `[path:id, query:k, host, client_ip]`, after
+/// canonicalisation, for a client in `2001:db8:1:2::/64`.
+fn route_and_key(mut req: Request<()>, client_low_bits: u64) -> Option<String> {
+    canonicalize(&mut req, SAFE).ok()?;
+    let (mut matcher, _) = RouteMatch::with_pattern("/api/users/{id}").unwrap();
+    matcher.set_host("api.example");
+    let headers = HeaderMap::new();
+    let host = host::host(req.headers());
+    let head = RequestHead {
+        method: &Method::GET,
+        host,
+        path: req.uri().path(),
+        headers: req.headers(),
+    };
+    let params = matcher.matches(&head)?;
+    let client = (0x2001_0db8_0001_0002_u128 << 64) | u128::from(client_low_bits);
+    let view = RequestView {
+        method: &Method::GET,
+        host,
+        path: req.uri().path(),
+        query: req.uri().query(),
+        headers: &headers,
+        params: &params,
+        client_ip: std::net::Ipv6Addr::from(client).into(),
+        client_prefix: ClientPrefix::default(),
+    };
+    let parts = [
+        KeyPart::PathParam(0),
+        KeyPart::Query("k".into()),
+        KeyPart::Host,
+        KeyPart::ClientIp,
+    ];
+    let mut key = String::new();
+    write_key(&parts, &view, &mut key).ok()?.then_some(key)
+}
+
+proptest! {
+    #[test]
+    fn every_spelling_meets_the_same_route_and_counter(
+        id in value_strategy(),
+        k in value_strategy(),
+        spelling in spelling_strategy(),
+    ) {
+        let plain = Spelling {
+            choices: vec![(false, false)],
+            doubled_slashes: vec![false; 3],
+            detour: None,
+            dot: None,
+            trailing_slash: false,
+            host_case: vec![false],
+            trailing_dot: false,
+            default_port: false,
+            absolute_form: false,
+            client_low_bits: 1,
+        };
+        let want = route_and_key(spelled_request(&id, &k, &plain), 1);
+        prop_assert!(want.is_some(), "the canonical spelling must route and key");
+        let got = route_and_key(spelled_request(&id, &k, &spelling), spelling.client_low_bits);
+        prop_assert_eq!(got, want);
+    }
+}
