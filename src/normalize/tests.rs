@@ -244,7 +244,7 @@ fn value_strategy() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// One spelling of `byte` in a path or query: itself when it may appear raw, else `%XX` in either
-/// case. `'+'` in a query is written `%2B` (a raw `+` is a space there).
+/// case.
 fn spell_byte(byte: u8, raw_ok: bool, lower: bool, raw: bool, out: &mut String) {
     if raw && raw_ok {
         out.push(char::from(byte));
@@ -262,7 +262,11 @@ fn spell(value: &[u8], in_query: bool, choices: &[(bool, bool)], out: &mut Strin
             out.push('+');
             continue;
         }
-        spell_byte(byte, path::is_unreserved(byte), lower, raw, out);
+        // pchar (RFC 3986 §3.3) may appear raw; in a query, not the separators `&`, `=`, `+`.
+        let sub_delim = b"!$&'()*+,;=:@".contains(&byte);
+        let separator = in_query && b"&=+".contains(&byte);
+        let raw_ok = path::is_unreserved(byte) || (sub_delim && !separator);
+        spell_byte(byte, raw_ok, lower, raw, out);
     }
 }
 
@@ -360,8 +364,8 @@ fn spelled_request(id: &[u8], k: &[u8], s: &Spelling) -> Request<()> {
 
 /// The route's parameters and the counter key of `[path:id, query:k, host, client_ip]`, after
 /// canonicalisation, for a client in `2001:db8:1:2::/64`.
-fn route_and_key(mut req: Request<()>, client_low_bits: u64) -> Option<String> {
-    canonicalize(&mut req, SAFE).ok()?;
+fn route_and_key(mut req: Request<()>, client_low_bits: u64, opts: PathOptions) -> Option<String> {
+    canonicalize(&mut req, opts).ok()?;
     let (mut matcher, _) = RouteMatch::with_pattern("/api/users/{id}").unwrap();
     matcher.set_host("api.example");
     let headers = HeaderMap::new();
@@ -394,6 +398,21 @@ fn route_and_key(mut req: Request<()>, client_low_bits: u64) -> Option<String> {
     write_key(&parts, &view, &mut key).ok()?.then_some(key)
 }
 
+fn plain_spelling() -> Spelling {
+    Spelling {
+        choices: vec![(false, false)],
+        doubled_slashes: vec![false; 3],
+        detour: None,
+        dot: None,
+        trailing_slash: false,
+        host_case: vec![false],
+        trailing_dot: false,
+        default_port: false,
+        absolute_form: false,
+        client_low_bits: 1,
+    }
+}
+
 proptest! {
     #[test]
     fn every_spelling_meets_the_same_route_and_counter(
@@ -401,21 +420,31 @@ proptest! {
         k in value_strategy(),
         spelling in spelling_strategy(),
     ) {
-        let plain = Spelling {
-            choices: vec![(false, false)],
-            doubled_slashes: vec![false; 3],
-            detour: None,
-            dot: None,
-            trailing_slash: false,
-            host_case: vec![false],
-            trailing_dot: false,
-            default_port: false,
-            absolute_form: false,
-            client_low_bits: 1,
-        };
-        let want = route_and_key(spelled_request(&id, &k, &plain), 1);
+        let want = route_and_key(spelled_request(&id, &k, &plain_spelling()), 1, SAFE);
         prop_assert!(want.is_some(), "the canonical spelling must route and key");
-        let got = route_and_key(spelled_request(&id, &k, &spelling), spelling.client_low_bits);
+        let got = route_and_key(
+            spelled_request(&id, &k, &spelling),
+            spelling.client_low_bits,
+            SAFE,
+        );
+        prop_assert_eq!(got, want);
+    }
+
+    /// With `escaped_slashes: keep`, an id may contain `/`, `\` and `%` (always encoded, in either
+    /// case): still one route and one counter.
+    #[test]
+    fn with_escaped_slashes_kept_every_spelling_meets_the_same_counter(
+        id in prop::collection::vec(prop::sample::select(b"ab1/\\%".to_vec()), 1..8),
+        spelling in spelling_strategy(),
+    ) {
+        let keep = PathOptions { escaped_slashes: EscapedSlashes::Keep, ..SAFE };
+        let want = route_and_key(spelled_request(&id, b"k", &plain_spelling()), 1, keep);
+        prop_assert!(want.is_some(), "the canonical spelling must route and key");
+        let got = route_and_key(
+            spelled_request(&id, b"k", &spelling),
+            spelling.client_low_bits,
+            keep,
+        );
         prop_assert_eq!(got, want);
     }
 }
