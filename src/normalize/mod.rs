@@ -57,3 +57,7 @@ pub fn canonicalize<B>(req: &mut Request<B>, opts: PathOptions) -> Result<(), Re
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "spelling_tests.rs"]
+mod spelling_tests;
