@@ -1,10 +1,10 @@
 //! From a request to the identity of a counter.
 //!
 //! A policy's `key` lists parts (`client_ip`, `header:NAME`, `path:PARAM`, `query:NAME`, `method`,
-//! `host`); their values, taken from the canonical request and percent-decoded where they can be
-//! encoded, name the counter. Request material is bounded
-//! before it becomes a key: a value over [`MAX_KEY_VALUE_BYTES`] is replaced by its SHA-256, and
-//! bytes that could confuse a key's structure (or a Redis Cluster hash tag) are percent-escaped.
+//! `host`); their values, taken from the canonical request ([`crate::normalize`]) and
+//! percent-decoded where they can be encoded, name the counter. Request material is bounded before
+//! it becomes a key: a value over [`MAX_KEY_VALUE_BYTES`] is replaced by its SHA-256, and bytes
+//! that could confuse a key's structure (or a Redis Cluster hash tag) are percent-escaped.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
