@@ -325,3 +325,37 @@ async fn client_ip_prefixes_out_of_range_are_config_errors() {
         assert!(stderr.contains(&want), "want {want:?} in:\n{stderr}");
     }
 }
+
+#[tokio::test]
+async fn regression_the_shipped_policies_let_a_trailing_slash_through() {
+    let nginx = Nginx::start(NGINX_OK);
+    // The shipped routes, in front of NGINX, with a refill slow enough to count exactly.
+    let shipped = std::fs::read_to_string(crate::support::tools::repo_path("policies.yaml"))
+        .expect("read policies.yaml");
+    let yaml: String = shipped
+        .lines()
+        .filter(|l| !l.starts_with("listen:") && !l.starts_with("admin_listen:"))
+        .map(|l| l.replace("http://127.0.0.1:3000", &nginx.base_url()))
+        .map(|l| l.replace("rate: 10/s, burst: 20", "rate: 1/h, burst: 20"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        yaml.contains("rate: 1/h, burst: 20"),
+        "policies.yaml changed"
+    );
+    let gw = GatewayProcess::spawn(&yaml).await;
+    let mut admitted = 0;
+    for i in 0..40 {
+        let target = if i % 2 == 0 {
+            "/api/users/1/"
+        } else {
+            "/api/users//1"
+        };
+        if get(&gw, target, "localhost", &[]).await == 200 {
+            admitted += 1;
+        }
+    }
+    let log = access_log(&nginx, 20).await;
+    assert_eq!(admitted, 20);
+    assert_eq!(log.len(), 20, "the burst of per_user, not 40: {log:?}");
+}
