@@ -2,7 +2,8 @@
 //!
 //! - An absolute-form request target's authority wins over `Host` (RFC 9112 §3.2.2).
 //! - In HTTP/2, `:authority` and a `host` field that disagree are an error (RFC 9113 §8.3.1).
-//! - Two `Host` fields are an error (RFC 9112 §3.2).
+//! - Two `Host` fields are an error, and so is none in HTTP/1.1 (RFC 9112 §3.2); HTTP/1.0 may
+//!   omit it.
 //! - Hosts are compared case-insensitively (RFC 3986 §3.2.2), a fully qualified `a.example.`
 //!   names `a.example`, and `:80` is the default port of `http` (RFC 9110 §4.2.1): all are
 //!   removed from the canonical form.
@@ -17,6 +18,8 @@ use http::{HeaderMap, Uri, Version};
 pub enum HostError {
     #[error("more than one Host header (RFC 9112 §3.2)")]
     Duplicate,
+    #[error("an HTTP/1.1 request needs a Host header (RFC 9112 §3.2)")]
+    Missing,
     #[error("the host header disagrees with :authority (RFC 9113 §8.3.1)")]
     Conflict,
     #[error("the host is not a valid host[:port]")]
@@ -65,6 +68,7 @@ pub fn request_authority<'a>(
         });
     }
     Ok(match header.map(canonical_host).transpose()?.flatten() {
+        None if header.is_none() && version == Version::HTTP_11 => return Err(HostError::Missing),
         None => Authority::None,
         Some(Cow::Borrowed(h)) => Authority::HostHeader(h),
         Some(owned) => Authority::Rewrite(owned),

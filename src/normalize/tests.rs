@@ -216,6 +216,17 @@ fn two_host_headers_are_refused() {
 }
 
 #[test]
+fn only_http_1_0_may_omit_host() {
+    let mut old = request(Version::HTTP_10, "/x", &[]);
+    assert_eq!(canonical(&mut old), Ok((None, "/x".into())));
+    let mut new = request(Version::HTTP_11, "/x", &[]);
+    assert_eq!(canonical(&mut new), Err(HostError::Missing.into()));
+    // An empty Host is allowed (the target has no authority), and no host to route on.
+    let mut empty = request(Version::HTTP_11, "/x", &[""]);
+    assert_eq!(canonical(&mut empty), Ok((None, "/x".into())));
+}
+
+#[test]
 fn a_canonical_request_is_left_alone() {
     let mut req = request(Version::HTTP_11, "/api/users/1?x=%41", &["a.example"]);
     let before = req.headers().get("host").unwrap().as_bytes().as_ptr();

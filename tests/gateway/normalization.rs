@@ -232,6 +232,11 @@ async fn regression_conflicting_or_repeated_hosts_are_refused() {
     let (nginx, gw) = start("").await;
     let twice = "GET /api/users/9 HTTP/1.1\r\nHost: other.example\r\nHost: api.example";
     assert_eq!(send_raw(&gw, twice).await, 400);
+    assert_eq!(
+        send_raw(&gw, "GET /api/users/9 HTTP/1.1").await,
+        400,
+        "no Host"
+    );
     for host in ["api example", "api.example:http", "user@api.example"] {
         assert_eq!(get(&gw, "/api/users/9", host, &[]).await, 400, "{host}");
     }
