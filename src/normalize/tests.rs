@@ -67,6 +67,7 @@ fn dot_segments_follow_rfc_3986_5_2_4() {
         ("/a/.//b", "/a/b"),
         ("//", "/"),
         ("/a//", "/a/"),
+        ("/a//%2E%2E/b", "/b"),
     ];
     for (path, want) in cases {
         assert_eq!(norm(path).as_deref(), Ok(want), "{path}");
