@@ -98,6 +98,8 @@ pub const STORE_DOWN_RETRY_SECONDS: u64 = 1;
 pub enum Refusal<'a> {
     /// 404: no route matches.
     NoRoute,
+    /// 400: the request cannot be read unambiguously (its path, or a key part sent twice).
+    BadRequest(String),
     /// 413: the declared or streamed body is over `server.max_body_size`.
     BodyTooLarge(u64),
     /// 429: the governing policy's outcome.
@@ -118,6 +120,7 @@ pub enum Refusal<'a> {
 pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
     match refusal {
         Refusal::NoRoute => not_found(),
+        Refusal::BadRequest(message) => bad_request(message),
         Refusal::BodyTooLarge(limit) => payload_too_large(*limit),
         Refusal::RateLimited {
             route,
