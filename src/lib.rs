@@ -6,7 +6,9 @@
 //!   forward it or answer `429`;
 //! - the Envoy rate limit service ([`rls`]), which reads envoyproxy/ratelimit's config files and
 //!   reduces `ShouldRateLimit` to the same checks;
-//! - (planned) an ingress forward-auth endpoint.
+//! - the ingress door ([`forward_auth`]): nginx `auth_request`, ingress-nginx, Traefik and Caddy
+//!   forward-auth over HTTP, and Envoy ext_authz over gRPC, answered by the gateway's own
+//!   routing and keys ([`admission`]).
 //!
 //! The tree follows the data:
 //!
@@ -14,6 +16,7 @@
 //!   [`config::Snapshot`] ([`config::compile`]) and swapped atomically on reload;
 //! - [`normalize`]: every request is rewritten into one canonical spelling (path, host) before
 //!   anything reads it;
+//! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load;
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]) and the stores that keep counters;
@@ -27,7 +30,9 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod config;
+pub mod forward_auth;
 pub mod gateway;
 pub mod keys;
 pub mod limiter;

@@ -2,11 +2,15 @@
 //! and h2c) on the public listener, serve the admin listener and the Envoy service, reload the
 //! config atomically (one path, [`reload`]), and drain on shutdown.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -19,6 +23,7 @@ use crate::admin::{self, AdminState};
 use crate::config::{self, ConfigErrors, Snapshot, StoreSettings};
 use crate::limiter::{Engine, MemoryStore, MonotonicClock, RedisStore, Store};
 use crate::metrics::Metrics;
+use crate::proxy::body::ResponseBody;
 use crate::state::{AppState, Live};
 
 /// How often the in-process store drops idle counters.
@@ -31,6 +36,10 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
     pub rls_addr: Option<SocketAddr>,
+    /// The forward-auth HTTP check listener, when `forward_auth.listen` is configured.
+    pub forward_auth_addr: Option<SocketAddr>,
+    /// The Envoy ext_authz gRPC listener, when `forward_auth.grpc_listen` is configured.
+    pub ext_authz_addr: Option<SocketAddr>,
     /// What every listener shares: the live config, the engine, the metrics.
     pub state: Arc<AppState>,
     /// Stops the public listener (and the sweeper).
@@ -129,16 +138,22 @@ pub async fn start(
             tracing::error!(error = %e, "admin listener failed");
         }
     });
-    tasks.push(tokio::spawn(serve_public(
+    let (forward_auth_addr, ext_authz_addr) =
+        start_forward_auth(&state, &shutdown_rx, &mut tasks).await?;
+    let st = state.clone();
+    tasks.push(tokio::spawn(serve_http(
         public,
         state.clone(),
         shutdown_rx,
+        move |peer, req| crate::gateway::handle(st.clone(), peer, req),
     )));
 
     Ok(Running {
         public_addr,
         admin_addr,
         rls_addr,
+        forward_auth_addr,
+        ext_authz_addr,
         state,
         shutdown,
         admin_shutdown,
@@ -148,11 +163,17 @@ pub async fn start(
     })
 }
 
-async fn serve_public(
+/// Serves HTTP/1.1 and h2c on `listener` with `handler` until `shutdown`, then drains: the public
+/// listener and the forward-auth check listener alike.
+async fn serve_http<H, F>(
     listener: TcpListener,
     state: Arc<AppState>,
     mut shutdown: watch::Receiver<bool>,
-) {
+    handler: H,
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
+{
     let settings = state.live.load().config.server.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -188,7 +209,7 @@ async fn serve_public(
             _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        let st = state.clone();
+        let handler = handler.clone();
         let builder = builder.clone();
         // Taken here, before shutdown can begin, so the drain also waits for this connection.
         let watcher = graceful.watcher();
@@ -203,7 +224,7 @@ async fn serve_public(
             if !known {
                 return;
             }
-            let service = service_fn(move |req| crate::gateway::handle(st.clone(), peer, req));
+            let service = service_fn(move |req| handler(peer, req));
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
@@ -218,6 +239,43 @@ async fn serve_public(
     {
         tracing::warn!(?grace, "grace period over; closing remaining connections");
     }
+}
+
+/// Binds and serves the ingress door's listeners that `forward_auth:` names (read once, at
+/// start: a reload that changes them warns). Returns their bound addresses.
+async fn start_forward_auth(
+    state: &Arc<AppState>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> std::io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
+    let Some(settings) = state.live.load().config.forward_auth.clone() else {
+        return Ok((None, None));
+    };
+    let mut http_addr = None;
+    if let Some(listen) = settings.listen {
+        let listener = TcpListener::bind(listen).await?;
+        http_addr = Some(listener.local_addr()?);
+        let door = Arc::new(crate::forward_auth::http::HttpDoor::new(state.clone()));
+        tasks.push(tokio::spawn(serve_http(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+            move |peer, req| crate::forward_auth::http::handle(door.clone(), peer, req),
+        )));
+    }
+    let mut grpc_addr = None;
+    if let Some(listen) = settings.grpc_listen {
+        let listener = TcpListener::bind(listen).await?;
+        grpc_addr = Some(listener.local_addr()?);
+        let service = crate::forward_auth::grpc::ExtAuthz::new(state.clone());
+        let rx = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::forward_auth::grpc::serve(listener, service, rx).await {
+                tracing::error!(error = %e, "ext_authz listener failed");
+            }
+        }));
+    }
+    Ok((http_addr, grpc_addr))
 }
 
 /// The h2c connection preface (RFC 9113 §3.4).
@@ -329,10 +387,16 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
 /// between `current` and `next`.
 pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+    let forward_auth_listen =
+        |s: &Snapshot| s.forward_auth.as_ref().map(|f| (f.listen, f.grpc_listen));
     [
         ("listen", current.listen != next.listen),
         ("admin_listen", current.admin_listen != next.admin_listen),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
+        (
+            "forward_auth.listen",
+            forward_auth_listen(current) != forward_auth_listen(next),
+        ),
         ("store", current.store != next.store),
         (
             "server.header_read_timeout",

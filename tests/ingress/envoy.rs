@@ -1,0 +1,1 @@
+//! Envoy ext_authz: to come.
