@@ -291,12 +291,27 @@ pub async fn reload(state: &Arc<AppState>) -> Result<Vec<&'static str>, ConfigEr
         }])),
     };
     state.metrics.record_reload(result.is_ok());
+    {
+        let mut status = state
+            .reload_status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        status.last_attempt = Some(std::time::SystemTime::now());
+        status.last_error = result.as_ref().err().map(ToString::to_string);
+    }
     result
 }
 
 fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static str>, ConfigErrors> {
     let next = config::load(source)?;
     let current = state.live.load();
+    let changes = current.config.source_info.changes(&next.source_info);
+    tracing::info!(
+        config = %next.source.display(),
+        sha256 = %next.source_info.sha256,
+        changes = %if changes.is_empty() { "none".to_string() } else { changes.join(", ") },
+        "config reloaded"
+    );
     let pending = needs_restart(&current.config, &next);
     for setting in &pending {
         tracing::warn!(
