@@ -16,7 +16,7 @@ pub mod redis;
 
 use std::time::Duration;
 
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use engine::{Checks, Engine, FailureMode, Kind, Tally, Verdict};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
