@@ -17,6 +17,7 @@ use crate::config::{Action, Route};
 use crate::keys::RequestView;
 use crate::limiter::{Checks, Kind, Outcome, Tally};
 use crate::metrics::UpstreamErrorKind;
+use crate::normalize;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::{self, ClientSide, ForwardError};
 use crate::respond::{self, Refusal};
@@ -27,11 +28,18 @@ use crate::state::{AppState, Live, RouteResources};
 pub async fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let started = Instant::now();
     let live = state.live.load_full();
-    let host = proxy::headers::request_host(req.uri(), req.headers());
+    // One spelling per request, before anything reads it: routing, keys and the upstream.
+    if let Err(e) = normalize::canonicalize(&mut req, live.config.server.paths) {
+        let response = respond::refusal(&Refusal::BadRequest(e.to_string()));
+        live.unmatched
+            .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+        return Ok(response);
+    }
+    let host = normalize::host::host(req.headers());
     let head = RequestHead {
         method: req.method(),
         host,
@@ -80,7 +88,7 @@ async fn serve_route<'l>(
         .config
         .trusted_proxies
         .client_ip(peer_ip, req.headers());
-    let host = proxy::headers::request_host(req.uri(), req.headers());
+    let host = normalize::host::host(req.headers());
     let view = RequestView {
         method: req.method(),
         host,
@@ -89,6 +97,7 @@ async fn serve_route<'l>(
         headers: req.headers(),
         params,
         client_ip,
+        client_prefix: live.config.client_prefix,
     };
     let governing = admit(state, route, resources, &view).await?;
 
@@ -121,7 +130,7 @@ async fn serve_route<'l>(
 
 /// Admit: the policies whose key parts are all present, decided together by the engine. `Ok`
 /// carries the outcome whose headers decorate the response (none when nothing applied or the
-/// store failed open).
+/// store failed open). A key header or query parameter sent twice is ambiguous: 400.
 async fn admit<'l>(
     state: &AppState,
     route: &'l Route,
@@ -130,7 +139,10 @@ async fn admit<'l>(
 ) -> Result<Option<Outcome>, Refusal<'l>> {
     let mut checks = Checks::with_capacity(route.policies.len());
     for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
-        if let Some(key) = policy.counter_key(view) {
+        let key = policy
+            .counter_key(view)
+            .map_err(|e| Refusal::BadRequest(e.to_string()))?;
+        if let Some(key) = key {
             let tally = Tally::Policy {
                 metrics,
                 route: &route.name,

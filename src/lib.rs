@@ -18,6 +18,8 @@
 //!   `turnstile check` builds neither;
 //! - [`state`]: what every listener shares ([`state::AppState`]): the snapshot with its runtime
 //!   resources attached ([`state::Live`], swapped whole on reload), the engine and the metrics;
+//! - [`normalize`]: every request is rewritten into one canonical spelling (path, host) before
+//!   anything reads it;
 //! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load;
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
@@ -37,6 +39,7 @@ pub mod gateway;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+pub mod normalize;
 pub mod probe;
 pub mod proxy;
 pub mod respond;

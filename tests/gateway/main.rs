@@ -11,6 +11,7 @@ mod concurrency;
 mod keys;
 mod lifecycle;
 mod limits;
+mod normalization;
 mod pool;
 mod proxy;
 mod routing;

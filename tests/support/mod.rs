@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: the gateway under test (in-process or as the real
 //! binary), the Envoy rate limit service under test and a real Envoy, an in-process upstream, a
-//! client, real Prometheus and Redis servers, the store matrix, the external tools, and the one
-//! Prometheus text reader ([`metric`]).
+//! client, real NGINX, Prometheus and Redis servers, the store matrix, the external tools, and the
+//! one Prometheus text reader ([`metric`]).
 //!
 //! Every helper owns what it starts and stops it on drop, also when the test panics. Timeouts here
 //! are for liveness only (a hung test fails instead of hanging CI); they are generous because the
@@ -17,6 +17,7 @@ pub mod client;
 pub mod dashboard;
 pub mod envoy;
 pub mod gateway;
+pub mod nginx;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
@@ -29,6 +30,7 @@ use std::time::Duration;
 
 pub use client::{Client, Reply};
 pub use gateway::TestGateway;
+pub use nginx::Nginx;
 pub use process::GatewayProcess;
 pub use redis::RedisServer;
 pub use upstream::Upstream;
