@@ -119,7 +119,7 @@ impl Decision {
     }
 }
 
-/// Why a store could not decide. The route's failure mode turns it into an answer.
+/// Why a store could not decide. The engine turns it into an answer by the caller's [`FailureMode`].
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store did not answer within {0:?}")]
