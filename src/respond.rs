@@ -96,10 +96,11 @@ pub const STORE_DOWN_RETRY_SECONDS: u64 = 1;
 /// the request (downstream), the rate limit or its store, or the upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal<'a> {
+    /// 400: the request cannot be read one way only (a path that does not normalise, a key
+    /// header or query parameter sent twice).
+    BadRequest(String),
     /// 404: no route matches.
     NoRoute,
-    /// 400: the request cannot be read unambiguously (its path, or a key part sent twice).
-    BadRequest(String),
     /// 413: the declared or streamed body is over `server.max_body_size`.
     BodyTooLarge(u64),
     /// 429: the governing policy's outcome.
@@ -121,8 +122,8 @@ pub enum Refusal<'a> {
 /// The one place a refusal becomes a response.
 pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
     match refusal {
-        Refusal::NoRoute => not_found(),
         Refusal::BadRequest(message) => bad_request(message),
+        Refusal::NoRoute => not_found(),
         Refusal::BodyTooLarge(limit) => payload_too_large(*limit),
         Refusal::RateLimited {
             route,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{Action, Snapshot};
+use crate::config::{Action, ReloadStatus, Snapshot};
 use crate::limiter::Engine;
 use crate::metrics::{Metrics, PolicyMetrics, RouteMetrics};
 use crate::proxy::UpstreamClient;
@@ -20,7 +20,7 @@ pub struct AppState {
     pub engine: Engine,
     pub metrics: Metrics,
     /// The last reload attempt's outcome, for `/config` on the admin listener.
-    pub reload_status: std::sync::Mutex<crate::config::ReloadStatus>,
+    pub reload_status: std::sync::Mutex<ReloadStatus>,
 }
 
 impl AppState {

@@ -11,7 +11,7 @@ use hashbrown::{DefaultHashBuilder, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{BucketState, WindowBuckets, WindowLog};
+use super::algorithm::{BucketPlan, BucketState, BucketsPlan, LogPlan, WindowBuckets, WindowLog};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
 /// The most shards; small stores get fewer so that `max_keys` is an exact bound.
@@ -53,11 +53,21 @@ impl Entry {
     }
 }
 
-/// What phase one learned about a check, kept until phase two commits it.
-enum Pending {
-    Bucket(BucketState),
-    Log(u64),
-    Buckets(u64),
+/// What phase one learned about a check, kept until phase two reports and commits it.
+enum Plan {
+    Bucket(BucketPlan),
+    Log(LogPlan),
+    Buckets(BucketsPlan),
+}
+
+impl Plan {
+    fn allowed(&self) -> bool {
+        match self {
+            Plan::Bucket(p) => p.allowed,
+            Plan::Log(p) => p.allowed,
+            Plan::Buckets(p) => p.allowed,
+        }
+    }
 }
 
 type Shard = HashMap<Box<str>, Entry>;
@@ -103,7 +113,9 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]).
+    /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]). The
+    /// phases are decide.lua's: evaluate every check, decide, then report each outcome (consumed
+    /// or not) and commit what was consumed.
     pub fn check(&self, checks: &[Check<'_>]) -> Decision {
         if let [check] = checks {
             return self.check_one(check);
@@ -116,55 +128,44 @@ impl MemoryStore {
         let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
 
-        let mut outcomes = Vec::with_capacity(checks.len());
-        let mut pending = Vec::with_capacity(checks.len());
+        let mut plans = Vec::with_capacity(checks.len());
         for (check, &shard) in checks.iter().zip(&shard_of) {
-            let map = shard_mut(&mut guards, shard);
-            let entry = self.entry(map, check, now);
-            let (p, outcome) = evaluate(entry, check, now);
-            outcomes.push(outcome);
-            pending.push(p);
+            let entry = self.entry(shard_mut(&mut guards, shard), check, now);
+            plans.push(eval(entry, check, now));
         }
-        let mut decision = Decision::from_checks(checks, outcomes);
-        if !decision.allowed {
-            // Nothing is consumed, so the policies that would have allowed report the state
-            // as it stays: the outcome of a zero-cost check.
-            for ((check, &shard), outcome) in
-                checks.iter().zip(&shard_of).zip(&mut decision.outcomes)
-            {
-                if outcome.allowed && check.cost > 0 {
-                    let entry = self.entry(shard_mut(&mut guards, shard), check, now);
-                    *outcome = evaluate(entry, &Check { cost: 0, ..*check }, now).1;
-                }
+        let allowed = checks
+            .iter()
+            .zip(&plans)
+            .all(|(c, p)| c.shadow || p.allowed());
+        let mut outcomes = Vec::with_capacity(checks.len());
+        for ((check, &shard), plan) in checks.iter().zip(&shard_of).zip(&plans) {
+            let consumed = allowed && plan.allowed();
+            let entry = self.entry(shard_mut(&mut guards, shard), check, now);
+            outcomes.push(outcome(entry, plan, consumed));
+            if consumed {
+                commit(entry, plan);
             }
         }
-        if decision.allowed {
-            let all = checks.iter().zip(&shard_of).zip(pending).enumerate();
-            for (i, ((check, &shard), p)) in all {
-                if !decision.commits(i) {
-                    continue;
-                }
-                if let Some(entry) = shard_mut(&mut guards, shard).get_mut(check.key) {
-                    commit(entry, p, check.cost);
-                }
-            }
-        }
-        decision
+        Decision { allowed, outcomes }
     }
 
     /// The common case, a route with one policy: one lock and none of the scratch vectors that
-    /// ordering several locks needs. With one check a rejection consumes nothing anyway, so there
-    /// is nothing to re-evaluate.
+    /// ordering several locks needs.
     fn check_one(&self, check: &Check<'_>) -> Decision {
         let now = self.clock.now_us();
         let mut map = lock(&self.shards[self.shard_index(check.key)]);
         let entry = self.entry(&mut map, check, now);
-        let (pending, outcome) = evaluate(entry, check, now);
-        let decision = Decision::from_checks(std::slice::from_ref(check), vec![outcome]);
-        if decision.commits(0) {
-            commit(entry, pending, check.cost);
+        let plan = eval(entry, check, now);
+        let allowed = check.shadow || plan.allowed();
+        let consumed = allowed && plan.allowed();
+        let outcome = outcome(entry, &plan, consumed);
+        if consumed {
+            commit(entry, &plan);
         }
-        decision
+        Decision {
+            allowed,
+            outcomes: vec![outcome],
+        }
     }
 
     /// Drops idle counters. Called periodically; holds one shard lock at a time.
@@ -221,39 +222,47 @@ impl MemoryStore {
     }
 }
 
-fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome) {
+fn eval(entry: &mut Entry, check: &Check<'_>, now: u64) -> Plan {
     match (&mut entry.state, check.rule) {
         (State::Bucket(state), Rule::TokenBucket(tb)) => {
-            let (refilled, outcome) = state.evaluate(tb, now, check.cost);
-            (Pending::Bucket(refilled), outcome)
+            Plan::Bucket(state.eval(tb, now, check.cost))
         }
-        (State::Log(log), Rule::SlidingWindow(sw)) => {
-            let (at, outcome) = log.evaluate(sw, now, check.cost);
-            (Pending::Log(at), outcome)
-        }
+        (State::Log(log), Rule::SlidingWindow(sw)) => Plan::Log(log.eval(sw, now, check.cost)),
         (State::Buckets(buckets), Rule::SlidingWindow(sw)) => {
-            let (current, outcome) = buckets.evaluate(sw, now, check.cost);
-            (Pending::Buckets(current), outcome)
+            Plan::Buckets(buckets.eval(sw, now, check.cost))
         }
         // `entry()` always aligns state with rule; this arm only keeps the match total.
         _ => {
             *entry = Entry::new(check.rule, now);
-            evaluate(entry, check, now)
+            eval(entry, check, now)
         }
     }
 }
 
-fn commit(entry: &mut Entry, pending: Pending, cost: u64) {
-    if cost == 0 {
-        return;
-    }
-    match (&mut entry.state, pending) {
-        (State::Bucket(state), Pending::Bucket(mut refilled)) => {
-            refilled.consume(cost);
-            *state = refilled;
+fn outcome(entry: &Entry, plan: &Plan, consumed: bool) -> Outcome {
+    match (&entry.state, &entry.rule, plan) {
+        (_, Rule::TokenBucket(tb), Plan::Bucket(p)) => p.outcome(tb, consumed),
+        (State::Log(log), Rule::SlidingWindow(sw), Plan::Log(p)) => log.outcome(sw, p, consumed),
+        (State::Buckets(b), Rule::SlidingWindow(sw), Plan::Buckets(p)) => {
+            b.outcome(sw, p, consumed)
         }
-        (State::Log(log), Pending::Log(at)) => log.consume(at, cost),
-        (State::Buckets(buckets), Pending::Buckets(current)) => buckets.consume(current, cost),
+        // A plan always matches the entry it was made from.
+        _ => Outcome {
+            allowed: plan.allowed(),
+            limit: entry.rule.limit(),
+            remaining: 0,
+            reset_us: 0,
+            retry_after_us: 0,
+        },
+    }
+}
+
+/// Writes a consumed plan; a cost of 0 writes nothing (decide.lua commits only `cost > 0`).
+fn commit(entry: &mut Entry, plan: &Plan) {
+    match (&mut entry.state, plan) {
+        (State::Bucket(state), Plan::Bucket(p)) if p.cost > 0 => state.commit(p),
+        (State::Log(log), Plan::Log(p)) if p.cost > 0 => log.commit(p),
+        (State::Buckets(buckets), Plan::Buckets(p)) if p.cost > 0 => buckets.commit(p),
         _ => {}
     }
 }

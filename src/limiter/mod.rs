@@ -16,7 +16,7 @@ pub mod redis;
 
 use std::time::Duration;
 
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use engine::{Checks, Engine, FailureMode, Kind, Tally, Verdict};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
@@ -117,26 +117,9 @@ impl Decision {
             outcomes,
         }
     }
-
-    /// The decision over `checks` (one outcome each, in order): shadow checks never reject.
-    pub fn from_checks(checks: &[Check<'_>], outcomes: Vec<Outcome>) -> Self {
-        Decision {
-            allowed: checks
-                .iter()
-                .zip(&outcomes)
-                .all(|(c, o)| c.shadow || o.allowed),
-            outcomes,
-        }
-    }
-
-    /// Whether a store commits check `i`: the decision admitted the request and the check itself
-    /// allowed it (a shadow check over its limit consumes nothing, as if it were enforced).
-    pub fn commits(&self, i: usize) -> bool {
-        self.allowed && self.outcomes.get(i).is_some_and(|o| o.allowed)
-    }
 }
 
-/// Why a store could not decide. The route's failure mode turns it into an answer.
+/// Why a store could not decide. The engine turns it into an answer by the caller's [`FailureMode`].
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store did not answer within {0:?}")]

@@ -1,28 +1,24 @@
 //! `ShouldRateLimit`, independent of the transport: the gRPC service and `POST /json` both call
 //! [`RlsService::should_rate_limit`] with Envoy's request message and send back its response.
 //!
-//! Translation only. Per descriptor, in request order: find the rule (or Envoy's `limit`
-//! override), drop rules that another rule of the request `replaces`, and turn the rest into
-//! [`Checks`]. The [`crate::limiter::Engine`] decides them all at once (one Redis round trip),
+//! Translation only: the descriptors' plans ([`super::plan`]: which rule, which counter) become
+//! [`Checks`]; the [`crate::limiter::Engine`] decides them all at once (one Redis round trip),
 //! merging descriptors that name the same counter, applying `rls.failure_mode` and counting the
 //! per-rule statistics; its verdict becomes the descriptor statuses and the response headers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit as PbLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
-use super::metrics::{CallResult, RuleMetrics};
-use super::rule::{write_entries_key, Algorithm, Entry, Unit};
-use super::settings::{core_rule, RlsResources, RlsSnapshot};
-use crate::limiter::{Checks, Clock, Kind, Outcome, Rule as CoreRule, StoreError, Tally};
+use super::metrics::CallResult;
+use super::plan::{plan_request, Limited, Plan};
+use super::settings::{RlsResources, RlsSnapshot};
+use crate::limiter::{Checks, Clock, Kind, Outcome, StoreError, SystemClock, Tally};
 use crate::state::AppState;
 
 /// Why a call got no rate-limit answer.
@@ -39,50 +35,12 @@ pub enum RlsError {
     NotConfigured,
 }
 
-/// Wall-clock microseconds since the Unix epoch, never going backwards: fixed windows are
-/// calendar-aligned, as in envoyproxy/ratelimit (a minute resets at :00).
-#[derive(Debug, Default)]
-pub struct SystemClock {
-    last: AtomicU64,
-}
-
-impl Clock for SystemClock {
-    fn now_us(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        self.last.fetch_max(now, Ordering::Relaxed).max(now)
-    }
-}
-
 /// The Envoy rate limit service: the shared state's snapshot and engine, seen through Envoy's API.
 #[derive(Debug, Clone)]
 pub struct RlsService {
     pub state: Arc<AppState>,
     /// For fixed windows only; every other time is the store's.
     pub clock: Arc<dyn Clock>,
-}
-
-/// What one descriptor asks of the engine.
-struct Limited<'a> {
-    /// The config rule; `None` for Envoy's override.
-    rule: Option<&'a super::rule::Rule>,
-    key: String,
-    core: CoreRule,
-    requests_per_unit: u32,
-    unit: Unit,
-    shadow: bool,
-    cost: u64,
-    /// The end of the fixed window the counter belongs to, in epoch microseconds.
-    fixed_end_us: Option<u64>,
-    metrics: RuleMetrics,
-}
-
-enum Plan<'a> {
-    /// No rule (unknown domain, no match, whitelisted, replaced): OK without a limit.
-    Free,
-    Unlimited,
-    Limited(Limited<'a>),
 }
 
 impl RlsService {
@@ -122,31 +80,8 @@ impl RlsService {
         resources: &RlsResources,
         request: &RateLimitRequest,
     ) -> Result<(RateLimitResponse, Kind), RlsError> {
-        if request.domain.is_empty() {
-            return Err(RlsError::Invalid(
-                "rate limit domain must not be empty".into(),
-            ));
-        }
-        if request.descriptors.is_empty() {
-            return Err(RlsError::Invalid(
-                "rate limit descriptor list must not be empty".into(),
-            ));
-        }
-        let request_hits = u64::from(request.hits_addend.max(1));
         let now_us = self.clock.now_us();
-        let mut plans = Vec::with_capacity(request.descriptors.len());
-        for descriptor in &request.descriptors {
-            plans.push(plan(
-                rls,
-                resources,
-                &request.domain,
-                descriptor,
-                request_hits,
-                now_us,
-            )?);
-        }
-        // `replaces`: a limit named by another limit of the same request does not apply.
-        drop_replaced(&mut plans);
+        let plans = plan_request(rls, resources, request, now_us)?;
 
         // One check per limited descriptor, in order (the engine merges repeated counters).
         let mut checks = Checks::with_capacity(plans.len());
@@ -205,118 +140,6 @@ fn free_status(plan: &Plan<'_>) -> DescriptorStatus {
         },
         ..Default::default()
     }
-}
-
-fn rule_of<'a>(plan: &Plan<'a>) -> Option<&'a super::rule::Rule> {
-    match plan {
-        Plan::Limited(l) => l.rule,
-        _ => None,
-    }
-}
-
-fn drop_replaced(plans: &mut [Plan<'_>]) {
-    let rule = rule_of;
-    let replaced: Vec<Box<str>> = plans
-        .iter()
-        .filter_map(rule)
-        .flat_map(|r| r.replaces.iter().cloned())
-        .collect();
-    if replaced.is_empty() {
-        return;
-    }
-    for plan in plans.iter_mut() {
-        let name = rule(plan).and_then(|r| r.name.as_deref());
-        if name.is_some_and(|n| replaced.iter().any(|r| &**r == n)) {
-            *plan = Plan::Free;
-        }
-    }
-}
-
-/// Finds the rule of one descriptor (or takes Envoy's override) and names its counter.
-fn plan<'a>(
-    rls: &'a RlsSnapshot,
-    resources: &RlsResources,
-    domain: &str,
-    descriptor: &RateLimitDescriptor,
-    request_hits: u64,
-    now_us: u64,
-) -> Result<Plan<'a>, RlsError> {
-    if !rls.tree.has_domain(domain) {
-        return Ok(Plan::Free);
-    }
-    let entries: Vec<Entry<'_>> = descriptor
-        .entries
-        .iter()
-        .map(|e| (e.key.as_str(), e.value.as_str()))
-        .collect();
-    let cost = descriptor.hits_addend.map_or(request_hits, |h| h.value);
-    let mut key = String::with_capacity(64);
-    key.push_str("rls|");
-    if let Some(over) = &descriptor.limit {
-        // Envoy's per-route override: never shadowed, named by the request's values.
-        let Some(unit) = Unit::from_proto(over.unit) else {
-            return Err(RlsError::Invalid(format!(
-                "descriptor limit has an unknown unit ({})",
-                over.unit
-            )));
-        };
-        let algorithm = Algorithm::SlidingWindow {
-            limit: over.requests_per_unit,
-            window: unit.duration(),
-        };
-        let (Some(core), _) = core_rule(&algorithm) else {
-            return Ok(Plan::Free);
-        };
-        // Its own namespace (`rls|=|`): an override never shares state with a config rule.
-        key.push_str("=|");
-        write_entries_key(domain, &entries, &mut key);
-        key.push('|');
-        key.push_str(unit.name());
-        return Ok(Plan::Limited(Limited {
-            rule: None,
-            key,
-            core,
-            requests_per_unit: over.requests_per_unit,
-            unit,
-            shadow: false,
-            cost,
-            fixed_end_us: None,
-            metrics: resources.vecs.rule(domain, &override_label(&entries)),
-        }));
-    }
-    let Some((id, rule)) = rls.tree.lookup(domain, &entries) else {
-        return Ok(Plan::Free);
-    };
-    let Some(enforced) = rls.enforced(id) else {
-        return Ok(Plan::Free);
-    };
-    let (Some(core), Some(unit)) = (enforced.core, rule.unit) else {
-        return Ok(Plan::Unlimited);
-    };
-    rule.write_counter_key(&entries, &mut key);
-    let fixed_end_us = enforced.fixed_window_us.filter(|w| *w > 0).map(|w| {
-        let index = now_us / w;
-        key.push('|');
-        key.push_str(&index.to_string());
-        (index + 1).saturating_mul(w)
-    });
-    let metrics = match resources.rule(id) {
-        Some(m) => m.clone(),
-        None => resources
-            .vecs
-            .rule(domain, &rule.metric_descriptor(&entries)),
-    };
-    Ok(Plan::Limited(Limited {
-        rule: Some(rule),
-        key,
-        core,
-        requests_per_unit: rule.requests_per_unit,
-        unit,
-        shadow: rule.shadow_mode,
-        cost,
-        fixed_end_us,
-        metrics,
-    }))
 }
 
 fn current_limit(l: &Limited<'_>) -> PbLimit {
@@ -397,20 +220,4 @@ fn respond(
     }
     response.statuses = statuses;
     response
-}
-
-/// envoyproxy/ratelimit's stats key of an override: every entry with its value.
-fn override_label(entries: &[Entry<'_>]) -> String {
-    let mut label = String::new();
-    for (i, (k, v)) in entries.iter().enumerate() {
-        if i > 0 {
-            label.push('.');
-        }
-        label.push_str(k);
-        if !v.is_empty() {
-            label.push('_');
-            label.push_str(v);
-        }
-    }
-    label
 }
