@@ -322,3 +322,85 @@ routes:
     assert!(err.contains("forward_auth.deny_status"), "{err}");
     assert!(err.contains("needs `listen"), "{err}");
 }
+
+/// Envoy ext_authz called directly: OK with the headers for the upstream (overwriting the
+/// client's), then a denied response with 429, `Retry-After`, `X-RateLimit-*` and the JSON body.
+#[tokio::test]
+async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() {
+    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
+    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+
+    let (_gw, _, grpc) = crate::turnstile().await;
+    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let check = || CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer {
+                address: Some(Address {
+                    address: Some(Kind::SocketAddress(SocketAddress {
+                        address: "10.0.0.7".into(),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            }),
+            request: Some(Request {
+                http: Some(HttpRequest {
+                    method: "GET".into(),
+                    path: "/api/users/hal?x=1".into(),
+                    host: "shop.example".into(),
+                    headers: [
+                        (":path".to_string(), "/ignored".to_string()),
+                        ("x-ratelimit-remaining".to_string(), "999".to_string()),
+                    ]
+                    .into_iter()
+                    .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    for remaining in ["2", "1", "0"] {
+        let response = client.check(check()).await.expect("Check").into_inner();
+        assert_eq!(response.status.as_ref().map(|s| s.code), Some(0));
+        let Some(HttpResponse::OkResponse(ok)) = response.http_response else {
+            panic!("an ok_response: {response:?}");
+        };
+        let header = |name: &str| {
+            ok.headers
+                .iter()
+                .filter_map(|h| h.header.as_ref())
+                .find(|h| h.key == name)
+                .map(|h| h.value.clone())
+        };
+        assert_eq!(header("x-ratelimit-remaining").as_deref(), Some(remaining));
+        assert_eq!(header("x-ratelimit-limit").as_deref(), Some("3"));
+        assert!(ok.headers.iter().all(|h| h.append_action == 2), "overwrite");
+    }
+    let response = client.check(check()).await.expect("Check").into_inner();
+    assert_ne!(response.status.as_ref().map(|s| s.code), Some(0));
+    let Some(HttpResponse::DeniedResponse(denied)) = response.http_response else {
+        panic!("a denied_response: {response:?}");
+    };
+    assert_eq!(denied.status.map(|s| s.code), Some(429));
+    let keys: Vec<&str> = denied
+        .headers
+        .iter()
+        .filter_map(|h| h.header.as_ref().map(|h| h.key.as_str()))
+        .collect();
+    for name in ["retry-after", "x-ratelimit-remaining", "content-type"] {
+        assert!(keys.contains(&name), "{name} in {keys:?}");
+    }
+    let body: serde_json::Value = serde_json::from_str(&denied.body).expect("JSON");
+    assert_eq!(body["error"], "rate_limited");
+    assert_eq!(body["route"], "users");
+}
