@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use super::raw::*;
 use super::snapshot::*;
-use super::units::{parse_duration, parse_rate, parse_size, MAX_DURATION};
+use super::units::{parse_duration, parse_rate, parse_size};
 use crate::keys::{KeyPart, TrustedProxies};
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
 use crate::metrics::Metrics;
@@ -165,6 +165,9 @@ fn timeout_or(e: &mut Errors, path: &str, text: Option<&str>, default: Duration)
 /// The most counters the memory store may be asked to hold; far above what fits in memory
 /// anyway, it only keeps the arithmetic on it sane.
 const MAX_KEYS_LIMIT: u64 = 1_000_000_000;
+
+/// The longest a token bucket may take to refill from empty (`burst / rate`): 100 years.
+const MAX_REFILL_S: f64 = 100.0 * 365.0 * 86_400.0;
 
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -554,16 +557,16 @@ fn policy(
     let rule = match (&raw.token_bucket, &raw.sliding_window) {
         (Some(tb), None) => {
             let rate = e.take(format!("{path}.token_bucket.rate"), parse_rate(&tb.rate));
-            // The bucket refills from empty in burst / rate: bounded like a window, so that
-            // `Reset` and `Retry-After` stay within a year.
+            // The bucket refills from empty in burst / rate, which bounds `Reset` and
+            // `Retry-After`: a century keeps them far from overflowing microseconds, and still
+            // allows the "never refills during a test" buckets (`1/d`, burst 1000).
             let refill_s = rate.map_or(0.0, |r| tb.burst as f64 / r);
-            if refill_s > MAX_DURATION.as_secs_f64() * (1.0 + 1e-12) {
+            if refill_s > MAX_REFILL_S * (1.0 + 1e-12) {
                 e.add(
                     format!("{path}.token_bucket"),
                     format!(
-                        "burst / rate is {:.0} s: the bucket must refill from empty within 365d \
-                         (raise the rate or lower the burst)",
-                        refill_s
+                        "burst / rate is {refill_s:.0} s: the bucket must refill from empty \
+                         within 100 years, 36500d (raise the rate or lower the burst)"
                     ),
                 );
             }

@@ -265,14 +265,16 @@ fn a_rate_so_slow_that_retry_after_overflows_is_rejected() {
 }
 
 #[test]
-fn a_bucket_that_takes_more_than_a_year_to_refill_is_rejected() {
-    let e = policy_errors("        token_bucket: { rate: 1/d, burst: 366 }\n");
+fn a_bucket_that_takes_more_than_a_century_to_refill_is_rejected() {
+    // One a year (the slowest rate) with a burst of 101: 101 years from empty.
+    let e = policy_errors("        token_bucket: { rate: 0.00274/d, burst: 101 }\n");
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(
-        e[0].starts_with("p.yaml:10:23: routes[0].policies[0].token_bucket: burst / rate is 31622400 s: the bucket must refill from empty within 365d"),
+        e[0].starts_with("p.yaml:10:23: routes[0].policies[0].token_bucket: burst / rate is 3184817518 s: the bucket must refill from empty within 100 years"),
         "{e:?}"
     );
-    policy_ok("        token_bucket: { rate: 1/d, burst: 365 }\n");
+    policy_ok("        token_bucket: { rate: 1/d, burst: 36500 }\n");
+    policy_ok("        token_bucket: { rate: 1/d, burst: 1000 }\n");
 }
 
 #[test]
