@@ -338,8 +338,7 @@ impl MemoryStore {
                 if debt > 0.0 {
                     entry.charge(debt, now);
                 }
-                // A fresh counter is idle now: a lower bound, corrected when it is reached.
-                idle_queue.push(Reverse((entry.idle_at().max(now), hash)));
+                idle_queue.push(Reverse((first_idle_at(&entry, check, now), hash)));
                 return Some(table.insert_unique(hash, entry, |e| e.hash).into_mut());
             }
         };
@@ -359,6 +358,21 @@ impl MemoryStore {
             }
         }
         Some(entry)
+    }
+}
+
+/// When a counter created for `check` becomes idle once the check commits: its queue time. A new
+/// counter nearly always commits its first check, and queueing it at that time rather than `now`
+/// spares the queue a correction per key when a full store is flooded. If it does not commit, the
+/// counter is found later than it could be (by the sweeper at the latest): never too early.
+fn first_idle_at(entry: &Entry, check: &Check<'_>, now: u64) -> u64 {
+    let idle_at = entry.idle_at().max(now);
+    match check.rule {
+        _ if check.cost == 0 => idle_at,
+        Rule::TokenBucket(tb) => {
+            idle_at.saturating_add((check.cost as f64 * 1e6 / tb.rate).floor() as u64)
+        }
+        Rule::SlidingWindow(sw) => idle_at.max(now.saturating_add(sw.window_us)),
     }
 }
 
