@@ -40,6 +40,10 @@ pub struct RawAdmin {
 pub struct RawClientIp {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// The network length that names an IPv4 client's counter (default 32).
+    pub ipv4_prefix: Option<u32>,
+    /// The network length that names an IPv6 client's counter (default 64).
+    pub ipv6_prefix: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -63,6 +67,12 @@ pub struct RawServer {
     pub max_body_size: Option<String>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
+    /// Decode unreserved escapes and remove dot segments (default true).
+    pub normalize_path: Option<bool>,
+    /// Merge repeated slashes (default true).
+    pub merge_slashes: Option<bool>,
+    /// `reject` (default) or `keep` `%2F` and `%5C`.
+    pub escaped_slashes: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
