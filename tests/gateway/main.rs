@@ -8,6 +8,7 @@ mod support;
 
 mod admin;
 mod concurrency;
+mod flood;
 mod keys;
 mod lifecycle;
 mod limits;
