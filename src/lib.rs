@@ -18,7 +18,8 @@
 //!   [`limiter::Limiter::decide`] is the single entry point of every door;
 //! - [`respond`]: every response the gateway writes itself;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
-//! - [`server`]: listeners, hot reload and graceful shutdown.
+//! - [`listener`]: the public listener and the bounds on each connection;
+//! - [`server`]: start-up, hot reload and graceful shutdown.
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +28,8 @@ pub mod config;
 pub mod gateway;
 pub mod keys;
 pub mod limiter;
+pub mod listener;
+pub mod log_throttle;
 pub mod metrics;
 pub mod proxy;
 pub mod respond;
