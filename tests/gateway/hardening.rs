@@ -472,3 +472,40 @@ async fn an_h2_client_cancelling_accepted_streams_rapidly_gets_goaway() {
     let reply = Client::http2().get(&gw.url("/")).await;
     assert_eq!(reply.status, 200);
 }
+
+#[tokio::test]
+async fn an_h2_header_list_over_max_header_size_is_refused() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&forward_all("  max_header_size: 8KiB", ""), upstream.addr)
+        .await;
+    let (send, _connection) = h2_connect(gw.public).await;
+    let mut send = tokio::time::timeout(LIVENESS, send.ready())
+        .await
+        .unwrap()
+        .unwrap();
+    let request = http::Request::get("http://x/")
+        .header("x-big", "a".repeat(9 * 1024))
+        .body(())
+        .unwrap();
+    let (response, _) = send.send_request(request, true).unwrap();
+    match tokio::time::timeout(LIVENESS, response).await.unwrap() {
+        Ok(response) => assert_eq!(response.status(), 431),
+        Err(e) => assert_eq!(e.reason(), Some(h2::Reason::REFUSED_STREAM), "{e}"),
+    }
+    // A header list within the bound is served on the same connection.
+    let request = http::Request::get("http://x/")
+        .header("x-big", "a".repeat(6 * 1024))
+        .body(())
+        .unwrap();
+    let mut send = tokio::time::timeout(LIVENESS, send.ready())
+        .await
+        .unwrap()
+        .unwrap();
+    let (response, _) = send.send_request(request, true).unwrap();
+    let response = tokio::time::timeout(LIVENESS, response)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.requests(), 1);
+}
