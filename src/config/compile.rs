@@ -14,9 +14,10 @@ use ipnet::IpNet;
 use super::raw::*;
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
-use crate::keys::{KeyPart, TrustedProxies};
+use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
 use crate::metrics::Metrics;
+use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
 
 /// A problem at a field path such as `routes[1].policies[0].token_bucket.rate`.
@@ -74,6 +75,7 @@ pub fn compile(
         nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), net));
     }
 
+    let client_prefix = client_prefix(e, &raw.client_ip);
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
 
@@ -111,9 +113,11 @@ pub fn compile(
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok(Snapshot {
             source: source.to_path_buf(),
+            source_info: super::SourceInfo::default(),
             listen,
             admin_listen,
             trusted_proxies: TrustedProxies::new(nets),
+            client_prefix,
             store,
             failure_mode,
             server,
@@ -252,8 +256,43 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
     (settings, mode)
 }
 
+fn client_prefix(e: &mut Errors, raw: &RawClientIp) -> ClientPrefix {
+    let mut prefix = ClientPrefix::default();
+    let mut read = |field: &str, value: Option<u32>, max: u8, out: &mut u8| match value {
+        Some(v @ 1..=128) if v <= u32::from(max) => *out = v as u8,
+        Some(v) => e.add(
+            format!("client_ip.{field}"),
+            format!("{v} is not a prefix length; expected 1-{max}"),
+        ),
+        None => {}
+    };
+    read("ipv4_prefix", raw.ipv4_prefix, 32, &mut prefix.ipv4);
+    read("ipv6_prefix", raw.ipv6_prefix, 128, &mut prefix.ipv6);
+    prefix
+}
+
+fn path_options(e: &mut Errors, raw: &RawServer) -> PathOptions {
+    let defaults = PathOptions::default();
+    PathOptions {
+        normalize_path: raw.normalize_path.unwrap_or(defaults.normalize_path),
+        merge_slashes: raw.merge_slashes.unwrap_or(defaults.merge_slashes),
+        escaped_slashes: match raw.escaped_slashes.as_deref() {
+            None | Some("reject") => EscapedSlashes::Reject,
+            Some("keep") => EscapedSlashes::Keep,
+            Some(other) => {
+                e.add(
+                    "server.escaped_slashes",
+                    format!("`{other}` is not an action; expected `reject` or `keep`"),
+                );
+                defaults.escaped_slashes
+            }
+        },
+    }
+}
+
 fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
     ServerSettings {
+        paths: path_options(e, raw),
         max_body_size: raw
             .max_body_size
             .as_deref()

@@ -30,6 +30,10 @@ pub struct RawConfig {
 pub struct RawClientIp {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// The network length that names an IPv4 client's counter (default 32).
+    pub ipv4_prefix: Option<u32>,
+    /// The network length that names an IPv6 client's counter (default 64).
+    pub ipv6_prefix: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -61,6 +65,12 @@ pub struct RawServer {
     pub max_header_size: Option<String>,
     /// `Upgrade` protocols forwarded to upstreams; any other is stripped.
     pub allowed_upgrades: Option<Vec<String>>,
+    /// Decode unreserved escapes and remove dot segments (default true).
+    pub normalize_path: Option<bool>,
+    /// Merge repeated slashes (default true).
+    pub merge_slashes: Option<bool>,
+    /// `reject` (default) or `keep` `%2F` and `%5C`.
+    pub escaped_slashes: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

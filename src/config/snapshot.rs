@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, StatusCode};
 
-use crate::keys::{self, KeyPart, RequestView, TrustedProxies};
+use crate::keys::{self, ClientPrefix, KeyError, KeyPart, RequestView, TrustedProxies};
 use crate::limiter::Rule;
 use crate::metrics::{PolicyMetrics, RouteMetrics};
 use crate::route::RouteMatch;
@@ -57,6 +57,8 @@ pub struct ServerSettings {
     /// Lower-case `Upgrade` protocol names forwarded upstream (RFC 9110 §7.8); others are
     /// stripped, so no tunnel opens past the limiter.
     pub allowed_upgrades: Vec<String>,
+    /// Path normalisation before routing (`docs/normalization.md`).
+    pub paths: crate::normalize::PathOptions,
 }
 
 #[derive(Debug)]
@@ -129,11 +131,11 @@ impl Policy {
     }
 
     /// This request's counter key, or `None` when a key part is absent (the policy does not
-    /// apply, as in Envoy).
-    pub fn counter_key(&self, req: &RequestView<'_>) -> Option<String> {
+    /// apply, as in Envoy). `Err` when the request repeats a key header or query parameter.
+    pub fn counter_key(&self, req: &RequestView<'_>) -> Result<Option<String>, KeyError> {
         let mut key = String::with_capacity(self.key_prefix.len() + 48);
         key.push_str(&self.key_prefix);
-        keys::write_key(&self.key, req, &mut key).then_some(key)
+        Ok(keys::write_key(&self.key, req, &mut key)?.then_some(key))
     }
 }
 
@@ -152,9 +154,13 @@ pub struct Route {
 pub struct Snapshot {
     /// The file it was loaded from, for reloads and messages.
     pub source: PathBuf,
+    /// Its content's hash, load time and section digests (`/config`, reload logs).
+    pub source_info: super::SourceInfo,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub trusted_proxies: TrustedProxies,
+    /// How much of the client's address a `client_ip` key part uses.
+    pub client_prefix: ClientPrefix,
     pub store: StoreSettings,
     /// The store-wide default; routes may override it.
     pub failure_mode: FailureMode,

@@ -12,6 +12,7 @@ mod hardening;
 mod keys;
 mod lifecycle;
 mod limits;
+mod normalization;
 mod pool;
 mod proxy;
 mod routing;
