@@ -11,6 +11,9 @@ use serde::Deserialize;
 pub struct RawConfig {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    /// What the admin endpoints may show (`admin_listen` stays at the top level).
+    #[serde(default)]
+    pub admin: RawAdmin,
     #[serde(default)]
     pub client_ip: RawClientIp,
     #[serde(default)]
@@ -23,6 +26,13 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     /// The Envoy rate limit service (`crate::rls`).
     pub rls: Option<crate::rls::RawRls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// `/debug/top-limited` shows raw key values (API keys, user ids) instead of digests.
+    pub show_key_values: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -149,6 +149,15 @@ pub struct Route {
     pub metrics: RouteMetrics,
 }
 
+/// What the admin listener may reveal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdminSettings {
+    /// `/debug/top-limited` lists raw key values; by default only a short digest of each, since
+    /// keys can be secrets (API keys) and the admin port may be reachable by more people than
+    /// should read them.
+    pub show_key_values: bool,
+}
+
 /// Everything the gateway needs to serve, validated.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -158,6 +167,7 @@ pub struct Snapshot {
     pub source_info: super::SourceInfo,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    pub admin: AdminSettings,
     pub trusted_proxies: TrustedProxies,
     /// How much of the client's address a `client_ip` key part uses.
     pub client_prefix: ClientPrefix,
