@@ -9,6 +9,7 @@ mod support;
 mod admin;
 mod concurrency;
 mod flood;
+mod hardening;
 mod keys;
 mod lifecycle;
 mod limits;
