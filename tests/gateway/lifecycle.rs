@@ -423,11 +423,18 @@ async fn a_reload_names_each_changed_setting_that_needs_a_restart_and_counts_eve
     let routes = "routes:\n  - name: api\n    respond: { body: ok }\n";
     let gw = TestGateway::start(routes).await;
     let changed = format!(
-        "server:\n  header_read_timeout: 7s\n  max_body_size: 1KiB\nstore:\n  type: memory\n  max_keys: 999\n{routes}"
+        "server:\n  header_read_timeout: 7s\n  max_body_size: 1KiB\n  max_connections: 77\nstore:\n  type: memory\n  max_keys: 999\n{routes}"
     );
     let pending = gw.reload_with(&changed).await.expect("reload");
     // max_body_size is read per request: it needs no restart.
-    assert_eq!(pending, ["store", "server.header_read_timeout"]);
+    assert_eq!(
+        pending,
+        [
+            "store",
+            "server.header_read_timeout",
+            "server.max_connections"
+        ]
+    );
     let same = gw.reload_with(&changed).await.expect("reload");
     assert!(same.is_empty(), "{same:?}");
     gw.reload_with("routes: [")
