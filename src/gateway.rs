@@ -117,7 +117,7 @@ async fn serve_route<'l>(
             let Some(client) = &resources.client else {
                 return Err(Refusal::UpstreamUnreachable(&route.name));
             };
-            proxy::forward(upstream, client, req, client_side, max_body)
+            proxy::forward(upstream, client, req, client_side, &live.config.server)
                 .await
                 .map_err(|e| upstream_failed(route, resources, e, max_body))?
         }
@@ -148,6 +148,8 @@ fn upstream_failed<'l>(
             Refusal::UpstreamUnreachable(&route.name)
         }
         ForwardError::BodyTooLarge => Refusal::BodyTooLarge(max_body),
+        ForwardError::BodyReadTimeout => Refusal::BodyReadTimeout,
+        ForwardError::PoolTimeout => Refusal::UpstreamBusy(&route.name),
     }
 }
 

@@ -28,7 +28,8 @@
 //!   the failure mode, counts decisions and picks the governing outcome;
 //! - [`respond`]: every response the gateway writes itself, refusals included;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
-//! - [`server`]: listeners, the one reload path and graceful shutdown; [`watch`] applies edits of
+//! - [`listener`]: the public listener and the bounds on each connection;
+//! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell.
 
@@ -41,6 +42,8 @@ pub mod forward_auth;
 pub mod gateway;
 pub mod keys;
 pub mod limiter;
+pub mod listener;
+pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
 pub mod probe;

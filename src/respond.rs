@@ -103,6 +103,8 @@ pub enum Refusal<'a> {
     NoRoute,
     /// 413: the declared or streamed body is over `server.max_body_size`.
     BodyTooLarge(u64),
+    /// 408: the client stopped sending its body (`server.body_read_timeout`).
+    BodyReadTimeout,
     /// 429: the governing policy's outcome.
     RateLimited {
         route: &'a str,
@@ -117,6 +119,8 @@ pub enum Refusal<'a> {
     UpstreamTimeout(&'a str),
     /// 500: a check-only route (no upstream, no respond) reached the inline gateway.
     CheckOnly(&'a str),
+    /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
+    UpstreamBusy(&'a str),
 }
 
 /// The one place a refusal becomes a response.
@@ -125,6 +129,7 @@ pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
         Refusal::BadRequest(message) => bad_request(message),
         Refusal::NoRoute => not_found(),
         Refusal::BodyTooLarge(limit) => payload_too_large(*limit),
+        Refusal::BodyReadTimeout => request_timeout(),
         Refusal::RateLimited {
             route,
             policy,
@@ -141,6 +146,7 @@ pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
                 "message": "this route has no upstream and no respond: only forward_auth decides it",
             }),
         ),
+        Refusal::UpstreamBusy(route) => upstream_busy(route),
     }
 }
 
@@ -202,6 +208,24 @@ pub fn payload_too_large(limit: u64) -> Response<ResponseBody> {
     json(
         StatusCode::PAYLOAD_TOO_LARGE,
         serde_json::json!({"error": "body_too_large", "max_body_bytes": limit}),
+    )
+}
+
+/// 408: the client stopped sending its request body (`server.body_read_timeout`). hyper closes an
+/// HTTP/1.1 connection whose request body was left unread, as RFC 9110 §15.5.9 expects.
+pub fn request_timeout() -> Response<ResponseBody> {
+    json(
+        StatusCode::REQUEST_TIMEOUT,
+        serde_json::json!({"error": "body_read_timeout"}),
+    )
+}
+
+/// 503: every connection the upstream may have (`max_connections`) stayed busy for its
+/// `pool_timeout`.
+pub fn upstream_busy(route: &str) -> Response<ResponseBody> {
+    json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        serde_json::json!({"error": "upstream_busy", "route": route}),
     )
 }
 

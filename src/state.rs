@@ -72,7 +72,12 @@ impl Live {
                         clients
                             .entry(up.name.as_str())
                             .or_insert_with(|| {
-                                crate::proxy::client(&up.authority, up.connect_timeout)
+                                let limits = crate::proxy::pool::Limits {
+                                    connect_timeout: up.connect_timeout,
+                                    max_connections: up.max_connections,
+                                    pool_timeout: up.pool_timeout,
+                                };
+                                crate::proxy::client(&up.authority, limits)
                             })
                             .clone(),
                     ),

@@ -74,13 +74,17 @@ struct Item<'a> {
 pub struct Checks<'a> {
     items: Vec<Item<'a>>,
     distinct: usize,
+    /// Room to reserve at the first push: a request none of whose checks apply allocates nothing.
+    capacity: usize,
 }
 
 impl<'a> Checks<'a> {
+    /// Room for `n` checks, reserved only once the first one is pushed.
     pub fn with_capacity(n: usize) -> Self {
         Checks {
-            items: Vec::with_capacity(n),
+            items: Vec::new(),
             distinct: 0,
+            capacity: n,
         }
     }
 
@@ -94,6 +98,9 @@ impl<'a> Checks<'a> {
         tally: Tally<'a>,
     ) -> usize {
         let key = key.into();
+        if self.items.capacity() == 0 {
+            self.items.reserve_exact(self.capacity.max(1));
+        }
         let index = self.items.len();
         let earlier = self
             .items

@@ -117,6 +117,23 @@ impl Decision {
             outcomes,
         }
     }
+
+    /// The decision over `checks` (one outcome each, in order): shadow checks never reject.
+    pub fn from_checks(checks: &[Check<'_>], outcomes: Vec<Outcome>) -> Self {
+        Decision {
+            allowed: checks
+                .iter()
+                .zip(&outcomes)
+                .all(|(c, o)| c.shadow || o.allowed),
+            outcomes,
+        }
+    }
+
+    /// Whether a store commits check `i`: the decision admitted the request and the check itself
+    /// allowed it (a shadow check over its limit consumes nothing, as if it were enforced).
+    pub fn commits(&self, i: usize) -> bool {
+        self.allowed && self.outcomes.get(i).is_some_and(|o| o.allowed)
+    }
 }
 
 /// Why a store could not decide. The engine turns it into an answer by the caller's [`FailureMode`].

@@ -8,6 +8,8 @@ mod support;
 
 mod admin;
 mod concurrency;
+mod flood;
+mod hardening;
 mod keys;
 mod lifecycle;
 mod limits;
