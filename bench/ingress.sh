@@ -54,14 +54,16 @@ wait_port() {
     done
     echo "nothing listening on $1" >&2; exit 1
 }
-nginx_start() { # name template KEY=VALUE...
+# nginx_start NAME TEMPLATE KEY=VALUE...: starts NGINX, its port in $STARTED (not a subshell, so
+# its PID stays in PIDS for the cleanup).
+nginx_start() {
     local dir="$WORK/$1" port; port=$(free_port)
     mkdir -p "$dir/tmp"
     render "$2" "$dir/nginx.conf" DIR="$dir" PORT="$port" "${@:3}"
     "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" -g 'daemon off; master_process off;' &
     PIDS+=($!)
     wait_port "$port"
-    echo "$port"
+    STARTED=$port
 }
 # run URL [wrk -H args...]: prints "REQS P99_MS"
 run() {
@@ -75,14 +77,14 @@ run() {
     echo "$reqs $p99"
 }
 
-upstream=$(nginx_start upstream "$BENCH_DIR/nginx-upstream.conf.tmpl")
+nginx_start upstream "$BENCH_DIR/nginx-upstream.conf.tmpl"; upstream=$STARTED
 port=$(free_port); admin=$(free_port); check=$(free_port)
 render "$BENCH_DIR/turnstile-check.yaml.tmpl" "$WORK/policies.yaml" PORT="$port" ADMIN_PORT="$admin" CHECK_PORT="$check"
 TURNSTILE_WORKERS=1 TURNSTILE_LOG=warn "$TURNSTILE_BIN" run --config "$WORK/policies.yaml" >"$WORK/turnstile.log" 2>&1 &
 PIDS+=($!)
 wait_port "$port"; wait_port "$check"
-plain=$(nginx_start plain "$BENCH_DIR/nginx-proxy.conf.tmpl" UPSTREAM_PORT="$upstream" WORKERS=1)
-auth=$(nginx_start auth "$BENCH_DIR/nginx-auth.conf.tmpl" UPSTREAM_PORT="$upstream" CHECK_PORT="$check" WORKERS=1)
+nginx_start plain "$BENCH_DIR/nginx-proxy.conf.tmpl" UPSTREAM_PORT="$upstream" WORKERS=1; plain=$STARTED
+nginx_start auth "$BENCH_DIR/nginx-auth.conf.tmpl" UPSTREAM_PORT="$upstream" CHECK_PORT="$check" WORKERS=1; auth=$STARTED
 
 read -r plain_rps plain_p99 <<<"$(run "http://127.0.0.1:$plain/api/x")"
 read -r auth_rps auth_p99 <<<"$(run "http://127.0.0.1:$auth/api/x")"
