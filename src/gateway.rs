@@ -111,13 +111,22 @@ impl Gateway {
             client_ip,
         };
 
+        // An exempt request skips every policy and consumes nothing (`exempt:`).
+        let exempt = !route.exempt.is_empty() && route.exempt.matches(client_ip, req.headers());
+        if exempt {
+            route.metrics.record_exempt();
+        }
         // The policies that apply (all key parts present), with their counter keys.
-        let keyed: Vec<(usize, String)> = route
-            .policies
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| p.counter_key(&view).map(|k| (i, k)))
-            .collect();
+        let keyed: Vec<(usize, String)> = if exempt {
+            Vec::new()
+        } else {
+            route
+                .policies
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| p.counter_key(&view).map(|k| (i, k)))
+                .collect()
+        };
         let governing = if keyed.is_empty() {
             None
         } else {

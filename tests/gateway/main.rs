@@ -8,6 +8,7 @@ mod support;
 
 mod admin;
 mod concurrency;
+mod exempt;
 mod keys;
 mod lifecycle;
 mod limits;
