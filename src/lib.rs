@@ -25,6 +25,7 @@
 pub mod admin;
 pub mod config;
 pub mod gateway;
+pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;

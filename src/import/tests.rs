@@ -1,0 +1,89 @@
+use super::annotations::{go_duration, nginx_key, nginx_size, turnstile_size};
+use super::emit::scalar;
+use super::translate::fit;
+
+#[test]
+fn scalars_read_back_as_the_same_string() {
+    for text in [
+        "shop_web_80",
+        "/api/{*rest}",
+        "http://web.shop.svc.cluster.local:80",
+        "10/s",
+        "1m",
+        "8MiB",
+        "true",
+        "null",
+        "1e5",
+        "0x1f",
+        "",
+        "a: b",
+        "#x",
+        "- y",
+        "10.0.0.0/8",
+        "::1/128",
+        "host:",
+        "quote\"and\\back",
+        "line\nbreak",
+        "*.example.com",
+        "é",
+    ] {
+        let yaml = format!("v: {}\n", scalar(text));
+        let back: std::collections::BTreeMap<String, String> =
+            serde_norway::from_str(&yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        assert_eq!(back["v"], text, "{yaml}");
+    }
+}
+
+#[test]
+fn nginx_key_variables_become_key_parts() {
+    assert_eq!(nginx_key("$remote_addr").unwrap(), ["client_ip"]);
+    assert_eq!(
+        nginx_key("${http_x_api_KEY}-$arg_tenant$remote_addr").unwrap(),
+        ["header:x-api-key", "query:tenant", "client_ip"]
+    );
+    assert_eq!(
+        nginx_key("$host$request_method").unwrap(),
+        ["host", "method"]
+    );
+    assert!(nginx_key("$cookie_session")
+        .unwrap_err()
+        .contains("$cookie_session"));
+    assert!(nginx_key("constant").is_err());
+    assert!(nginx_key("${remote_addr").is_err());
+}
+
+#[test]
+fn go_durations_become_turnstile_durations_in_their_largest_unit() {
+    assert_eq!(go_duration("1m").as_deref(), Some("1m"));
+    assert_eq!(go_duration("90s").as_deref(), Some("90s"));
+    assert_eq!(go_duration("1h30m").as_deref(), Some("90m"));
+    assert_eq!(go_duration("1.5h").as_deref(), Some("90m"));
+    assert_eq!(go_duration("24h").as_deref(), Some("1d"));
+    assert_eq!(go_duration("1500ms").as_deref(), Some("1500ms"));
+    assert_eq!(go_duration("2s").as_deref(), Some("2s"));
+    for bad in ["", "10", "1w", "0s", "1500us", "m"] {
+        assert_eq!(go_duration(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn nginx_sizes_become_turnstile_sizes() {
+    assert_eq!(nginx_size("8m"), Some(8 << 20));
+    assert_eq!(nginx_size("512K"), Some(512 << 10));
+    assert_eq!(nginx_size("1g"), Some(1 << 30));
+    assert_eq!(nginx_size("1000"), Some(1000));
+    assert_eq!(nginx_size("8mb"), None);
+    assert_eq!(turnstile_size(8 << 20), "8MiB");
+    assert_eq!(turnstile_size(1536 << 10), "1536KiB");
+    assert_eq!(turnstile_size(1000), "1000B");
+}
+
+#[test]
+fn names_fit_turnstile_rules_and_stay_unique_when_cut() {
+    assert_eq!(fit("shop_storefront_0"), "shop_storefront_0");
+    assert_eq!(fit("api.example.com_404"), "api-example-com_404");
+    let long_a = fit(&format!("{}_a", "n".repeat(80)));
+    let long_b = fit(&format!("{}_b", "n".repeat(80)));
+    assert_eq!(long_a.len(), 64);
+    assert_ne!(long_a, long_b);
+}

@@ -1,0 +1,450 @@
+//! Ingress rules to Turnstile routes and upstreams.
+//!
+//! Turnstile tries routes in order and the first match wins; nginx picks an exact location first,
+//! then the longest prefix, within the server of the request's host. So routes are sorted: hosts
+//! (alphabetically) before the rules without a host, and within one host, exact paths first, then
+//! prefixes longest first. When rules without a host exist, each host that has no catch-all gets a
+//! 404 route after its own, as ingress-nginx answers for a host it serves: without it the host's
+//! unknown paths would fall through to the routes without a host.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sha2::{Digest, Sha256};
+
+use super::annotations::{self, turnstile_size, PolicyOut};
+use super::manifest::{Backend, Ingress, Manifests};
+use super::Note;
+
+/// The config document to write.
+#[derive(Debug, Default)]
+pub struct Document {
+    pub ingresses: usize,
+    /// `server.max_body_size` and where it came from.
+    pub max_body_size: Option<(String, String)>,
+    pub upstreams: BTreeMap<String, UpstreamOut>,
+    pub routes: Vec<RouteOut>,
+    pub notes: Vec<Note>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamOut {
+    pub url: String,
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteOut {
+    pub name: String,
+    pub comments: Vec<String>,
+    pub host: Option<String>,
+    pub path: PathOut,
+    /// The upstream's name, or `None` for a 404 answer.
+    pub upstream: Option<String>,
+    pub exempt: Vec<String>,
+    pub policies: Vec<PolicyOut>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PathOut {
+    /// `match.path`: a pattern (exact literal segments, `{*rest}` for element-wise prefixes).
+    Pattern(String),
+    /// `match.prefix`: a string prefix.
+    Prefix(String),
+}
+
+/// A route before ordering.
+struct Candidate {
+    route: RouteOut,
+    exact: bool,
+    /// The path as written, whose length orders prefixes.
+    written: String,
+    default_backend: bool,
+}
+
+pub fn translate(manifests: &Manifests) -> Document {
+    let mut doc = Document::default();
+    let mut notes = Vec::new();
+    let mut by_id: BTreeMap<(String, String), &Ingress> = BTreeMap::new();
+    for (ingress, at) in &manifests.ingresses {
+        let id = (
+            ingress.metadata.namespace().to_string(),
+            ingress.metadata.name.clone(),
+        );
+        if by_id.insert(id.clone(), ingress).is_some() {
+            notes.push(note(
+                &format!("{}/{}", id.0, id.1),
+                format!(
+                    "defined again in {at}; the later definition is used, as kubectl apply would"
+                ),
+            ));
+        }
+    }
+    doc.ingresses = by_id.len();
+    let (old, other): (Vec<_>, Vec<_>) = manifests
+        .ignored
+        .iter()
+        .partition(|(kind, _)| kind.ends_with(" Ingress"));
+    for (kind, n) in old {
+        notes.push(note("input", format!("{n} {kind}: not read; only networking.k8s.io/v1 Ingresses are (Kubernetes 1.22 removed the older APIs)")));
+    }
+    if !other.is_empty() {
+        let list: Vec<String> = other.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        notes.push(note(
+            "input",
+            format!("other kinds ignored: {}", list.join(", ")),
+        ));
+    }
+
+    let mut candidates = Vec::new();
+    let mut sizes = Vec::new();
+    let mut without_size = Vec::new();
+    for ((ns, name), ingress) in &by_id {
+        let subject = format!("{ns}/{name}");
+        let plan = annotations::plan(ingress, &subject);
+        notes.extend(plan.notes.iter().cloned());
+        if plan.canary {
+            continue;
+        }
+        if !ingress.spec.tls.is_empty() {
+            notes.push(note(&subject, "spec.tls: Turnstile does not terminate TLS; terminate it in front and list that proxy under client_ip.trusted_proxies".to_string()));
+        }
+        match &plan.body_size {
+            Some((bytes, text)) => sizes.push((subject.clone(), *bytes, text.clone())),
+            None => without_size.push(subject.clone()),
+        }
+        let before = candidates.len();
+        let mut index = 0;
+        for rule in &ingress.spec.rules {
+            let host = rule.host.clone().filter(|h| !h.is_empty());
+            let paths = rule.http.as_ref().map_or(&[][..], |h| &h.paths[..]);
+            let first = index;
+            index += paths.len();
+            if let Some(h) = host.as_deref().filter(|h| h.starts_with('*')) {
+                notes.push(note(&subject, format!("host {h}: Turnstile matches hosts exactly, not wildcards; its paths ({}) are not imported", paths.len())));
+                continue;
+            }
+            if paths.is_empty() {
+                let shown = host.as_deref().unwrap_or("(any host)");
+                notes.push(note(
+                    &subject,
+                    format!("rule for {shown} has no http paths; nothing to route"),
+                ));
+                continue;
+            }
+            for (i, p) in paths.iter().enumerate() {
+                let written = p.path.clone().unwrap_or_else(|| "/".to_string());
+                let kind = p.path_type.as_deref().unwrap_or("ImplementationSpecific");
+                let shown = format!(
+                    "{} {kind} {written}",
+                    host.as_deref().unwrap_or("(any host)")
+                );
+                let (path, why) = match path_match(&written, kind) {
+                    Ok(mapped) => mapped,
+                    Err(why) => {
+                        notes.push(note(&subject, format!("{shown}: {why}; not imported")));
+                        continue;
+                    }
+                };
+                if let Some(why) = why {
+                    notes.push(note(&subject, format!("{shown}: {why}")));
+                }
+                let Some((upstream, target)) =
+                    upstream(&p.backend, ns, manifests, &mut doc, &mut notes, &subject)
+                else {
+                    continue;
+                };
+                candidates.push(Candidate {
+                    route: route(
+                        format!("{ns}_{name}_{}", first + i),
+                        format!("{subject}: {shown} -> {target}"),
+                        host.clone(),
+                        path,
+                        Some(upstream),
+                        &plan,
+                    ),
+                    exact: kind == "Exact",
+                    written,
+                    default_backend: false,
+                });
+            }
+        }
+        if let Some(backend) = &ingress.spec.default_backend {
+            if let Some((upstream, target)) =
+                upstream(backend, ns, manifests, &mut doc, &mut notes, &subject)
+            {
+                candidates.push(Candidate {
+                    route: route(
+                        format!("{ns}_{name}_default"),
+                        format!("{subject}: defaultBackend -> {target}"),
+                        None,
+                        PathOut::Prefix("/".to_string()),
+                        Some(upstream),
+                        &plan,
+                    ),
+                    exact: false,
+                    written: "/".to_string(),
+                    default_backend: true,
+                });
+            }
+        }
+        if candidates.len() - before > 1 && !plan.policies.is_empty() {
+            notes.push(note(&subject, format!("{} routes share one limit in ingress-nginx (one zone per Ingress); in Turnstile each route counts on its own, so a client may use the limit once per route", candidates.len() - before)));
+        }
+    }
+
+    doc.routes = order(candidates, &mut notes);
+    body_size(&mut doc, &sizes, &without_size, &mut notes);
+    unique_names(&mut doc.routes);
+    let mut seen = BTreeSet::new();
+    notes.retain(|n| seen.insert(n.clone()));
+    doc.notes = notes;
+    doc
+}
+
+fn note(subject: &str, text: String) -> Note {
+    Note {
+        subject: subject.to_string(),
+        text,
+    }
+}
+
+fn route(
+    name: String,
+    comment: String,
+    host: Option<String>,
+    path: PathOut,
+    upstream: Option<String>,
+    plan: &annotations::Plan,
+) -> RouteOut {
+    let mut comments = vec![comment];
+    if !plan.unmapped.is_empty() {
+        comments.push(format!(
+            "not mapped (see the report): {}",
+            plan.unmapped.join(", ")
+        ));
+    }
+    RouteOut {
+        name: fit(&name),
+        comments,
+        host,
+        path,
+        upstream,
+        exempt: plan.exempt.clone(),
+        policies: plan.policies.clone(),
+    }
+}
+
+/// A Kubernetes path and pathType as a Turnstile match, with a note when not exact.
+fn path_match(path: &str, kind: &str) -> Result<(PathOut, Option<String>), String> {
+    if !path.starts_with('/') {
+        return Err("the path must start with `/`".to_string());
+    }
+    let braces = path.contains(['{', '}']);
+    match kind {
+        "Exact" if braces => Ok((
+            PathOut::Pattern(path.replace('{', "%7B").replace('}', "%7D")),
+            Some("`{` and `}` are pattern syntax in Turnstile: written percent-encoded (RFC 3986 §2.1), so a client that sends them raw is not matched".to_string()),
+        )),
+        "Exact" => Ok((PathOut::Pattern(path.to_string()), None)),
+        "Prefix" => {
+            let trimmed = path.trim_end_matches('/');
+            if trimmed.is_empty() {
+                Ok((PathOut::Prefix("/".to_string()), None))
+            } else if braces {
+                Ok((
+                    PathOut::Prefix(path.to_string()),
+                    Some("`{` or `}` cannot be in a pattern: mapped to a string prefix, which also matches longer last segments".to_string()),
+                ))
+            } else {
+                Ok((PathOut::Pattern(format!("{trimmed}/{{*rest}}")), None))
+            }
+        }
+        "ImplementationSpecific" => Ok((
+            PathOut::Prefix(path.to_string()),
+            Some("ImplementationSpecific: mapped to a string prefix, as nginx's `location` without regex reads it".to_string()),
+        )),
+        other => Err(format!("pathType `{other}` is not Exact, Prefix or ImplementationSpecific")),
+    }
+}
+
+/// The upstream of a backend (added to `doc`), and how to show it; `None` when it has no Service.
+fn upstream(
+    backend: &Backend,
+    ns: &str,
+    manifests: &Manifests,
+    doc: &mut Document,
+    notes: &mut Vec<Note>,
+    subject: &str,
+) -> Option<(String, String)> {
+    let Some(service) = &backend.service else {
+        notes.push(note(
+            subject,
+            "a resource backend (not a Service) has no Turnstile equivalent; not imported"
+                .to_string(),
+        ));
+        return None;
+    };
+    let svc = &service.name;
+    let port = service.port.as_ref();
+    let (number, label, comment) = match (
+        port.and_then(|p| p.number),
+        port.and_then(|p| p.name.as_ref()),
+    ) {
+        (Some(n), _) => (n, n.to_string(), None),
+        (None, Some(name)) => {
+            let key = (ns.to_string(), svc.clone(), name.clone());
+            match manifests.named_ports.get(&key) {
+                Some(n) => {
+                    notes.push(note(subject, format!("service {svc} port `{name}`: a named port, resolved to {n} from the Service in the input")));
+                    (*n, n.to_string(), None)
+                }
+                None => {
+                    notes.push(note(subject, format!("service {svc} port `{name}`: a named port and no Service in the input names it; port 80 is written, edit the upstream's url")));
+                    (
+                        80,
+                        name.clone(),
+                        Some(format!(
+                            "named port `{name}` not found in the input: port 80 assumed, edit it"
+                        )),
+                    )
+                }
+            }
+        }
+        (None, None) => {
+            notes.push(note(
+                subject,
+                format!("service {svc}: no port; port 80 is written"),
+            ));
+            (
+                80,
+                "80".to_string(),
+                Some("no port in the Ingress: port 80 assumed".to_string()),
+            )
+        }
+    };
+    let name = fit(&format!("{ns}_{svc}_{label}"));
+    doc.upstreams.entry(name.clone()).or_insert(UpstreamOut {
+        url: format!("http://{svc}.{ns}.svc.cluster.local:{number}"),
+        comment,
+    });
+    Some((name, format!("{svc}:{label}")))
+}
+
+/// nginx's precedence as an ordered list, duplicates dropped (the first Ingress keeps a host and
+/// path, as ingress-nginx keeps the oldest), and 404 guards for hosts without a catch-all.
+fn order(mut candidates: Vec<Candidate>, notes: &mut Vec<Note>) -> Vec<RouteOut> {
+    candidates.sort_by(|a, b| {
+        let key = |c: &Candidate| {
+            (
+                c.route.host.is_none(),
+                c.route.host.clone(),
+                c.default_backend,
+                !c.exact,
+                std::cmp::Reverse(c.written.trim_end_matches('/').len()),
+                c.route.path.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut seen: BTreeMap<(Option<String>, PathOut), String> = BTreeMap::new();
+    let mut kept: Vec<RouteOut> = Vec::new();
+    for c in candidates {
+        let key = (c.route.host.clone(), c.route.path.clone());
+        if let Some(first) = seen.get(&key) {
+            let subject = c.route.comments[0].split(':').next().unwrap_or_default();
+            let what = c.route.comments[0].split_once(": ").map_or("", |(_, w)| w);
+            notes.push(note(subject, format!("{what}: the same host and path as route {first}; not imported (the first Ingress in namespace/name order keeps it)")));
+            continue;
+        }
+        seen.insert(key, c.route.name.clone());
+        kept.push(c.route);
+    }
+    if !kept.iter().any(|r| r.host.is_none()) {
+        return kept;
+    }
+    let mut out: Vec<RouteOut> = Vec::with_capacity(kept.len());
+    for (i, r) in kept.iter().enumerate() {
+        out.push(r.clone());
+        let Some(host) = &r.host else { continue };
+        let last_of_host = kept
+            .get(i + 1)
+            .is_none_or(|n| n.host.as_ref() != Some(host));
+        let catch_all = kept
+            .iter()
+            .any(|k| k.host.as_ref() == Some(host) && k.path == PathOut::Prefix("/".into()));
+        if last_of_host && !catch_all {
+            out.push(RouteOut {
+                name: fit(&format!("{host}_404")),
+                comments: vec![format!("{host}, any other path: 404, as ingress-nginx answers for a host it serves (otherwise the routes without a host below would take these requests)")],
+                host: Some(host.clone()),
+                path: PathOut::Prefix("/".to_string()),
+                upstream: None,
+                exempt: Vec::new(),
+                policies: Vec::new(),
+            });
+        }
+    }
+    out
+}
+
+/// `proxy-body-size` is per Ingress in nginx and global in Turnstile: the largest value wins, and
+/// every Ingress whose limit changes is reported.
+fn body_size(
+    doc: &mut Document,
+    sizes: &[(String, u64, String)],
+    without: &[String],
+    notes: &mut Vec<Note>,
+) {
+    let Some(max) = sizes.iter().map(|(_, b, _)| *b).max() else {
+        return;
+    };
+    let size = turnstile_size(max);
+    let from: Vec<String> = sizes
+        .iter()
+        .filter(|(_, b, _)| *b == max)
+        .map(|(s, _, t)| format!("{s} ({t})"))
+        .collect();
+    for (subject, bytes, text) in sizes {
+        if *bytes < max {
+            notes.push(note(subject, format!("{}proxy-body-size={text:?}: Turnstile's body limit is global; server.max_body_size is the largest value, {size}, so these routes accept larger bodies", annotations::PREFIX)));
+        }
+    }
+    if !without.is_empty() {
+        notes.push(note("input", format!("Ingresses without proxy-body-size ({}) had the controller's default (1m unless its ConfigMap sets another); with server.max_body_size {size} they accept larger bodies", without.join(", "))));
+    }
+    doc.max_body_size = Some((size, format!("proxy-body-size of {}", from.join(", "))));
+}
+
+/// A Turnstile name (1-64 letters, digits, `_`, `-`) for `text`: other characters become `-`;
+/// a longer name is cut and ends with a digest of the whole, so it stays unique and stable.
+pub fn fit(text: &str) -> String {
+    let clean: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if (1..=64).contains(&clean.len()) {
+        return clean;
+    }
+    let digest: String = Sha256::digest(text.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}_{digest}", &clean[..47.min(clean.len())])
+}
+
+/// Route names cut or cleaned by [`fit`] could meet; a repeated name gets a digest suffix.
+fn unique_names(routes: &mut [RouteOut]) {
+    let mut taken = BTreeSet::new();
+    for (i, route) in routes.iter_mut().enumerate() {
+        if !taken.insert(route.name.clone()) {
+            route.name = fit(&format!("{}-{i}", route.name));
+            taken.insert(route.name.clone());
+        }
+    }
+}
