@@ -18,7 +18,8 @@
 //!   [`limiter::Limiter::decide`] is the single entry point of every door;
 //! - [`respond`]: every response the gateway writes itself;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
-//! - [`server`]: listeners, hot reload and graceful shutdown.
+//! - [`server`]: listeners, hot reload and graceful shutdown;
+//! - [`import`]: `turnstile import ingress-nginx`, Ingress manifests to a policies file.
 
 #![forbid(unsafe_code)]
 
