@@ -5,6 +5,7 @@
 //!
 //! - [`manifest`] reads the multi-document YAML into Ingresses (and Services, for named ports);
 //! - [`annotations`] turns one Ingress's annotations into policies, exemptions and notes;
+//!   [`nginx`] reads the values written in nginx's own small languages;
 //! - [`translate`] turns rules into routes and upstreams, in nginx's precedence order;
 //! - [`emit`] writes the document as YAML text, deterministically, with comments.
 //!
@@ -13,6 +14,7 @@
 pub mod annotations;
 pub mod emit;
 pub mod manifest;
+pub mod nginx;
 pub mod translate;
 
 use std::fmt;
@@ -50,12 +52,16 @@ pub struct Imported {
 impl Imported {
     /// The report for stderr: a summary line, then one line per note.
     pub fn report(&self) -> String {
+        let n = |count: usize, one: &str, many: &str| match count {
+            1 => format!("1 {one}"),
+            _ => format!("{count} {many}"),
+        };
         let mut out = format!(
-            "turnstile import: {} Ingresses -> {} routes, {} upstreams; {} notes\n",
-            self.ingresses,
-            self.routes,
-            self.upstreams,
-            self.notes.len()
+            "turnstile import: {} -> {}, {}; {}\n",
+            n(self.ingresses, "Ingress", "Ingresses"),
+            n(self.routes, "route", "routes"),
+            n(self.upstreams, "upstream", "upstreams"),
+            n(self.notes.len(), "note", "notes"),
         );
         for note in &self.notes {
             out.push_str(&format!("  {note}\n"));

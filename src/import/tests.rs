@@ -1,5 +1,5 @@
-use super::annotations::{go_duration, nginx_key, nginx_size, turnstile_size};
 use super::emit::scalar;
+use super::nginx::{go_duration, nginx_key, nginx_size, turnstile_size};
 use super::translate::fit;
 
 #[test]

@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest, Sha256};
 
-use super::annotations::{self, turnstile_size, PolicyOut};
+use super::annotations::{self, PolicyOut};
 use super::manifest::{Backend, Ingress, Manifests};
+use super::nginx::turnstile_size;
 use super::Note;
 
 /// The config document to write.
@@ -55,6 +56,9 @@ pub enum PathOut {
 /// A route before ordering.
 struct Candidate {
     route: RouteOut,
+    /// The Ingress (`namespace/name`) and the rule, for notes.
+    subject: String,
+    shown: String,
     exact: bool,
     /// The path as written, whose length orders prefixes.
     written: String,
@@ -162,6 +166,8 @@ pub fn translate(manifests: &Manifests) -> Document {
                         Some(upstream),
                         &plan,
                     ),
+                    subject: subject.clone(),
+                    shown: format!("{shown} -> {target}"),
                     exact: kind == "Exact",
                     written,
                     default_backend: false,
@@ -181,6 +187,8 @@ pub fn translate(manifests: &Manifests) -> Document {
                         Some(upstream),
                         &plan,
                     ),
+                    subject: subject.clone(),
+                    shown: format!("defaultBackend -> {target}"),
                     exact: false,
                     written: "/".to_string(),
                     default_backend: true,
@@ -351,9 +359,7 @@ fn order(mut candidates: Vec<Candidate>, notes: &mut Vec<Note>) -> Vec<RouteOut>
     for c in candidates {
         let key = (c.route.host.clone(), c.route.path.clone());
         if let Some(first) = seen.get(&key) {
-            let subject = c.route.comments[0].split(':').next().unwrap_or_default();
-            let what = c.route.comments[0].split_once(": ").map_or("", |(_, w)| w);
-            notes.push(note(subject, format!("{what}: the same host and path as route {first}; not imported (the first Ingress in namespace/name order keeps it)")));
+            notes.push(note(&c.subject, format!("{}: the same host and path as route {first}; not imported (the first Ingress in namespace/name order keeps it)", c.shown)));
             continue;
         }
         seen.insert(key, c.route.name.clone());
