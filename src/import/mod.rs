@@ -64,7 +64,8 @@ impl Imported {
             n(self.notes.len(), "note", "notes"),
         );
         for note in &self.notes {
-            out.push_str(&format!("  {note}\n"));
+            // One line per note, whatever the manifests' strings hold.
+            out.push_str(&format!("  {}\n", emit::comment(&note.to_string())));
         }
         out
     }

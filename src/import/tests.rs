@@ -87,3 +87,83 @@ fn names_fit_turnstile_rules_and_stay_unique_when_cut() {
     assert_eq!(long_a.len(), 64);
     assert_ne!(long_a, long_b);
 }
+
+fn import(files: &[(&str, &str)]) -> super::Imported {
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+    super::ingress_nginx(&files).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn loads(yaml: &str) -> crate::config::Snapshot {
+    crate::config::parse(
+        yaml,
+        std::path::Path::new("p.yaml"),
+        &crate::metrics::Metrics::new(),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+}
+
+const INGRESS: &str =
+    "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: web\n  namespace: shop\n";
+
+#[test]
+fn manifest_text_cannot_inject_yaml_through_paths_hosts_or_annotations() {
+    let text = format!(
+        "{INGRESS}  annotations:\n    nginx.ingress.kubernetes.io/rewrite-target: \"/x\\nlisten: 0.0.0.0:1\"\nspec:\n  rules:\n    - host: \"a.example.com\\nadmin_listen: 0.0.0.0:2\"\n      http:\n        paths:\n          - path: \"/p\\n  - name: evil\"\n            pathType: Exact\n            backend: {{ service: {{ name: web, port: {{ number: 80 }} }} }}\n"
+    );
+    let imported = import(&[("m.yaml", &text)]);
+    let snapshot = loads(&imported.yaml);
+    assert_eq!(snapshot.routes.len(), 1, "{}", imported.yaml);
+    assert_eq!(
+        snapshot.listen.port(),
+        8080,
+        "the default listener: nothing injected"
+    );
+    assert!(!imported.yaml.contains("\nlisten"), "{}", imported.yaml);
+    assert!(
+        !imported.report().contains("\nlisten"),
+        "{}",
+        imported.report()
+    );
+}
+
+#[test]
+fn an_ingress_defined_twice_keeps_the_later_definition_and_says_so() {
+    let rule = |svc: &str| {
+        format!("spec:\n  rules:\n    - host: a.example.com\n      http:\n        paths:\n          - path: /\n            pathType: Prefix\n            backend: {{ service: {{ name: {svc}, port: {{ number: 80 }} }} }}\n")
+    };
+    let first = format!("{INGRESS}{}", rule("old"));
+    let second = format!("{INGRESS}{}", rule("new"));
+    let imported = import(&[("a.yaml", &first), ("b.yaml", &second)]);
+    assert_eq!(imported.ingresses, 1);
+    assert!(
+        imported
+            .yaml
+            .contains("url: http://new.shop.svc.cluster.local:80"),
+        "{}",
+        imported.yaml
+    );
+    assert!(!imported.yaml.contains("old"), "{}", imported.yaml);
+    assert!(
+        imported.report().contains(
+            "shop/web: defined again in b.yaml: document 1; the later definition is used"
+        ),
+        "{}",
+        imported.report()
+    );
+}
+
+#[test]
+fn the_same_input_gives_the_same_bytes() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/import/11-canary-default-backend.yaml"
+    ))
+    .expect("corpus");
+    let a = import(&[("x.yaml", &text)]);
+    let b = import(&[("x.yaml", &text)]);
+    assert_eq!(a.yaml, b.yaml);
+    assert_eq!(a.report(), b.report());
+}
