@@ -451,3 +451,58 @@ fn stdin_is_read_for_a_dash() {
         "{yaml}"
     );
 }
+
+/// The point of migrating: ingress-nginx's zone lives in each controller pod, so two replicas
+/// admit up to twice the burst; the imported config on a shared Redis store admits it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_redis_admit_the_imported_burst_once_not_once_per_replica() {
+    let redis = support::RedisServer::start();
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "store:\n  type: redis\n  url: {}\n  timeout: 2s\n  failure_mode: closed\n",
+        redis.url()
+    );
+    let yaml = format!("{store}{}", runnable("01-storefront-rps"))
+        .replace("$UPSTREAM", &upstream.addr.to_string());
+    let replicas = [
+        support::GatewayProcess::spawn(&yaml).await,
+        support::GatewayProcess::spawn(&yaml).await,
+    ];
+    let c = Client::new();
+    // Each replica has reached Redis once (a client of its own, so the test's budget is whole).
+    for gw in &replicas {
+        let deadline = Instant::now() + support::LIVENESS;
+        let probe = [
+            ("host", "shop.example.com"),
+            ("x-forwarded-for", "198.51.100.99"),
+        ];
+        while c.get_with(&gw.url("/"), &probe).await.status != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "no decision from Redis: {}",
+                gw.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let headers = [
+        ("host", "shop.example.com"),
+        ("x-forwarded-for", "198.51.100.50"),
+    ];
+    let started = Instant::now();
+    let mut admitted = 0u64;
+    for i in 0..40 {
+        let reply = c.get_with(&replicas[i % 2].url("/"), &headers).await;
+        match reply.status {
+            200 => admitted += 1,
+            429 => {}
+            other => panic!("request {i}: {other} {}", reply.text()),
+        }
+    }
+    let refill = (started.elapsed().as_secs_f64() * 5.0).floor() as u64;
+    assert!(
+        (15..=15 + refill).contains(&admitted),
+        "{admitted} admitted by two replicas; 15 expected (+{refill} refilled)"
+    );
+    eprintln!("two replicas on Redis, limit-rps 5 x 3: {admitted} of 40 admitted");
+}
