@@ -1,10 +1,11 @@
 //! `turnstile import ingress-nginx` (issue 17): the corpus of manifests under `tests/import/`, each
 //! with its golden policies file (`NAME.out.yaml`) and report (`NAME.report.txt`), compared
 //! exactly; every golden passes the real binary's `check` and the library's loader; and the
-//! generated configs, run against an in-test upstream, enforce what the annotations meant.
+//! generated configs, run against an in-test upstream, enforce what the annotations meant: beside
+//! a real nginx with the `limit_req` ingress-nginx writes, and on two replicas sharing a real Redis.
 //!
 //! After a deliberate change of the output, regenerate the goldens with
-//! `UPDATE_GOLDEN=1 cargo test --test import_ingress_nginx` and review the diff.
+//! `UPDATE_GOLDEN=1 cargo test --test import_ingress_nginx every_corpus` and review the diff.
 
 mod support;
 
