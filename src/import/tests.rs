@@ -167,3 +167,33 @@ fn the_same_input_gives_the_same_bytes() {
     assert_eq!(a.yaml, b.yaml);
     assert_eq!(a.report(), b.report());
 }
+
+#[test]
+fn a_small_proxy_body_size_never_lowers_the_default_of_the_other_ingresses() {
+    let ingress = |name: &str, annotation: &str| {
+        format!("apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  annotations: {{ {annotation} }}\nspec:\n  rules:\n    - host: {name}.example.com\n      http:\n        paths:\n          - path: /\n            pathType: Prefix\n            backend: {{ service: {{ name: {name}, port: {{ number: 80 }} }} }}\n")
+    };
+    let small = ingress("small", "nginx.ingress.kubernetes.io/proxy-body-size: 512k");
+    let plain = ingress("plain", "");
+    let imported = import(&[("a.yaml", &small), ("b.yaml", &plain)]);
+    assert_eq!(
+        loads(&imported.yaml).server.max_body_size,
+        1 << 20,
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        imported
+            .yaml
+            .contains("max_body_size: 1MiB  # proxy-body-size of the default 1m"),
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        imported.report().contains("default/small: nginx.ingress.kubernetes.io/proxy-body-size=\"512k\": Turnstile's body limit is global"),
+        "{}",
+        imported.report()
+    );
+    let alone = import(&[("a.yaml", &small)]);
+    assert_eq!(loads(&alone.yaml).server.max_body_size, 512 << 10);
+}

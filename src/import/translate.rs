@@ -401,25 +401,38 @@ fn body_size(
     without: &[String],
     notes: &mut Vec<Note>,
 ) {
-    let Some(max) = sizes.iter().map(|(_, b, _)| *b).max() else {
+    let Some(largest) = sizes.iter().map(|(_, b, _)| *b).max() else {
         return;
     };
+    // Ingresses without the annotation had nginx's default: it must fit under the global limit
+    // too, so that no body nginx accepted is refused.
+    let max = if without.is_empty() {
+        largest
+    } else {
+        largest.max(NGINX_DEFAULT_BODY_SIZE)
+    };
     let size = turnstile_size(max);
-    let from: Vec<String> = sizes
+    let mut from: Vec<String> = sizes
         .iter()
         .filter(|(_, b, _)| *b == max)
         .map(|(s, _, t)| format!("{s} ({t})"))
         .collect();
+    if max > largest {
+        from.push("the default 1m of the Ingresses without it".to_string());
+    }
     for (subject, bytes, text) in sizes {
         if *bytes < max {
-            notes.push(note(subject, format!("{}proxy-body-size={text:?}: Turnstile's body limit is global; server.max_body_size is the largest value, {size}, so these routes accept larger bodies", annotations::PREFIX)));
+            notes.push(note(subject, format!("{}proxy-body-size={text:?}: Turnstile's body limit is global; server.max_body_size is the largest, {size}, so these routes accept larger bodies", annotations::PREFIX)));
         }
     }
-    if !without.is_empty() {
+    if !without.is_empty() && max > NGINX_DEFAULT_BODY_SIZE {
         notes.push(note("input", format!("Ingresses without proxy-body-size ({}) had the controller's default (1m unless its ConfigMap sets another); with server.max_body_size {size} they accept larger bodies", without.join(", "))));
     }
     doc.max_body_size = Some((size, format!("proxy-body-size of {}", from.join(", "))));
 }
+
+/// ingress-nginx's `proxy-body-size` when neither the Ingress nor the ConfigMap sets it.
+const NGINX_DEFAULT_BODY_SIZE: u64 = 1 << 20;
 
 /// A Turnstile name (1-64 letters, digits, `_`, `-`) for `text`: other characters become `-`;
 /// a longer name is cut and ends with a digest of the whole, so it stays unique and stable.
