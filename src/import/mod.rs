@@ -6,7 +6,8 @@
 //! - [`manifest`] reads the multi-document YAML into Ingresses (and Services, for named ports);
 //! - [`annotations`] turns one Ingress's annotations into policies, exemptions and notes;
 //!   [`nginx`] reads the values written in nginx's own small languages;
-//! - [`translate`] turns rules into routes and upstreams, in nginx's precedence order;
+//! - [`translate`] turns rules into routes and upstreams, and [`order`] sorts them in nginx's
+//!   precedence order;
 //! - [`emit`] writes the document as YAML text, deterministically, with comments.
 //!
 //! The mapping and how its semantics compare with nginx's are explained in `docs/migration.md`.
@@ -15,6 +16,7 @@ pub mod annotations;
 pub mod emit;
 pub mod manifest;
 pub mod nginx;
+pub mod order;
 pub mod translate;
 
 use std::fmt;

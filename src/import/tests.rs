@@ -1,6 +1,6 @@
 use super::emit::scalar;
 use super::nginx::{go_duration, nginx_key, nginx_size, turnstile_size};
-use super::translate::fit;
+use super::order::fit;
 
 #[test]
 fn scalars_read_back_as_the_same_string() {
