@@ -12,6 +12,8 @@
 //!
 //! - [`config`]: `policies.yaml` is parsed ([`config::raw`]), validated into an immutable
 //!   [`config::Snapshot`] ([`config::compile`]) and swapped atomically on reload;
+//! - [`normalize`]: every request is rewritten into one canonical spelling (path, host) before
+//!   anything reads it;
 //! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load;
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]) and the stores that keep counters;
@@ -32,6 +34,7 @@ pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+pub mod normalize;
 pub mod probe;
 pub mod proxy;
 pub mod respond;

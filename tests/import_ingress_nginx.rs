@@ -243,11 +243,15 @@ async fn back_to_back(
 /// back where the imported token bucket admits the burst (docs/migration.md).
 #[tokio::test]
 async fn nginx_limit_req_admits_one_more_than_the_imported_bucket_at_once() {
-    let nginx = Nginx::start(
-        "limit_req_zone $binary_remote_addr zone=rps:1m rate=5r/s;\n  limit_req_status 429;",
-        "limit_req zone=rps burst=15 nodelay;",
+    // limit_req runs in the preaccess phase, before try_files hands over to `@ok` (a `return` in
+    // the location itself would answer in the rewrite phase, before any limit).
+    let nginx = Nginx::start_with(
+        "location / { limit_req zone=rps burst=15 nodelay; try_files /none @ok; }\n\
+         location @ok { return 200 \"ok\\n\"; }",
+        "limit_req_zone $binary_remote_addr zone=rps:1m rate=5r/s;\nlimit_req_status 429;",
     );
-    let (admitted, _) = back_to_back(&Client::new(), &nginx.url("/index.html"), &[], 16, 5.0).await;
+    let url = format!("{}/", nginx.base_url());
+    let (admitted, _) = back_to_back(&Client::new(), &url, &[], 16, 5.0).await;
     eprintln!("nginx, rate=5r/s burst=15 nodelay: {admitted} admitted back to back, then 429");
 }
 
@@ -506,4 +510,35 @@ async fn two_replicas_on_redis_admit_the_imported_burst_once_not_once_per_replic
         "{admitted} admitted by two replicas; 15 expected (+{refill} refilled)"
     );
     eprintln!("two replicas on Redis, limit-rps 5 x 3: {admitted} of 40 admitted");
+}
+
+/// Each pathType as imported: Exact is exact, Prefix element-wise (a trailing `/` ignored),
+/// ImplementationSpecific a string prefix, an Exact path with `{}` matched percent-encoded.
+#[tokio::test]
+async fn imported_path_types_match_what_kubernetes_and_nginx_match() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&runnable("09-path-types"), upstream.addr).await;
+    let c = Client::new();
+    let host = "docs.example.com";
+    let cases = [
+        ("/", 200),
+        ("/index.html", 404),
+        ("/guides", 200),
+        ("/guides/", 200),
+        ("/guides/intro", 200),
+        ("/guidesx", 404),
+        ("/reference/%7Bversion%7D", 200),
+        ("/reference/v2", 404),
+        ("/static", 200),
+        ("/static-assets/app.js", 200),
+        ("/old-blog/2019", 200),
+        ("/search", 404),
+    ];
+    for (path, want) in cases {
+        assert_eq!(
+            get(&c, &gw, host, path, "198.51.100.60").await,
+            want,
+            "{path}"
+        );
+    }
 }

@@ -11,6 +11,9 @@ use serde::Deserialize;
 pub struct RawConfig {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    /// What the admin endpoints may show (`admin_listen` stays at the top level).
+    #[serde(default)]
+    pub admin: RawAdmin,
     #[serde(default)]
     pub client_ip: RawClientIp,
     #[serde(default)]
@@ -41,9 +44,20 @@ pub struct RawExempt {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// `/debug/top-limited` shows raw key values (API keys, user ids) instead of digests.
+    pub show_key_values: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawClientIp {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// The network length that names an IPv4 client's counter (default 32).
+    pub ipv4_prefix: Option<u32>,
+    /// The network length that names an IPv6 client's counter (default 64).
+    pub ipv6_prefix: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -67,6 +81,12 @@ pub struct RawServer {
     pub max_body_size: Option<String>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
+    /// Decode unreserved escapes and remove dot segments (default true).
+    pub normalize_path: Option<bool>,
+    /// Merge repeated slashes (default true).
+    pub merge_slashes: Option<bool>,
+    /// `reject` (default) or `keep` `%2F` and `%5C`.
+    pub escaped_slashes: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, StatusCode};
 
-use crate::keys::{self, KeyPart, RequestView, TrustedProxies};
+use crate::keys::{self, ClientPrefix, KeyError, KeyPart, RequestView, TrustedProxies};
 use crate::limiter::Rule;
 use crate::metrics::{PolicyMetrics, RouteMetrics};
 use crate::route::RouteMatch;
@@ -46,6 +46,8 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Path normalisation before routing (`docs/normalization.md`).
+    pub paths: crate::normalize::PathOptions,
 }
 
 #[derive(Debug)]
@@ -114,11 +116,11 @@ impl Policy {
     }
 
     /// This request's counter key, or `None` when a key part is absent (the policy does not
-    /// apply, as in Envoy).
-    pub fn counter_key(&self, req: &RequestView<'_>) -> Option<String> {
+    /// apply, as in Envoy). `Err` when the request repeats a key header or query parameter.
+    pub fn counter_key(&self, req: &RequestView<'_>) -> Result<Option<String>, KeyError> {
         let mut key = String::with_capacity(self.key_prefix.len() + 48);
         key.push_str(&self.key_prefix);
-        keys::write_key(&self.key, req, &mut key).then_some(key)
+        Ok(keys::write_key(&self.key, req, &mut key)?.then_some(key))
     }
 }
 
@@ -157,6 +159,15 @@ impl Exempt {
     }
 }
 
+/// What the admin listener may reveal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdminSettings {
+    /// `/debug/top-limited` lists raw key values; by default only a short digest of each, since
+    /// keys can be secrets (API keys) and the admin port may be reachable by more people than
+    /// should read them.
+    pub show_key_values: bool,
+}
+
 /// Everything the gateway needs to serve, validated.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -166,7 +177,10 @@ pub struct Snapshot {
     pub source_info: super::SourceInfo,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    pub admin: AdminSettings,
     pub trusted_proxies: TrustedProxies,
+    /// How much of the client's address a `client_ip` key part uses.
+    pub client_prefix: ClientPrefix,
     pub store: StoreSettings,
     /// The store-wide default; routes may override it.
     pub failure_mode: FailureMode,

@@ -162,7 +162,7 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
             (_, Some(None)) => note(
                 &mut plan,
                 format!(
-                    "{PREFIX}global-rate-limit-window={:?}: not a whole number of milliseconds (e.g. 1m, 30s, 1h30m); not mapped",
+                    "{PREFIX}global-rate-limit-window={:?}: not a whole number of milliseconds from 1ms to 365d (e.g. 1m, 30s, 1h30m); not mapped",
                     window.unwrap_or_default()
                 ),
             ),

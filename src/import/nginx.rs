@@ -51,7 +51,8 @@ pub fn nginx_key(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// A Go duration (`1m`, `30s`, `1h30m`, `1.5h`, `500ms`) as a Turnstile duration in its largest
-/// whole unit; `None` when not a positive whole number of milliseconds.
+/// whole unit; `None` when not a positive whole number of milliseconds up to Turnstile's longest
+/// duration, 365d.
 pub fn go_duration(text: &str) -> Option<String> {
     let mut rest = text.trim();
     let mut micros: f64 = 0.0;
@@ -81,6 +82,9 @@ pub fn go_duration(text: &str) -> Option<String> {
         return None;
     }
     let ms = ms as u64;
+    if u128::from(ms) > crate::config::units::MAX_DURATION.as_millis() {
+        return None;
+    }
     Some(
         [
             (86_400_000, "d"),

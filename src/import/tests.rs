@@ -61,7 +61,8 @@ fn go_durations_become_turnstile_durations_in_their_largest_unit() {
     assert_eq!(go_duration("24h").as_deref(), Some("1d"));
     assert_eq!(go_duration("1500ms").as_deref(), Some("1500ms"));
     assert_eq!(go_duration("2s").as_deref(), Some("2s"));
-    for bad in ["", "10", "1w", "0s", "1500us", "m"] {
+    assert_eq!(go_duration("8760h").as_deref(), Some("365d"));
+    for bad in ["", "10", "1w", "0s", "1500us", "m", "8761h"] {
         assert_eq!(go_duration(bad), None, "{bad}");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -146,13 +146,6 @@ pub fn set_forwarded(
             }
         }
     }
-}
-
-/// The request's host: the URI authority (HTTP/2, absolute-form) or the `Host` header.
-pub fn request_host<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> Option<&'a str> {
-    uri.authority()
-        .map(|a| a.as_str())
-        .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()))
 }
 
 #[cfg(test)]
