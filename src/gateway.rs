@@ -188,7 +188,7 @@ impl Gateway {
                     peer: peer_ip,
                     peer_trusted: snapshot.trusted_proxies.contains(&peer_ip),
                 };
-                match proxy::forward(upstream, req, client_side, max_body).await {
+                match proxy::forward(upstream, req, client_side, &snapshot.server).await {
                     Ok(r) => r,
                     Err(ForwardError::Timeout) => {
                         route
@@ -201,6 +201,8 @@ impl Gateway {
                         respond::bad_gateway(&route.name)
                     }
                     Err(ForwardError::BodyTooLarge) => respond::payload_too_large(max_body),
+                    Err(ForwardError::BodyReadTimeout) => respond::request_timeout(),
+                    Err(ForwardError::PoolTimeout) => respond::upstream_busy(&route.name),
                 }
             }
         };

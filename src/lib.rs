@@ -20,7 +20,8 @@
 //!   [`limiter::Limiter::decide`] is the single entry point of every door;
 //! - [`respond`]: every response the gateway writes itself;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
-//! - [`server`]: listeners, hot reload and graceful shutdown; [`watch`] applies edits of the
+//! - [`listener`]: the public listener and the bounds on each connection;
+//! - [`server`]: start-up, hot reload and graceful shutdown; [`watch`] applies edits of the
 //!   config file (Kubernetes ConfigMap swaps included) without a signal;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell;
 //! - [`import`]: `turnstile import ingress-nginx`, Ingress manifests to a policies file.
@@ -33,6 +34,8 @@ pub mod gateway;
 pub mod import;
 pub mod keys;
 pub mod limiter;
+pub mod listener;
+pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
 pub mod probe;

@@ -351,7 +351,77 @@ fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
             raw.shutdown_grace.as_deref(),
             Duration::from_secs(30),
         ),
+        body_read_timeout: timeout_or(
+            e,
+            "server.body_read_timeout",
+            raw.body_read_timeout.as_deref(),
+            DEFAULT_BODY_READ_TIMEOUT,
+        ),
+        max_connections: bounded_count(
+            e,
+            "server.max_connections",
+            raw.max_connections,
+            DEFAULT_MAX_CONNECTIONS,
+            1_000_000,
+        ),
+        max_header_size: max_header_size(e, raw.max_header_size.as_deref()),
+        allowed_upgrades: allowed_upgrades(e, raw.allowed_upgrades.as_deref()),
     }
+}
+
+/// Like NGINX's `client_body_timeout` (60 s there).
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// With `max_header_size`, bounds the memory held by half-sent heads to about 4096 × 32 KiB.
+const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
+/// NGINX's `large_client_header_buffers` default (4 × 8k) allows 32 KiB heads too.
+const DEFAULT_MAX_HEADER_SIZE: u64 = 32 << 10;
+/// The most connections per upstream, as many as the pool keeps idle.
+const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = crate::proxy::pool::MAX_IDLE as u64;
+const DEFAULT_POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn bounded_count(e: &mut Errors, path: &str, value: Option<u64>, default: u64, max: u64) -> usize {
+    let value = value.unwrap_or(default);
+    if !(1..=max).contains(&value) {
+        e.add(path, format!("must be between 1 and {max}"));
+    }
+    value.clamp(1, max) as usize
+}
+
+fn max_header_size(e: &mut Errors, text: Option<&str>) -> usize {
+    const PATH: &str = "server.max_header_size";
+    // hyper's HTTP/1 read buffer cannot be smaller than 8 KiB.
+    const RANGE: std::ops::RangeInclusive<u64> = (8 << 10)..=(1 << 20);
+    let size = text
+        .and_then(|t| e.take(PATH, parse_size(t)))
+        .unwrap_or(DEFAULT_MAX_HEADER_SIZE);
+    if !RANGE.contains(&size) {
+        e.add(PATH, "must be between 8KiB and 1MiB");
+    }
+    size.clamp(*RANGE.start(), *RANGE.end()) as usize
+}
+
+/// Protocol names as `Upgrade` lists them (RFC 9110 §7.8: `token ["/" token]`), matched without
+/// their version and case-insensitively.
+fn allowed_upgrades(e: &mut Errors, raw: Option<&[String]>) -> Vec<String> {
+    let Some(raw) = raw else {
+        return vec!["websocket".to_string()];
+    };
+    let mut names = Vec::new();
+    for (i, name) in raw.iter().enumerate() {
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if token {
+            names.push(name.to_ascii_lowercase());
+        } else {
+            e.add(
+                format!("server.allowed_upgrades[{i}]"),
+                format!("`{name}` is not a protocol name (a token such as `websocket`)"),
+            );
+        }
+    }
+    names
 }
 
 fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
@@ -371,6 +441,19 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
         raw.timeout.as_deref(),
         Duration::from_secs(30),
     );
+    let max_connections = bounded_count(
+        e,
+        &format!("{path}.max_connections"),
+        raw.max_connections,
+        DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+        65_535,
+    );
+    let pool_timeout = timeout_or(
+        e,
+        &format!("{path}.pool_timeout"),
+        raw.pool_timeout.as_deref(),
+        DEFAULT_POOL_TIMEOUT,
+    );
     let uri = match raw.url.parse::<Uri>() {
         Ok(uri) => uri,
         Err(_) => {
@@ -388,7 +471,16 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
             authority: authority.clone(),
             connect_timeout,
             timeout,
-            client: crate::proxy::client(authority, connect_timeout),
+            max_connections,
+            pool_timeout,
+            client: crate::proxy::client(
+                authority,
+                crate::proxy::pool::Limits {
+                    connect_timeout,
+                    max_connections,
+                    pool_timeout,
+                },
+            ),
         }),
         (Some("http"), Some(_), _) => {
             e.add(

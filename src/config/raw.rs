@@ -81,6 +81,14 @@ pub struct RawServer {
     pub max_body_size: Option<String>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
+    /// Idle time allowed between request-body chunks (`408` or an aborted upstream request).
+    pub body_read_timeout: Option<String>,
+    /// Open connections on the public listener; more wait in the accept backlog.
+    pub max_connections: Option<u64>,
+    /// The largest request head (HTTP/1.1) or header list (h2).
+    pub max_header_size: Option<String>,
+    /// `Upgrade` protocols forwarded to upstreams; any other is stripped.
+    pub allowed_upgrades: Option<Vec<String>>,
     /// Decode unreserved escapes and remove dot segments (default true).
     pub normalize_path: Option<bool>,
     /// Merge repeated slashes (default true).
@@ -95,6 +103,10 @@ pub struct RawUpstream {
     pub url: String,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+    /// Open connections to this upstream at most.
+    pub max_connections: Option<u64>,
+    /// How long a request waits for a connection when `max_connections` are busy (then 503).
+    pub pool_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

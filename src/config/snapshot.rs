@@ -46,6 +46,17 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// A request body that sends nothing for this long is cut off (slow-body clients must not
+    /// hold upstream connections).
+    pub body_read_timeout: Duration,
+    /// Open connections on the public listener; past it, new ones wait in the accept backlog.
+    /// Read at start (a reload does not change it).
+    pub max_connections: usize,
+    /// The largest request head in bytes: bounds each connection's read buffer. Read at start.
+    pub max_header_size: usize,
+    /// Lower-case `Upgrade` protocol names forwarded upstream (RFC 9110 §7.8); others are
+    /// stripped, so no tunnel opens past the limiter.
+    pub allowed_upgrades: Vec<String>,
     /// Path normalisation before routing (`docs/normalization.md`).
     pub paths: crate::normalize::PathOptions,
 }
@@ -58,6 +69,10 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Until the response head arrives; then 504.
     pub timeout: Duration,
+    /// Open connections to this upstream at most (busy and idle together).
+    pub max_connections: usize,
+    /// How long a request waits for one of `max_connections` to be free; then 503.
+    pub pool_timeout: Duration,
     /// The connection pool to this upstream; rebuilt on reload, drained by in-flight requests.
     pub client: crate::proxy::UpstreamClient,
 }

@@ -384,3 +384,44 @@ fn policy_ok(policy: &str) {
     );
     parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
 }
+
+const ONE_ROUTE: &str = "routes:\n  - name: a\n    upstream: api\n";
+
+#[test]
+fn listener_and_upstream_bounds_have_safe_defaults() {
+    let yaml = format!("{BASE}{}", &ONE_ROUTE["routes:\n".len()..]);
+    let snapshot =
+        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let server = &snapshot.server;
+    assert_eq!(server.body_read_timeout, std::time::Duration::from_secs(30));
+    assert_eq!(server.max_connections, 4096);
+    assert_eq!(server.max_header_size, 32 * 1024);
+    assert_eq!(server.allowed_upgrades, ["websocket"]);
+    let Action::Forward(upstream) = &snapshot.routes[0].action else {
+        panic!("forwarding route expected");
+    };
+    assert_eq!(upstream.max_connections, 1024);
+    assert_eq!(upstream.pool_timeout, std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn listener_and_upstream_bounds_out_of_range_are_errors() {
+    let yaml = format!(
+        "server:\n  body_read_timeout: 0ms\n  max_connections: 0\n  max_header_size: 4KiB\n  \
+         allowed_upgrades: [WebSocket, \"h2 c\"]\nupstreams:\n  api:\n    url: http://127.0.0.1:3000\n    \
+         max_connections: 0\n    pool_timeout: 0s\n{ONE_ROUTE}"
+    );
+    let e = errors(&yaml);
+    let expected = [
+        "server.body_read_timeout: must be more than 0ms",
+        "server.max_connections: must be between 1 and 1000000",
+        "server.max_header_size: must be between 8KiB and 1MiB",
+        "server.allowed_upgrades[1]: `h2 c` is not a protocol name",
+        "upstreams.api.max_connections: must be between 1 and 65535",
+        "upstreams.api.pool_timeout: must be more than 0ms",
+    ];
+    assert_eq!(e.len(), expected.len(), "{e:#?}");
+    for want in expected {
+        assert!(e.iter().any(|line| line.contains(want)), "{want} in {e:#?}");
+    }
+}

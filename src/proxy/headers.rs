@@ -16,6 +16,25 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(UPGRADE) && connection_lists(headers, "upgrade")
 }
 
+/// Whether every protocol `Upgrade` lists (RFC 9110 §7.8: `name[/version]`, comma-separated) is
+/// in `allowed` (lower-case names). All or nothing: a tunnel once opened carries any protocol.
+pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    let mut any = false;
+    for value in headers.get_all(UPGRADE) {
+        let Ok(value) = value.to_str() else {
+            return false;
+        };
+        for protocol in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let name = protocol.split('/').next().unwrap_or(protocol).trim();
+            if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
+}
+
 fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
     headers
         .get_all(CONNECTION)
@@ -180,6 +199,25 @@ mod tests {
             h.get(CONNECTION).map(|v| v.as_bytes()),
             Some(&b"upgrade"[..])
         );
+    }
+
+    #[test]
+    fn only_allowed_upgrade_protocols_pass() {
+        let allowed = ["websocket".to_string()];
+        let with = |value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            h.insert(UPGRADE, HeaderValue::from_static(value));
+            upgrade_allowed(&h, &allowed)
+        };
+        assert!(with("websocket"));
+        assert!(with("WebSocket"));
+        assert!(with("websocket/13"));
+        assert!(!with("h2c"));
+        assert!(!with("websocket, h2c"));
+        assert!(!with("h2c, websocket"));
+        assert!(!with(""));
+        assert!(!upgrade_allowed(&HeaderMap::new(), &allowed));
     }
 
     #[test]

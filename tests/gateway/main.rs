@@ -10,6 +10,7 @@ mod admin;
 mod concurrency;
 mod exempt;
 mod flood;
+mod hardening;
 mod keys;
 mod lifecycle;
 mod limits;
