@@ -102,8 +102,7 @@ fn every_golden_passes_check_and_loads() {
         let (code, stdout, stderr) = check(&out);
         assert_eq!(code, Some(0), "{}: {stderr}", out.display());
         assert!(stdout.contains(": ok ("), "{stdout}");
-        let snapshot = turnstile::config::load(&out, &turnstile::metrics::Metrics::new())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let snapshot = turnstile::config::load(&out).unwrap_or_else(|e| panic!("{e}"));
         let routes = std::fs::read_to_string(&out)
             .expect("read golden")
             .matches("\n  - name: ")

@@ -61,12 +61,6 @@ fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
 
-/// A sample of the gateway's metrics (exact label set), 0 when absent.
-async fn metric(gw: &GatewayProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let reply = Client::new().get(&gw.admin_url("/metrics")).await;
-    support::metric(&String::from_utf8_lossy(&reply.body), name, labels).unwrap_or(0.0)
-}
-
 fn decisions(route: &str, decision: &str) -> [(&'static str, String); 3] {
     [
         ("route", route.to_string()),
@@ -78,12 +72,11 @@ fn decisions(route: &str, decision: &str) -> [(&'static str, String); 3] {
 async fn decided(gw: &GatewayProcess, route: &str, decision: &str) -> f64 {
     let labels = decisions(route, decision);
     let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    metric(gw, "turnstile_decisions_total", &labels).await
+    gw.metric("turnstile_decisions_total", &labels).await
 }
 
 async fn store_errors(gw: &GatewayProcess, kind: &str) -> f64 {
-    metric(
-        gw,
+    gw.metric(
         "turnstile_store_errors_total",
         &[("store", "redis"), ("kind", kind)],
     )

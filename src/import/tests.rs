@@ -98,12 +98,8 @@ fn import(files: &[(&str, &str)]) -> super::Imported {
 }
 
 fn loads(yaml: &str) -> crate::config::Snapshot {
-    crate::config::parse(
-        yaml,
-        std::path::Path::new("p.yaml"),
-        &crate::metrics::Metrics::new(),
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    crate::config::parse(yaml, std::path::Path::new("p.yaml"))
+        .unwrap_or_else(|e| panic!("{e}\n{yaml}"))
 }
 
 const INGRESS: &str =
