@@ -571,20 +571,33 @@ fn exempt(e: &mut Errors, path: &str, raw: &RawExempt) -> Exempt {
             .extend(e.take(format!("{path}.client_ips[{i}]"), ip_net(text)));
     }
     for (name, value) in &raw.headers {
-        let hpath = format!("{path}.headers.{name}");
-        let n = e.take(
-            &hpath,
-            HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("`{name}` is not a header name")),
-        );
-        let v = e.take(
-            &hpath,
-            HeaderValue::from_str(value)
-                .map_err(|_| format!("`{value}` is not a valid header value")),
-        );
-        out.headers.extend(n.zip(v));
+        out.headers.extend(header_pair(
+            e,
+            &format!("{path}.headers.{name}"),
+            name,
+            value,
+        ));
     }
     out
+}
+
+/// A configured `NAME: VALUE` header condition, both halves checked (each error at `path`).
+fn header_pair(
+    e: &mut Errors,
+    path: &str,
+    name: &str,
+    value: &str,
+) -> Option<(HeaderName, HeaderValue)> {
+    let n = e.take(
+        path,
+        HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("`{name}` is not a header name")),
+    );
+    let v = e.take(
+        path,
+        HeaderValue::from_str(value).map_err(|_| format!("`{value}` is not a valid header value")),
+    );
+    n.zip(v)
 }
 
 fn route_match(e: &mut Errors, path: &str, raw: &RawMatch) -> (Option<RouteMatch>, Vec<String>) {
@@ -633,17 +646,7 @@ fn route_match(e: &mut Errors, path: &str, raw: &RawMatch) -> (Option<RouteMatch
         }
         for (name, value) in &raw.headers {
             let hpath = format!("{path}.match.headers.{name}");
-            let n = e.take(
-                &hpath,
-                HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("`{name}` is not a header name")),
-            );
-            let v = e.take(
-                &hpath,
-                HeaderValue::from_str(value)
-                    .map_err(|_| format!("`{value}` is not a valid header value")),
-            );
-            if let (Some(n), Some(v)) = (n, v) {
+            if let Some((n, v)) = header_pair(e, &hpath, name, value) {
                 m.add_header(n, v);
             }
         }
