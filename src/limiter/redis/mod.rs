@@ -33,6 +33,11 @@ pub const DECIDE_LUA: &str = include_str!("../../../scripts/decide.lua");
 /// How long a connection attempt may take (fred's default is 10 s).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long the gateway waits at startup for the store's first connection before it serves
+/// anyway (under the routes' failure modes): a store that is merely connecting must not turn
+/// the first requests into fail-open or fail-closed decisions.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(5);
+
 /// Counters in Redis, for many gateway instances.
 pub struct RedisStore {
     shared: Arc<Shared>,
@@ -152,16 +157,23 @@ impl RedisStore {
         self.shared.ready.load(Ordering::Relaxed)
     }
 
-    /// Waits until the store is ready, for tests and startup logs.
+    /// Waits (checking actively, not at the probe's pace) until the store can decide, at most
+    /// `limit`: the gateway calls it before it accepts requests, tests before they count.
     pub async fn wait_ready(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
-        while !self.is_ready() {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, health::check(&self.shared))
+                .await
+                .unwrap_or(false)
+            {
+                return true;
+            }
             if Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        true
     }
 
     /// The Redis key of a check: see [`wire::key`].
