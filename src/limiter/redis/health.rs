@@ -4,7 +4,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fred::prelude::{ClientLike, Error as FredError, EventInterface, LuaInterface};
+use fred::prelude::{
+    ClientLike, ClusterInterface, Error as FredError, EventInterface, LuaInterface,
+};
 
 use super::Shared;
 
@@ -40,15 +42,21 @@ pub(super) async fn probe(store: Weak<Shared>) {
     }
 }
 
-/// One readiness check: connected, and the script cached. Updates `ready` (and closes the breaker
-/// when Redis is back, rather than after the next request probe).
+/// One readiness check: connected, the script cached, and on a Cluster every slot served
+/// (`cluster_state:ok`: no shard without a master). Updates `ready` (and closes the breaker when
+/// Redis is back, rather than after the next request probe).
 pub(super) async fn check(shared: &Shared) -> bool {
     let limit = shared.timeout.max(Duration::from_millis(250));
+    let answers = async {
+        script_cached(shared).await?;
+        if shared.cluster {
+            let info: String = shared.pool.next_connected().cluster_info().await?;
+            return Ok(info.contains("cluster_state:ok"));
+        }
+        Ok::<_, FredError>(true)
+    };
     let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
-        && matches!(
-            tokio::time::timeout(limit, script_cached(shared)).await,
-            Ok(Ok(()))
-        );
+        && matches!(tokio::time::timeout(limit, answers).await, Ok(Ok(true)));
     if reachable {
         shared.breaker.success();
     }
