@@ -17,6 +17,9 @@ use futures_util::future::join_all;
 use super::{wire, RedisStore};
 use crate::limiter::{Check, Decision, StoreError};
 
+/// A consumption to give back: the check's index and the script's stamp for it.
+type Consumed = (usize, [i64; 2]);
+
 /// Checks `checks` on a Cluster: one call when they share a slot, else one per slot plus refunds.
 pub(super) async fn check(
     store: &RedisStore,
@@ -53,7 +56,7 @@ pub(super) async fn check(
 
     let mut outcomes = vec![None; checks.len()];
     // What was consumed, to give back if the request is not admitted.
-    let mut consumed: Vec<(usize, [i64; 2])> = Vec::new();
+    let mut consumed: Vec<Consumed> = Vec::new();
     let mut error = None;
     for ((_, members), reply) in groups.iter().zip(replies) {
         match reply {
@@ -100,16 +103,11 @@ fn subset<'a>(checks: &[Check<'a>], members: &[usize]) -> Vec<Check<'a>> {
 /// Gives back every consumption in `consumed` (check index, stamp), one concurrent call per slot,
 /// each bounded by the store timeout. A refund that fails leaves those units taken until the
 /// counter refills or its window passes: fewer admissions, never more.
-async fn refund(
-    store: &RedisStore,
-    checks: &[Check<'_>],
-    keys: &[String],
-    consumed: &[(usize, [i64; 2])],
-) {
+async fn refund(store: &RedisStore, checks: &[Check<'_>], keys: &[String], consumed: &[Consumed]) {
     if consumed.is_empty() {
         return;
     }
-    let mut groups: Vec<(u16, Vec<(usize, [i64; 2])>)> = Vec::new();
+    let mut groups: Vec<(u16, Vec<Consumed>)> = Vec::new();
     for &(i, stamp) in consumed {
         let slot = redis_keyslot(keys[i].as_bytes());
         match groups.iter_mut().find(|(s, _)| *s == slot) {
