@@ -5,6 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::fleet::{burst, count, metric, wait_ready};
 use support::process::{config_file, with_free_ports};
 use support::{Client, GatewayProcess, RedisServer, Reply};
 
@@ -22,49 +23,6 @@ fn route(name: &str, extra: &str, policy: &str) -> String {
         "  - name: {name}\n    match: {{ path: /{name} }}\n    respond: {{ status: 200, body: \"ok\\n\" }}\n\
          {extra}    policies:\n      - name: shared\n        key: [method]\n        {policy}\n"
     )
-}
-
-async fn wait_ready(gw: &GatewayProcess, want: u16, limit: Duration) {
-    let client = Client::new();
-    let deadline = Instant::now() + limit;
-    loop {
-        let status = client.get(&gw.admin_url("/readyz")).await.status;
-        if status == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz never answered {want} (last: {status}); log:\n{}",
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Fires `total` requests at once, round-robin over `urls`; returns the status of each.
-async fn burst(urls: &[String], total: usize) -> Vec<u16> {
-    let client = Client::new();
-    let tasks: Vec<_> = (0..total)
-        .map(|i| {
-            let (client, url) = (client.clone(), urls[i % urls.len()].clone());
-            tokio::spawn(async move { client.get(&url).await.status })
-        })
-        .collect();
-    let mut statuses = Vec::with_capacity(total);
-    for task in tasks {
-        statuses.push(task.await.expect("request task"));
-    }
-    statuses
-}
-
-fn count(statuses: &[u16], status: u16) -> usize {
-    statuses.iter().filter(|&&s| s == status).count()
-}
-
-/// A sample of the gateway's metrics (exact label set), 0 when absent.
-async fn metric(gw: &GatewayProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let reply = Client::new().get(&gw.admin_url("/metrics")).await;
-    support::metric(&String::from_utf8_lossy(&reply.body), name, labels).unwrap_or(0.0)
 }
 
 fn decisions(route: &str, decision: &str) -> [(&'static str, String); 3] {

@@ -14,6 +14,7 @@
 
 pub mod client;
 pub mod dashboard;
+pub mod fleet;
 pub mod gateway;
 pub mod process;
 pub mod prometheus;
