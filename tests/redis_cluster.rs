@@ -217,20 +217,25 @@ async fn killing_a_master_fails_over_and_limiting_resumes(
 
     // While the shard has no master: each decision fails within the timeout (plus slack for a
     // loaded machine), the route's failure_mode (closed) answers, and the breaker keeps it cheap.
+    // Promotion takes more than the 1 s node timeout, so this whole loop is in the outage.
     let mut failed = 0;
     let mut slowest = Duration::ZERO;
-    while killed.elapsed() < Duration::from_millis(800) {
+    let mut unready = false;
+    while killed.elapsed() < Duration::from_millis(1200) {
         let sent = Instant::now();
         let reply = client.get_with(&quick.url("/fresh"), &before).await;
         slowest = slowest.max(sent.elapsed());
         if reply.status == 503 {
             failed += 1;
         }
+        unready |= client.get(&quick.admin_url("/readyz")).await.status == 503;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
         failed > 0,
         "a shard without a master fails its decisions (closed: 503)"
     );
+    assert!(unready, "/readyz says 503 while a shard has no master");
     assert!(
         slowest < Duration::from_millis(1200),
         "a decision took {slowest:?} during the outage"
@@ -279,6 +284,47 @@ async fn killing_a_master_fails_over_and_limiting_resumes(
             (count(&statuses, 200), count(&statuses, 429)),
             (50, 100),
             "burst 50 after the failover, x-run {run}: {statuses:?}"
+        );
+    }
+}
+
+/// The script's refund entry gives back exactly what one call consumed, for each kind of counter
+/// (a single server is enough: the entry is the same on every shard).
+#[test]
+fn the_refund_entry_undoes_one_consumption_of_each_kind() {
+    let redis = support::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let now = "1000000000000";
+    let eval = |args: &[&str]| {
+        let mut all = vec!["eval", script.as_str()];
+        all.extend_from_slice(args);
+        redis.cli(&all)
+    };
+    // One consumption of 3 units from each kind, then its refund from the reply's stamps.
+    let cases: [(&str, [&str; 4]); 3] = [
+        ("r{a}:tb", ["tb", "1", "10", "0"]),
+        ("r{b}:sw", ["sw", "10", "60000000", "0"]),
+        ("r{c}:swb", ["swb", "10", "60000000", "6"]),
+    ];
+    for (key, [kind, p1, p2, p3]) in cases {
+        let wire_kind = if kind == "swb" { "sw" } else { kind };
+        // A first request of 2 units stays; the second (3 units) is refunded.
+        for cost in ["2", "3"] {
+            let reply = eval(&["1", key, now, wire_kind, p1, p2, p3, cost, "0"]);
+            assert_eq!(reply[0], "1", "{key}: admitted: {reply:?}");
+        }
+        let reply = eval(&["1", key, now, wire_kind, p1, p2, p3, "3", "0"]);
+        let (s1, s2) = (reply[6].clone(), reply[7].clone());
+        let burst = if kind == "tb" { p2 } else { "0" };
+        let done = eval(&["1", key, "refund", kind, "3", burst, &s1, &s2]);
+        assert_eq!(done, ["1"], "{key}");
+        // What is left is what the first two requests (5 units) left.
+        let reply = eval(&["1", key, now, wire_kind, p1, p2, p3, "0", "0"]);
+        assert_eq!(
+            reply[3], "5",
+            "{key}: remaining after the refund: {reply:?}"
         );
     }
 }
