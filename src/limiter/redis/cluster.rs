@@ -28,7 +28,14 @@ pub(super) async fn check(
     let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
     let slots: Vec<u16> = keys.iter().map(|k| redis_keyslot(k.as_bytes())).collect();
     if slots.iter().all(|s| *s == slots[0]) {
-        return store.evaluate(checks).await;
+        let reply = store
+            .shared
+            .run(|| {
+                let keys = keys.iter().map(|k| Key::from(k.as_str()));
+                (keys.collect(), store.args(checks))
+            })
+            .await?;
+        return wire::decode(&reply, checks.len());
     }
     // Groups of check indexes, by slot, in order of first appearance.
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
