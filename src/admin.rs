@@ -21,7 +21,8 @@ pub struct AdminState {
 }
 
 /// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
-/// we are not draining) and `/debug/top-limited` (the keys limited most, `?n=` of them); for the
+/// we are not draining), `/debug/top-limited` (the keys limited most, `?n=` of them) and `/config`
+/// (the active config's hash and the last reload error); for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
     let rls = crate::rls::RlsService::new(state.gateway.clone());
@@ -31,6 +32,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(readyz))
         .route("/healthcheck", get(healthcheck))
         .route("/debug/top-limited", get(top_limited))
+        .route("/config", get(config_status))
         .with_state(state)
         .merge(crate::rls::json::router(rls))
 }
@@ -63,6 +65,30 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     } else {
         (StatusCode::OK, "ready\n")
     }
+}
+
+/// The active config's identity and the last reload's outcome: which file is live on this
+/// instance (compare `sha256` across a fleet) and, when an edit did not apply, why.
+async fn config_status(State(state): State<AdminState>) -> impl IntoResponse {
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let snapshot = state.gateway.config.load();
+    let status = state
+        .gateway
+        .reload_status
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_else(|poisoned| poisoned.into_inner().clone());
+    Json(serde_json::json!({
+        "source": snapshot.source.display().to_string(),
+        "sha256": snapshot.source_info.sha256,
+        "loaded_at_unix": unix(snapshot.source_info.loaded_at),
+        "routes": snapshot.routes.len(),
+        "last_reload_attempt_unix": status.last_attempt.map(unix),
+        "last_reload_error": status.last_error,
+    }))
 }
 
 /// How many keys `/debug/top-limited` lists per period unless `?n=` says otherwise.

@@ -32,6 +32,8 @@ pub struct Gateway {
     unmatched: RouteMetrics,
     /// Who is being limited, in bounded memory: `/debug/top-limited` on the admin listener.
     pub top_limited: TopLimited,
+    /// The last reload attempt's outcome, for `/config` on the admin listener.
+    pub reload_status: std::sync::Mutex<crate::config::ReloadStatus>,
 }
 
 /// Seconds a client should wait before retrying when the store is down and the route fails
@@ -50,6 +52,7 @@ impl Gateway {
                 DEFAULT_CAPACITY,
                 DEFAULT_PERIOD_US,
             ),
+            reload_status: std::sync::Mutex::default(),
         }
     }
 

@@ -18,7 +18,9 @@
 //!   [`limiter::Limiter::decide`] is the single entry point of every door;
 //! - [`respond`]: every response the gateway writes itself;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
-//! - [`server`]: listeners, hot reload and graceful shutdown.
+//! - [`server`]: listeners, hot reload and graceful shutdown; [`watch`] applies edits of the
+//!   config file (Kubernetes ConfigMap swaps included) without a signal;
+//! - [`probe`]: `turnstile healthcheck`, for images without a shell.
 
 #![forbid(unsafe_code)]
 
@@ -28,11 +30,13 @@ pub mod gateway;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+pub mod probe;
 pub mod proxy;
 pub mod respond;
 pub mod rls;
 pub mod route;
 pub mod server;
 pub mod top_limited;
+pub mod watch;
 
 pub use server::{start, Running};

@@ -34,6 +34,19 @@ enum Command {
         #[arg(long, short, env = "TURNSTILE_CONFIG", default_value = "policies.yaml")]
         config: PathBuf,
     },
+    /// Exit 0 when a running gateway is ready (its admin listener's /readyz answers 2xx), else
+    /// print why and exit 1: a container health check for an image with no shell or curl.
+    Healthcheck {
+        #[arg(long, env = "TURNSTILE_HEALTHCHECK_URL", default_value = turnstile::probe::DEFAULT_URL)]
+        url: String,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "2s", value_parser = parse_timeout)]
+        timeout: std::time::Duration,
+    },
+}
+
+fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    config::units::parse_duration(text)
 }
 
 fn main() -> ExitCode {
@@ -50,6 +63,13 @@ fn main() -> ExitCode {
             }
             Err(errors) => {
                 eprintln!("{errors}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Healthcheck { url, timeout } => match turnstile::probe::ready(&url, timeout) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("turnstile healthcheck: {e}");
                 ExitCode::FAILURE
             }
         },
@@ -107,6 +127,8 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
 
+    // Before the load: a change made while the file is being read is then seen as a change.
+    let mut watcher = turnstile::watch::ConfigWatcher::new(&path);
     let metrics = Metrics::new();
     let snapshot = config::load(&path, &metrics).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = turnstile::start(snapshot, metrics, None)
@@ -130,14 +152,14 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
         "turnstile started"
     );
 
+    tracing::debug!(?watcher, "watching the config file");
     loop {
         tokio::select! {
             // Parsing runs on the blocking pool: with one worker, it would otherwise hold up
             // every request while it reads and validates the files.
-            _ = hangup.recv() => match running.reload_in_background().await {
-                Ok(()) => tracing::info!(config = %path.display(), "config reloaded"),
-                Err(e) => tracing::error!("config reload failed; the running config stays:\n{e}"),
-            },
+            _ = hangup.recv() => reload(&running, "SIGHUP").await,
+            // Kubernetes ConfigMaps, saves by rename and edits in place: no signal arrives.
+            _ = watcher.changed() => reload(&running, "file change").await,
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }
@@ -145,4 +167,15 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     tracing::info!("shutting down: draining in-flight requests");
     running.shutdown().await;
     Ok(())
+}
+
+/// Reloads on the blocking pool (parsing must not hold up a single worker); success is logged
+/// with what changed by the reload itself.
+async fn reload(running: &turnstile::Running, why: &str) {
+    if let Err(e) = running.reload_in_background().await {
+        tracing::error!(
+            trigger = why,
+            "config reload failed; the running config stays:\n{e}"
+        );
+    }
 }

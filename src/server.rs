@@ -305,7 +305,22 @@ pub fn reload(gateway: &Gateway) -> Result<(), ConfigErrors> {
     let current = gateway.config.load();
     let result = config::load(&current.source, &gateway.metrics);
     gateway.metrics.record_reload(result.is_ok());
+    {
+        let mut status = gateway
+            .reload_status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        status.last_attempt = Some(std::time::SystemTime::now());
+        status.last_error = result.as_ref().err().map(ToString::to_string);
+    }
     let next = result?;
+    let changes = current.source_info.changes(&next.source_info);
+    tracing::info!(
+        config = %next.source.display(),
+        sha256 = %next.source_info.sha256,
+        changes = %if changes.is_empty() { "none".to_string() } else { changes.join(", ") },
+        "config reloaded"
+    );
     if next.listen != current.listen || next.admin_listen != current.admin_listen {
         tracing::warn!("listen addresses changed; they take effect at the next restart");
     }

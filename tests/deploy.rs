@@ -192,3 +192,51 @@ fn grafana_provisioning_points_at_the_dashboard() {
         }
     }
 }
+
+#[test]
+fn compose_waits_for_turnstile_to_be_ready_by_its_own_healthcheck() {
+    let compose = resolved_compose();
+    let services = &compose["services"];
+    let test: Vec<&str> = services["turnstile"]["healthcheck"]["test"]
+        .as_array()
+        .expect("a healthcheck on turnstile")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // The image has no shell or curl: the check is the binary's own exec-form probe.
+    assert_eq!(test[0], "CMD", "{test:?}");
+    assert_eq!(&test[1..3], ["/usr/local/bin/turnstile", "healthcheck"]);
+    assert_eq!(
+        services["prometheus"]["depends_on"]["turnstile"]["condition"],
+        "service_healthy"
+    );
+    // Grafana stays off host port 3000, which the README uses for the user's own API.
+    for port in services["grafana"]["ports"].as_array().expect("ports") {
+        // Short form `[HOST_IP:]HOST_PORT:CONTAINER_PORT[/PROTO]`, or long form {published, ..}.
+        let published = match port.as_str() {
+            Some(short) => {
+                let parts: Vec<&str> = short.split(':').collect();
+                parts[parts.len().saturating_sub(2)].to_string()
+            }
+            None => port["published"].to_string().trim_matches('"').to_string(),
+        };
+        assert!(published.parse::<u16>().is_ok(), "cannot read {port}");
+        assert_ne!(published, "3000", "{port}");
+    }
+}
+
+#[test]
+fn the_image_default_config_has_the_lines_the_dockerfile_rewrites() {
+    // The Dockerfile moves both listeners of the example onto the container's interfaces; the
+    // build fails when the example no longer has these lines, so catch it before a docker build.
+    let example = std::fs::read_to_string(repo_path("policies.yaml")).expect("read");
+    assert!(example
+        .lines()
+        .any(|l| l.starts_with("listen: 127.0.0.1:8080")));
+    assert!(example
+        .lines()
+        .any(|l| l.starts_with("admin_listen: 127.0.0.1:9901")));
+    let dockerfile = std::fs::read_to_string(repo_path("Dockerfile")).expect("read");
+    assert!(dockerfile.contains(r"-e 's/^admin_listen: 127\.0\.0\.1:/admin_listen: 0.0.0.0:/'"));
+    assert!(dockerfile.contains(r#"CMD ["/usr/local/bin/turnstile", "healthcheck""#));
+}

@@ -112,6 +112,7 @@ pub fn compile(
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok(Snapshot {
             source: source.to_path_buf(),
+            source_info: super::SourceInfo::default(),
             listen,
             admin_listen,
             trusted_proxies: TrustedProxies::new(nets),

@@ -8,12 +8,14 @@ pub mod compile;
 pub mod locate;
 pub mod raw;
 pub mod snapshot;
+pub mod source;
 pub mod units;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use snapshot::*;
+pub use source::{ReloadStatus, SourceInfo};
 
 use crate::metrics::Metrics;
 use locate::Positions;
@@ -73,7 +75,7 @@ pub fn load(path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
 pub fn parse(source: &str, path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
     let raw: raw::RawConfig =
         serde_norway::from_str(source).map_err(|e| ConfigErrors(vec![serde_error(&e, path)]))?;
-    compile::compile(raw, path, metrics).map_err(|errors| {
+    let mut snapshot = compile::compile(raw, path, metrics).map_err(|errors| {
         let positions = Positions::index(source);
         ConfigErrors(
             errors
@@ -90,7 +92,9 @@ pub fn parse(source: &str, path: &Path, metrics: &Metrics) -> Result<Snapshot, C
                 })
                 .collect(),
         )
-    })
+    })?;
+    snapshot.source_info = SourceInfo::of(source);
+    Ok(snapshot)
 }
 
 /// Removes every ` at line N column M` from a parser message.

@@ -138,6 +138,8 @@ pub struct Route {
 pub struct Snapshot {
     /// The file it was loaded from, for reloads and messages.
     pub source: PathBuf,
+    /// Its content's hash, load time and section digests (`/config`, reload logs).
+    pub source_info: super::SourceInfo,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub trusted_proxies: TrustedProxies,

@@ -80,6 +80,28 @@ impl Client {
         }
     }
 
+    /// GET that reports failure instead of failing the test: for load loops that count errors.
+    pub async fn try_get(&self, url: &str) -> Result<Reply, String> {
+        let req = request(Method::GET, url)
+            .body(empty())
+            .map_err(|e| e.to_string())?;
+        let response = tokio::time::timeout(LIVENESS, self.inner.request(req))
+            .await
+            .map_err(|_| "timed out".to_string())?
+            .map_err(|e| format!("request failed: {e}"))?;
+        let (parts, body) = response.into_parts();
+        let body = tokio::time::timeout(LIVENESS, body.collect())
+            .await
+            .map_err(|_| "body timed out".to_string())?
+            .map_err(|e| format!("body failed: {e}"))?
+            .to_bytes();
+        Ok(Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+        })
+    }
+
     /// Sends and returns as soon as the response head arrives (the body still streaming).
     pub async fn head(&self, req: Request<ReqBody>) -> http::Response<hyper::body::Incoming> {
         tokio::time::timeout(LIVENESS, self.inner.request(req))

@@ -1,0 +1,236 @@
+//! Watches the config file so that edits apply without a signal.
+//!
+//! In Kubernetes a ConfigMap volume never sends SIGHUP: the kubelet writes a new timestamped
+//! directory and swaps the `..data` symlink to it (`DIR/policies.yaml -> ..data/policies.yaml`,
+//! `..data -> ..2026_11_22_xx`). Editors and config tools save by rename; people edit in place. All
+//! three show up as directory events, so the watcher follows the directory of the path as given and
+//! the directory of every hop of its symlink chain, re-resolving the chain after each change.
+//!
+//! Events only wake it up: what decides is the file's content. After a short debounce (a tool may
+//! write in several steps) it reads the file through its symlinks and reports a change only when
+//! the bytes differ from the last ones it reported, so unrelated files in the directory, `touch`,
+//! or a swap to identical content cause no reload. Where inotify is unavailable (or a watch was
+//! lost) a poll of the content bounds the delay all the same.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+/// How long the watcher waits after an event for further ones before it reads the file.
+pub const DEBOUNCE: Duration = Duration::from_millis(150);
+/// The content poll when directory events work (a safety net) and when they do not.
+const POLL_WITH_EVENTS: Duration = Duration::from_secs(10);
+const POLL_WITHOUT_EVENTS: Duration = Duration::from_secs(1);
+/// The most symlink hops followed, as the kernel's own limit for a path.
+const MAX_HOPS: usize = 40;
+
+/// Tells when the content of a config file has changed.
+pub struct ConfigWatcher {
+    path: PathBuf,
+    watcher: Option<RecommendedWatcher>,
+    watched: BTreeSet<PathBuf>,
+    events: mpsc::UnboundedReceiver<()>,
+    /// SHA-256 of the content last reported (or seen at start); `None` when unreadable.
+    last: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for ConfigWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigWatcher")
+            .field("path", &self.path)
+            .field("watched", &self.watched)
+            .field("events", &self.watcher.is_some())
+            .finish()
+    }
+}
+
+impl ConfigWatcher {
+    /// Starts watching `path`. The content as it is now counts as seen: the first change reported
+    /// is the first one after this call. Never fails: without inotify it polls.
+    pub fn new(path: &Path) -> Self {
+        let (tx, events) = mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // Errors (a queue overflow) are a reason to look as well.
+            let _ = event;
+            let _ = tx.send(());
+        })
+        .map_err(
+            |e| tracing::warn!(error = %e, "cannot watch the config file; polling it every second"),
+        )
+        .ok();
+        let mut this = ConfigWatcher {
+            path: path.to_path_buf(),
+            watcher,
+            watched: BTreeSet::new(),
+            events,
+            last: content_hash(path),
+        };
+        this.rewatch();
+        this
+    }
+
+    /// The directories being watched (for tests and logs).
+    pub fn watched(&self) -> impl Iterator<Item = &Path> {
+        self.watched.iter().map(PathBuf::as_path)
+    }
+
+    /// Waits until the file's content differs from the last content reported.
+    pub async fn changed(&mut self) {
+        loop {
+            let poll = if self.watcher.is_some() && !self.watched.is_empty() {
+                POLL_WITH_EVENTS
+            } else {
+                POLL_WITHOUT_EVENTS
+            };
+            let _ = tokio::time::timeout(poll, self.events.recv()).await;
+            // Debounce: a writer may still be at work; take every event of the burst at once.
+            tokio::time::sleep(DEBOUNCE).await;
+            while self.events.try_recv().is_ok() {}
+            self.rewatch();
+            let now = content_hash(&self.path);
+            if now.is_some() && now != self.last {
+                self.last = now;
+                return;
+            }
+        }
+    }
+
+    /// Watches exactly the directories of the current symlink chain.
+    fn rewatch(&mut self) {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return;
+        };
+        let wanted = chain_dirs(&self.path);
+        for gone in self.watched.difference(&wanted) {
+            let _ = watcher.unwatch(gone);
+        }
+        let mut now = BTreeSet::new();
+        for dir in wanted {
+            if self.watched.contains(&dir)
+                || watcher.watch(&dir, RecursiveMode::NonRecursive).is_ok()
+            {
+                now.insert(dir);
+            }
+        }
+        self.watched = now;
+    }
+}
+
+/// The directory of `path` and of every link target along its symlink chain, and the directory
+/// the chain finally resolves to.
+fn chain_dirs(path: &Path) -> BTreeSet<PathBuf> {
+    let mut dirs = BTreeSet::new();
+    let mut current = absolute(path);
+    for _ in 0..MAX_HOPS {
+        if let Some(dir) = current.parent() {
+            dirs.insert(dir.to_path_buf());
+        }
+        match std::fs::read_link(&current) {
+            Ok(target) => {
+                current = match current.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+            }
+            Err(_) => break,
+        }
+    }
+    if let Some(dir) = std::fs::canonicalize(path)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
+        dirs.insert(dir);
+    }
+    dirs
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|cwd| cwd.join(path))
+            .unwrap_or_else(|_| path.to_path_buf())
+    }
+}
+
+/// SHA-256 of the file's bytes, through its symlinks; `None` while it cannot be read (a rename in
+/// progress, a deleted file).
+fn content_hash(path: &Path) -> Option<[u8; 32]> {
+    std::fs::read(path)
+        .ok()
+        .map(|bytes| Sha256::digest(bytes).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// `DIR/policies.yaml -> ..data/policies.yaml`, `..data -> ..v1`, as the kubelet lays it out.
+    fn configmap_layout(dir: &Path, version: &str, content: &str) {
+        let versioned = dir.join(version);
+        std::fs::create_dir_all(&versioned).expect("mkdir");
+        std::fs::write(versioned.join("policies.yaml"), content).expect("write");
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        symlink(version, &tmp).expect("symlink");
+        std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+        let link = dir.join("policies.yaml");
+        if std::fs::symlink_metadata(&link).is_err() {
+            symlink("..data/policies.yaml", &link).expect("symlink");
+        }
+    }
+
+    #[test]
+    fn the_chain_of_a_configmap_mount_is_watched_at_every_hop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical");
+        configmap_layout(&root, "..v1", "a: 1\n");
+        let dirs = chain_dirs(&root.join("policies.yaml"));
+        assert!(dirs.contains(&root), "{dirs:?}");
+        assert!(dirs.contains(&root.join("..v1")), "{dirs:?}");
+    }
+
+    async fn changes_within(watcher: &mut ConfigWatcher, bound: Duration) -> bool {
+        tokio::time::timeout(bound, watcher.changed()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn each_kind_of_save_is_seen_and_identical_content_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical");
+        configmap_layout(&root, "..v1", "a: 1\n");
+        let path = root.join("policies.yaml");
+        let mut watcher = ConfigWatcher::new(&path);
+        let bound = Duration::from_secs(2);
+
+        // The kubelet's swap of `..data`.
+        configmap_layout(&root, "..v2", "a: 2\n");
+        assert!(changes_within(&mut watcher, bound).await, "..data swap");
+
+        // A swap to identical content changes nothing.
+        configmap_layout(&root, "..v3", "a: 2\n");
+        assert!(!changes_within(&mut watcher, Duration::from_millis(800)).await);
+
+        // An edit in place of the file the chain resolves to.
+        std::fs::write(root.join("..v3/policies.yaml"), "a: 3\n").expect("write");
+        assert!(changes_within(&mut watcher, bound).await, "edit in place");
+
+        // A plain file replaced by rename, as editors save.
+        let plain = root.join("plain.yaml");
+        std::fs::write(&plain, "b: 1\n").expect("write");
+        let mut watcher = ConfigWatcher::new(&plain);
+        std::fs::write(root.join("plain.yaml.tmp"), "b: 2\n").expect("write");
+        std::fs::rename(root.join("plain.yaml.tmp"), &plain).expect("rename");
+        assert!(changes_within(&mut watcher, bound).await, "rename");
+
+        // An unrelated file in the directory wakes the watcher but is no change.
+        std::fs::write(root.join("other.txt"), "x").expect("write");
+        assert!(!changes_within(&mut watcher, Duration::from_millis(800)).await);
+    }
+}
