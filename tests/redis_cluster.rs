@@ -111,6 +111,7 @@ async fn a_fleet_on_a_redis_cluster() {
     exact_limits_across_three_instances(&gateways).await;
     a_rejection_in_one_slot_consumes_nothing_in_another(&cluster, &gateways).await;
     concurrent_multi_slot_requests_never_exceed_either_limit(&cluster, &gateways).await;
+    a_slot_moved_under_load_keeps_its_count(&cluster, &gateways).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -196,6 +197,59 @@ async fn concurrent_multi_slot_requests_never_exceed_either_limit(
         "the shared window holds exactly the admitted requests"
     );
     eprintln!("multi-slot: {admitted} of 200 admitted (at most 40)");
+}
+
+/// Resharding: the slot of a counter moves to another master (its key migrated, then the move
+/// made final). The next requests get `MOVED`, the topology is refreshed, and the count carries
+/// over exactly.
+async fn a_slot_moved_under_load_keeps_its_count(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/fresh")).collect();
+    let run = || vec![("x-run", "moving".to_string())];
+    let first = burst_with(&urls, 20, |_| run()).await;
+    assert_eq!(count(&first, 200), 20, "{first:?}");
+    let key = key_with(cluster, &["{fresh:shared", "moving"]);
+    let moving = tokio::task::block_in_place(|| cluster.begin_move(&key));
+    tokio::task::block_in_place(|| cluster.finish_move(&moving));
+    assert_eq!(cluster.master_of(&key), moving.to);
+    let moved = burst_with(&urls, 60, |_| run()).await;
+    assert_eq!(
+        (count(&moved, 200), count(&moved, 429)),
+        (30, 30),
+        "after the move (MOVED): the count carried over: {moved:?}; log:\n{}",
+        gateways[0].log()
+    );
+}
+
+/// Known defect, kept as a reproduction: requests on a slot while it migrates get `ASK`. fred
+/// 10.1 sends `ASKING` to the importing node but writes the command to the slot's cached owner
+/// again, until its attempts run out, and the clustered client then stops deciding at all (40 s
+/// and more, also after the move is final). `docs/redis.md` says so. Run with `--ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "fred 10.1 wedges after ASK redirections (docs/redis.md, Resharding)"]
+async fn traffic_on_a_migrating_slot_keeps_deciding() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let gw = GatewayProcess::spawn(&config(&cluster, "2s")).await;
+    wait_ready(&gw, 200, READY).await;
+    let url = [gw.url("/fresh")];
+    let run = |_| vec![("x-run", "migrating".to_string())];
+    assert_eq!(count(&burst_with(&url, 10, run).await, 200), 10);
+    let key = key_with(&cluster, &["{fresh:shared", "migrating"]);
+    let moving = tokio::task::block_in_place(|| cluster.begin_move(&key));
+    let asked = burst_with(&url, 10, run).await;
+    tokio::task::block_in_place(|| cluster.finish_move(&moving));
+    let admitted_while_asked = count(&asked, 200);
+    // Let the circuit breaker's cool-down pass, then the count must carry over.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let moved = burst_with(&url, 60, run).await;
+    assert_eq!(
+        count(&moved, 200),
+        40 - admitted_while_asked,
+        "after ASK during the migration: {asked:?}, then {moved:?}; log:\n{}",
+        gw.log()
+    );
 }
 
 async fn killing_a_master_fails_over_and_limiting_resumes(

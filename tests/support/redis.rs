@@ -339,6 +339,52 @@ impl RedisCluster {
         panic!("no master serves slot {slot}");
     }
 
+    /// Starts moving `key`'s slot to another master, as a resharding does: the target imports,
+    /// the source migrates, and the slot's keys are moved (`MIGRATE`). Until
+    /// [`RedisCluster::finish_move`], the source answers `ASK` for them.
+    pub fn begin_move(&self, key: &str) -> SlotMove {
+        let slot = self.slot(key).to_string();
+        let from = self.master_of(key);
+        let to = (0..self.nodes.len())
+            .find(|&i| {
+                i != from
+                    && self.nodes[i].pid().is_some()
+                    && info_field(&self.nodes[i].cli(&["info", "replication"]), "role").as_deref()
+                        == Some("master")
+            })
+            .expect("another master");
+        let id = |i: usize| self.nodes[i].cli(&["cluster", "myid"])[0].clone();
+        let (from_id, to_id) = (id(from), id(to));
+        self.nodes[to].cli(&["cluster", "setslot", &slot, "importing", &from_id]);
+        self.nodes[from].cli(&["cluster", "setslot", &slot, "migrating", &to_id]);
+        let keys = self.nodes[from].cli(&["cluster", "getkeysinslot", &slot, "1000"]);
+        if !keys.is_empty() {
+            let port = self.nodes[to].port.to_string();
+            let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+            migrate.extend(keys.iter().map(String::as_str));
+            self.nodes[from].cli(&migrate);
+        }
+        SlotMove {
+            slot,
+            from,
+            to,
+            to_id,
+        }
+    }
+
+    /// Ends a move: every master learns the slot's new owner (`MOVED` from now on).
+    pub fn finish_move(&self, moving: &SlotMove) {
+        for i in [moving.to, moving.from] {
+            self.nodes[i].cli(&["cluster", "setslot", &moving.slot, "node", &moving.to_id]);
+        }
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            let _ = node
+                .cli_command()
+                .args(["cluster", "setslot", &moving.slot, "node", &moving.to_id])
+                .output();
+        }
+    }
+
     /// Every key on every live master.
     pub fn keys(&self) -> Vec<String> {
         let mut keys = Vec::new();
@@ -357,6 +403,14 @@ impl RedisCluster {
         all.extend_from_slice(args);
         self.any().cli(&all)
     }
+}
+
+/// A slot being moved between two masters (indexes in [`RedisCluster::nodes`]).
+pub struct SlotMove {
+    pub slot: String,
+    pub from: usize,
+    pub to: usize,
+    to_id: String,
 }
 
 /// A master, one replica and one Sentinel (`redis-server FILE --sentinel`, Sentinel's own mode of

@@ -145,8 +145,11 @@ impl RedisStore {
         let connection = ConnectionConfig {
             connection_timeout: CONNECT_TIMEOUT,
             internal_command_timeout: CONNECT_TIMEOUT,
-            // A command that fails mid-reconnect is the caller's failure mode, not a retry.
-            max_command_attempts: 1,
+            // A command that fails mid-reconnect is the caller's failure mode, not a retry. On a
+            // Cluster, fred counts every write of a command as an attempt, the rewrite after
+            // `MOVED` too: allow a chain of redirections, still within `timeout`. A retry after a
+            // broken connection can then consume twice: fewer admissions, never more.
+            max_command_attempts: if target.is_cluster() { 3 } else { 1 },
             // A stalled server (SIGSTOP, a full network buffer) looks connected; drop it.
             unresponsive: UnresponsiveConfig {
                 max_timeout: Some(CONNECT_TIMEOUT.max(timeout * 4)),
