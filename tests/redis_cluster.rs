@@ -108,6 +108,13 @@ async fn a_fleet_on_a_redis_cluster() {
         wait_ready(gw, 200, READY).await;
     }
 
+    for gw in &gateways {
+        assert!(
+            !gw.log().contains("unreachable"),
+            "no false unreachable warning at a normal start:\n{}",
+            gw.log()
+        );
+    }
     exact_limits_across_three_instances(&gateways).await;
     a_rejection_in_one_slot_consumes_nothing_in_another(&cluster, &gateways).await;
     concurrent_multi_slot_requests_never_exceed_either_limit(&cluster, &gateways).await;

@@ -46,6 +46,13 @@ async fn the_gateway_follows_the_master_sentinel_names() {
     for gw in &gateways {
         wait_ready(gw, 200, READY).await;
     }
+    for gw in &gateways {
+        assert!(
+            !gw.log().contains("unreachable"),
+            "no false unreachable warning at a normal start:\n{}",
+            gw.log()
+        );
+    }
     exact(&gateways, "before").await;
 
     let old = setup.master.port;
