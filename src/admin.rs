@@ -105,5 +105,6 @@ async fn top_limited(
         .find_map(|pair| pair.strip_prefix("n="))
         .and_then(|n| n.parse().ok())
         .unwrap_or(TOP_LIMITED_DEFAULT);
-    Json(state.gateway.top_limited.report(n))
+    let show_values = state.gateway.config.load().admin.show_key_values;
+    Json(state.gateway.top_limited.report_with(n, show_values))
 }

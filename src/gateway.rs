@@ -16,6 +16,7 @@ use crate::config::{Action, FailureMode, Route, Snapshot};
 use crate::keys::RequestView;
 use crate::limiter::{Check, Decision, Limiter, MonotonicClock};
 use crate::metrics::{DecisionLabel, Metrics, RouteMetrics, UpstreamErrorKind};
+use crate::normalize;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::{self, ClientSide, ForwardError};
 use crate::respond;
@@ -60,11 +61,18 @@ impl Gateway {
     pub async fn handle(
         self: Arc<Self>,
         peer: SocketAddr,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
     ) -> Result<Response<ResponseBody>, Infallible> {
         let started = Instant::now();
         let snapshot = self.config.load_full();
-        let host = proxy::headers::request_host(req.uri(), req.headers());
+        // One spelling per request, before anything reads it: routing, keys and the upstream.
+        if let Err(e) = normalize::canonicalize(&mut req, snapshot.server.paths) {
+            let response = respond::bad_request(&e.to_string());
+            self.unmatched
+                .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+            return Ok(response);
+        }
+        let host = normalize::host::host(req.headers());
         let head = RequestHead {
             method: req.method(),
             host,
@@ -103,7 +111,7 @@ impl Gateway {
         }
         let peer_ip = peer.ip().to_canonical();
         let client_ip = snapshot.trusted_proxies.client_ip(peer_ip, req.headers());
-        let host = proxy::headers::request_host(req.uri(), req.headers());
+        let host = normalize::host::host(req.headers());
         let view = RequestView {
             method: req.method(),
             host,
@@ -112,15 +120,19 @@ impl Gateway {
             headers: req.headers(),
             params,
             client_ip,
+            client_prefix: snapshot.client_prefix,
         };
 
-        // The policies that apply (all key parts present), with their counter keys.
-        let keyed: Vec<(usize, String)> = route
-            .policies
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| p.counter_key(&view).map(|k| (i, k)))
-            .collect();
+        // The policies that apply (all key parts present), with their counter keys. A key
+        // header or query parameter sent twice is ambiguous: 400.
+        let mut keyed: Vec<(usize, String)> = Vec::with_capacity(route.policies.len());
+        for (i, policy) in route.policies.iter().enumerate() {
+            match policy.counter_key(&view) {
+                Ok(Some(key)) => keyed.push((i, key)),
+                Ok(None) => {}
+                Err(e) => return respond::bad_request(&e.to_string()),
+            }
+        }
         let governing = if keyed.is_empty() {
             None
         } else {
@@ -168,7 +180,7 @@ impl Gateway {
                     peer: peer_ip,
                     peer_trusted: snapshot.trusted_proxies.contains(&peer_ip),
                 };
-                match proxy::forward(upstream, req, client_side, max_body).await {
+                match proxy::forward(upstream, req, client_side, &snapshot.server).await {
                     Ok(r) => r,
                     Err(ForwardError::Timeout) => {
                         route
@@ -181,6 +193,8 @@ impl Gateway {
                         respond::bad_gateway(&route.name)
                     }
                     Err(ForwardError::BodyTooLarge) => respond::payload_too_large(max_body),
+                    Err(ForwardError::BodyReadTimeout) => respond::request_timeout(),
+                    Err(ForwardError::PoolTimeout) => respond::upstream_busy(&route.name),
                 }
             }
         };

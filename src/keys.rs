@@ -1,17 +1,20 @@
 //! From a request to the identity of a counter.
 //!
 //! A policy's `key` lists parts (`client_ip`, `header:NAME`, `path:PARAM`, `query:NAME`, `method`,
-//! `host`); their values, taken from the request, name the counter. Request material is bounded
-//! before it becomes a key: a value over [`MAX_KEY_VALUE_BYTES`] is replaced by its SHA-256, and
-//! bytes that could confuse a key's structure (or a Redis Cluster hash tag) are percent-escaped.
+//! `host`); their values, taken from the canonical request ([`crate::normalize`]) and
+//! percent-decoded where they can be encoded, name the counter. Request material is bounded before
+//! it becomes a key: a value over [`MAX_KEY_VALUE_BYTES`] is replaced by its SHA-256, and bytes
+//! that could confuse a key's structure (or a Redis Cluster hash tag) are percent-escaped.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::{HeaderMap, HeaderName, Method};
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
+use crate::normalize::decode;
 use crate::route::PathParams;
 
 /// Longer values are hashed before they become part of a counter key.
@@ -28,51 +31,131 @@ pub enum KeyPart {
     Host,
 }
 
-/// What key extraction may read from a request.
+/// What key extraction may read from a request, after [`crate::normalize::canonicalize`].
 #[derive(Debug, Clone, Copy)]
 pub struct RequestView<'a> {
     pub method: &'a Method,
+    /// Canonical (lower-case, no trailing dot, no default port).
     pub host: Option<&'a str>,
     pub path: &'a str,
     pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
     pub params: &'a PathParams,
     pub client_ip: IpAddr,
+    pub client_prefix: ClientPrefix,
+}
+
+/// A request that names a key part more than once: it is refused with 400, since the limiter
+/// and the upstream could read different values (issue 9, item 6).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("header `{0}` is a rate-limit key and must be sent once")]
+    RepeatedHeader(HeaderName),
+    #[error("query parameter `{0}` is a rate-limit key and must be sent once")]
+    RepeatedQuery(Box<str>),
 }
 
 /// Appends the counter key of `parts` to `out` (which already holds the policy's prefix).
-/// Returns `false` when a part is absent from the request: the policy then does not apply.
-pub fn write_key(parts: &[KeyPart], req: &RequestView<'_>, out: &mut String) -> bool {
+/// Returns `Ok(false)` when a part is absent from the request: the policy then does not apply.
+/// Every part is looked at, so a repeated key header is an error even then.
+///
+/// Values that can be percent-encoded (path parameters, query parameters) are decoded first, so
+/// every spelling of a value names one counter; then all are bounded by [`push_bounded`].
+pub fn write_key(
+    parts: &[KeyPart],
+    req: &RequestView<'_>,
+    out: &mut String,
+) -> Result<bool, KeyError> {
+    let mut present = true;
     for (i, part) in parts.iter().enumerate() {
         if i > 0 {
             out.push('|');
         }
-        let value: &[u8] = match part {
+        let value: Cow<'_, [u8]> = match part {
             KeyPart::ClientIp => {
-                push_ip(out, req.client_ip);
+                req.client_prefix.push_key(out, req.client_ip);
                 continue;
             }
-            KeyPart::Header(name) => match req.headers.get(name) {
-                Some(v) => v.as_bytes(),
-                None => return false,
-            },
+            KeyPart::Header(name) => {
+                let mut values = req.headers.get_all(name).iter();
+                let first = values.next();
+                if values.next().is_some() {
+                    return Err(KeyError::RepeatedHeader(name.clone()));
+                }
+                match first {
+                    Some(v) => Cow::Borrowed(v.as_bytes()),
+                    None => {
+                        present = false;
+                        continue;
+                    }
+                }
+            }
             KeyPart::PathParam(index) => match req.params.get(req.path, *index) {
-                Some(v) => v.as_bytes(),
-                None => return false,
+                Some(v) => decode::path_param(v),
+                None => {
+                    present = false;
+                    continue;
+                }
             },
-            KeyPart::Query(name) => match query_value(req.query, name) {
-                Some(v) => v.as_bytes(),
-                None => return false,
+            KeyPart::Query(name) => match decode::query_value(req.query, name) {
+                Ok(Some(v)) => decode::query_component(v),
+                Ok(None) => {
+                    present = false;
+                    continue;
+                }
+                Err(decode::Repeated) => return Err(KeyError::RepeatedQuery(name.clone())),
             },
-            KeyPart::Method => req.method.as_str().as_bytes(),
+            KeyPart::Method => Cow::Borrowed(req.method.as_str().as_bytes()),
             KeyPart::Host => match req.host {
-                Some(h) => h.as_bytes(),
-                None => return false,
+                Some(h) => Cow::Borrowed(h.as_bytes()),
+                None => {
+                    present = false;
+                    continue;
+                }
             },
         };
-        push_bounded(value, out);
+        if present {
+            push_bounded(&value, out);
+        }
     }
-    true
+    Ok(present)
+}
+
+/// How much of the client's address names its counter: a network, since whoever holds an IPv6
+/// /64 can pick any of its 2^64 addresses. `::ffff:a.b.c.d` counts as the IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientPrefix {
+    pub ipv4: u8,
+    pub ipv6: u8,
+}
+
+impl Default for ClientPrefix {
+    fn default() -> Self {
+        ClientPrefix { ipv4: 32, ipv6: 64 }
+    }
+}
+
+impl ClientPrefix {
+    /// Appends the client's network: the address alone for a whole-address prefix
+    /// (`192.0.2.7`), else `network/len` (`2001:db8:1:2::/64`).
+    pub fn push_key(&self, out: &mut String, ip: IpAddr) {
+        let (network, len) = match ip.to_canonical() {
+            IpAddr::V4(v4) if self.ipv4 < 32 => (
+                Ipv4Net::new(v4, self.ipv4).map_or(IpAddr::V4(v4), |n| n.network().into()),
+                self.ipv4,
+            ),
+            IpAddr::V6(v6) if self.ipv6 < 128 => (
+                Ipv6Net::new(v6, self.ipv6).map_or(IpAddr::V6(v6), |n| n.network().into()),
+                self.ipv6,
+            ),
+            whole => {
+                push_ip(out, whole);
+                return;
+            }
+        };
+        push_ip(out, network);
+        let _ = write!(out, "/{len}");
+    }
 }
 
 /// Appends `ip` as `Display` would write it. IPv4 (the common case) skips the `fmt` machinery,
@@ -99,14 +182,6 @@ pub fn push_ip(out: &mut String, ip: IpAddr) {
             let _ = write!(out, "{v6}");
         }
     }
-}
-
-/// The first value of `name` in a raw query string, as sent (not percent-decoded).
-pub fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
-    query?.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then_some(v)
-    })
 }
 
 /// Writes `#` and the first 128 bits of `value`'s SHA-256 in hex when `value` is longer than
@@ -144,7 +219,10 @@ pub struct TrustedProxies {
 }
 
 impl TrustedProxies {
+    /// `::ffff:a.b.c.d/n` ranges become IPv4 ranges: peers are compared in their canonical
+    /// (IPv4) form.
     pub fn new(nets: Vec<IpNet>) -> Self {
+        let nets = nets.into_iter().map(canonical_net).collect();
         TrustedProxies { nets }
     }
 
@@ -176,6 +254,16 @@ impl TrustedProxies {
             }
         }
         client
+    }
+}
+
+/// An IPv4-mapped IPv6 range (`::ffff:0:0/96` and narrower) as the IPv4 range it maps.
+fn canonical_net(net: IpNet) -> IpNet {
+    match (net, net.addr().to_canonical()) {
+        (IpNet::V6(v6), IpAddr::V4(v4)) if v6.prefix_len() >= 96 => {
+            Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, |n| IpNet::V4(n.trunc()))
+        }
+        _ => net,
     }
 }
 

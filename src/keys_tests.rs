@@ -18,9 +18,187 @@ fn key_of(parts: &[KeyPart], headers: &HeaderMap, query: Option<&str>) -> Option
         headers,
         params: &params,
         client_ip: "192.0.2.1".parse().unwrap(),
+        client_prefix: ClientPrefix::default(),
     };
     let mut out = String::from("r:p:");
-    write_key(parts, &view, &mut out).then_some(out)
+    write_key(parts, &view, &mut out).unwrap().then_some(out)
+}
+
+/// The key of `parts` for a request to `path` (matched against `pattern`) with `query`, or the
+/// error.
+fn key_for(
+    pattern: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    parts: &[KeyPart],
+    client_ip: &str,
+    client_prefix: ClientPrefix,
+) -> Result<Option<String>, KeyError> {
+    let (m, _) = RouteMatch::with_pattern(pattern).unwrap();
+    let head = crate::route::RequestHead {
+        method: &Method::GET,
+        host: None,
+        path,
+        headers,
+    };
+    let params = m.matches(&head).unwrap();
+    let view = RequestView {
+        method: &Method::GET,
+        host: None,
+        path,
+        query,
+        headers,
+        params: &params,
+        client_ip: client_ip.parse().unwrap(),
+        client_prefix,
+    };
+    let mut out = String::new();
+    Ok(write_key(parts, &view, &mut out)?.then_some(out))
+}
+
+#[test]
+fn path_parameters_are_percent_decoded_before_they_become_keys() {
+    let h = HeaderMap::new();
+    let key = |path| {
+        key_for(
+            "/u/{id}",
+            path,
+            None,
+            &h,
+            &[KeyPart::PathParam(0)],
+            "192.0.2.1",
+            ClientPrefix::default(),
+        )
+        .unwrap()
+    };
+    assert_eq!(key("/u/1"), Some("1".to_string()));
+    assert_eq!(key("/u/%31"), Some("1".to_string()));
+    assert_eq!(key("/u/a%20b"), key("/u/a%20b"));
+    assert_eq!(
+        key("/u/a%20b"),
+        Some("a%20b".to_string()),
+        "a space is escaped again"
+    );
+    assert_eq!(
+        key("/u/a+b"),
+        Some("a+b".to_string()),
+        "`+` is literal in a path"
+    );
+}
+
+#[test]
+fn query_names_and_values_are_form_decoded() {
+    let h = HeaderMap::new();
+    let key = |query| {
+        key_for(
+            "/u/{id}",
+            "/u/1",
+            Some(query),
+            &h,
+            &[KeyPart::Query("user id".into())],
+            "192.0.2.1",
+            ClientPrefix::default(),
+        )
+    };
+    let want = Ok(Some("a%20b".to_string()));
+    assert_eq!(key("user+id=a+b"), want);
+    assert_eq!(key("user%20id=a%20b"), want);
+    assert_eq!(key("x=1&user%20id=%61+b"), want);
+    assert_eq!(key("user+id=100%"), Ok(Some("100%25".to_string())));
+    assert_eq!(key("other=1"), Ok(None));
+}
+
+#[test]
+fn a_key_header_or_query_parameter_sent_twice_is_refused() {
+    let mut h = HeaderMap::new();
+    h.append("x-key", "zz".parse().unwrap());
+    h.append("x-key", "k1".parse().unwrap());
+    let header = KeyPart::Header(HeaderName::from_static("x-key"));
+    let got = key_for(
+        "/u/{id}",
+        "/u/1",
+        None,
+        &h,
+        std::slice::from_ref(&header),
+        "192.0.2.1",
+        ClientPrefix::default(),
+    );
+    assert_eq!(
+        got,
+        Err(KeyError::RepeatedHeader(HeaderName::from_static("x-key")))
+    );
+    // Even when another part is absent, so the policy would not apply.
+    let parts = [KeyPart::Query("absent".into()), header];
+    let got = key_for(
+        "/u/{id}",
+        "/u/1",
+        None,
+        &h,
+        &parts,
+        "192.0.2.1",
+        ClientPrefix::default(),
+    );
+    assert!(got.is_err());
+    let none = HeaderMap::new();
+    let query = [KeyPart::Query("k".into())];
+    for q in ["k=1&k=2", "k=1&%6B=1", "k=1&k"] {
+        let got = key_for(
+            "/u/{id}",
+            "/u/1",
+            Some(q),
+            &none,
+            &query,
+            "192.0.2.1",
+            ClientPrefix::default(),
+        );
+        assert_eq!(got, Err(KeyError::RepeatedQuery("k".into())), "{q}");
+    }
+}
+
+#[test]
+fn client_ip_keys_are_network_prefixes_and_mapped_ipv4_is_ipv4() {
+    let h = HeaderMap::new();
+    let key = |ip: &str, prefix: ClientPrefix| {
+        key_for(
+            "/u/{id}",
+            "/u/1",
+            None,
+            &h,
+            &[KeyPart::ClientIp],
+            ip,
+            prefix,
+        )
+        .unwrap()
+        .unwrap()
+    };
+    let default = ClientPrefix::default();
+    assert_eq!(
+        key("2001:db8:1:2:aaaa:bbbb:cccc:dddd", default),
+        "2001:db8:1:2::/64"
+    );
+    assert_eq!(key("2001:db8:1:2::1", default), "2001:db8:1:2::/64");
+    assert_eq!(key("2001:db8:1:3::1", default), "2001:db8:1:3::/64");
+    assert_eq!(key("192.0.2.77", default), "192.0.2.77");
+    assert_eq!(key("::ffff:192.0.2.77", default), "192.0.2.77");
+    let wide = ClientPrefix {
+        ipv4: 24,
+        ipv6: 128,
+    };
+    assert_eq!(key("::ffff:192.0.2.77", wide), "192.0.2.0/24");
+    assert_eq!(key("2001:db8::7", wide), "2001:db8::7");
+}
+
+#[test]
+fn an_ipv4_mapped_trusted_range_trusts_the_ipv4_peer() {
+    let trusted = TrustedProxies::new(vec!["::ffff:10.0.0.0/104".parse().unwrap()]);
+    assert!(trusted.contains(&"10.1.2.3".parse().unwrap()));
+    let mut h = HeaderMap::new();
+    h.insert("x-forwarded-for", "::ffff:198.51.100.9".parse().unwrap());
+    assert_eq!(
+        trusted.client_ip("::ffff:10.0.0.1".parse().unwrap(), &h),
+        "198.51.100.9".parse::<IpAddr>().unwrap()
+    );
 }
 
 #[test]

@@ -77,7 +77,9 @@ fn main() -> ExitCode {
             tracing_subscriber::fmt()
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
-                        .unwrap_or_else(|_| "info".into()),
+                        // The h2 crate warns once per connection it closes for a reset flood;
+                        // the listener counts and logs those, throttled.
+                        .unwrap_or_else(|_| "info,h2=error".into()),
                 )
                 .with_writer(std::io::stderr)
                 // Colour codes only for a terminal, never into log files or collectors.

@@ -148,6 +148,24 @@ pub fn payload_too_large(limit: u64) -> Response<ResponseBody> {
     )
 }
 
+/// 408: the client stopped sending its request body (`server.body_read_timeout`). hyper closes an
+/// HTTP/1.1 connection whose request body was left unread, as RFC 9110 §15.5.9 expects.
+pub fn request_timeout() -> Response<ResponseBody> {
+    json(
+        StatusCode::REQUEST_TIMEOUT,
+        serde_json::json!({"error": "body_read_timeout"}),
+    )
+}
+
+/// 503: every connection the upstream may have (`max_connections`) stayed busy for its
+/// `pool_timeout`.
+pub fn upstream_busy(route: &str) -> Response<ResponseBody> {
+    json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        serde_json::json!({"error": "upstream_busy", "route": route}),
+    )
+}
+
 pub fn bad_request(message: &str) -> Response<ResponseBody> {
     json(
         StatusCode::BAD_REQUEST,

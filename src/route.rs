@@ -1,6 +1,10 @@
 //! Which route a request belongs to. Patterns are compiled once at config load into segments, and
 //! matching is a pure function of the request head: no allocation, path parameters are returned as
 //! byte ranges into the request's own path.
+//!
+//! The head is the canonical request ([`crate::normalize`]): its path is normalised and its host
+//! is lower-case, so a prefix cannot be escaped with `..` and a host cannot be re-spelt. A `path`
+//! pattern matches with or without one trailing slash, with the same parameters.
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
@@ -73,6 +77,8 @@ impl RouteMatch {
         let Some(body) = pattern.strip_prefix('/') else {
             return Err(format!("`{pattern}` must start with `/`"));
         };
+        // `/a/` and `/a` are one pattern: requests are matched without their trailing slash.
+        let body = body.strip_suffix('/').unwrap_or(body);
         let mut segments = Vec::new();
         let mut names: Vec<String> = Vec::new();
         let parts: Vec<&str> = body.split('/').collect();
@@ -130,7 +136,9 @@ impl RouteMatch {
         self.methods = Some(methods);
     }
 
+    /// The host as requests spell it canonically: lower-case, without a trailing dot.
     pub fn set_host(&mut self, host: &str) {
+        let host = host.strip_suffix('.').unwrap_or(host);
         self.host = Some(host.to_ascii_lowercase().into());
     }
 
@@ -167,7 +175,13 @@ impl RouteMatch {
         let ok = match &self.path {
             PathMatch::Any => true,
             PathMatch::Prefix(prefix) => head.path.starts_with(&**prefix),
-            PathMatch::Pattern(segments) => match_segments(segments, head.path, &mut params),
+            PathMatch::Pattern(segments) => {
+                let path = match head.path.strip_suffix('/') {
+                    Some(trimmed) if !trimmed.is_empty() => trimmed,
+                    _ => head.path,
+                };
+                match_segments(segments, path, &mut params)
+            }
         };
         ok.then_some(params)
     }

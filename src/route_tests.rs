@@ -103,3 +103,27 @@ fn methods_host_and_headers_must_all_hold() {
     };
     assert!(m.matches(&other_host).is_none());
 }
+
+#[test]
+fn a_pattern_matches_with_or_without_one_trailing_slash_with_the_same_params() {
+    let h = HeaderMap::new();
+    let (m, _) = pattern("/api/users/{id}");
+    for path in ["/api/users/1", "/api/users/1/"] {
+        let params = m.matches(&head(&Method::GET, path, &h)).unwrap();
+        assert_eq!(params.get(path, 0), Some("1"), "{path}");
+    }
+    for miss in ["/api/users/1//", "/api/users//", "/api/users/"] {
+        assert!(m.matches(&head(&Method::GET, miss, &h)).is_none(), "{miss}");
+    }
+    let (m, _) = pattern("/health/");
+    for path in ["/health", "/health/"] {
+        assert!(m.matches(&head(&Method::GET, path, &h)).is_some(), "{path}");
+    }
+    let (m, _) = pattern("/files/{*rest}");
+    for path in ["/files/a/b", "/files/a/b/"] {
+        let params = m.matches(&head(&Method::GET, path, &h)).unwrap();
+        assert_eq!(params.get(path, 0), Some("a/b"), "{path}");
+    }
+    let (root, _) = pattern("/");
+    assert!(root.matches(&head(&Method::GET, "/", &h)).is_some());
+}

@@ -1,5 +1,5 @@
-//! Listeners and lifecycle: accept connections (HTTP/1.1 and h2c) on the public listener, serve
-//! the admin listener, reload the config atomically, and drain on shutdown.
+//! Lifecycle: start the public listener ([`crate::listener`]), the admin listener and the Envoy
+//! service, reload the config atomically, and drain on shutdown.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -7,10 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -133,7 +129,7 @@ pub async fn start(
             tracing::error!(error = %e, "admin listener failed");
         }
     });
-    tasks.push(tokio::spawn(serve_public(
+    tasks.push(tokio::spawn(crate::listener::serve_public(
         public,
         gateway.clone(),
         shutdown_rx,
@@ -150,111 +146,6 @@ pub async fn start(
         tasks,
         admin_task,
     })
-}
-
-async fn serve_public(
-    listener: TcpListener,
-    gateway: Arc<Gateway>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let settings = gateway.config.load().server.clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        .keep_alive(true)
-        // One flat write per response (head and small bodies copied together) costs fewer
-        // instructions than hyper's vectored queue; large bodies still stream chunk by chunk.
-        .writev(false);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
-        // Pings find dead peers; a connection that stops answering is closed.
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(10));
-    let builder = Arc::new(builder);
-    let header_read_timeout = settings.header_read_timeout;
-    let graceful = GracefulShutdown::new();
-
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let gw = gateway.clone();
-        let builder = builder.clone();
-        // Taken here, before shutdown can begin, so the drain also waits for this connection.
-        let watcher = graceful.watcher();
-        let mut stopping = shutdown.clone();
-        tokio::spawn(async move {
-            // A connection that has not said a byte when shutdown begins has no request to
-            // finish: close it rather than hold the drain until its detection times out.
-            let known = tokio::select! {
-                known = protocol_known(&stream, header_read_timeout) => known,
-                _ = stopping.wait_for(|stop| *stop) => false,
-            };
-            if !known {
-                return;
-            }
-            let service = service_fn(move |req| gw.clone().handle(peer, req));
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    let grace = gateway.config.load().server.shutdown_grace;
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(?grace, "grace period over; closing remaining connections");
-    }
-}
-
-/// The h2c connection preface (RFC 9113 §3.4).
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Waits until the client's first bytes tell HTTP/1.1 from an h2c preface, for at most `limit`;
-/// `false` when the client said too little in time (or hung up). hyper-util's own detection waits
-/// without a deadline, and hyper's `header_read_timeout` only starts after it, so without this a
-/// client that connects and stays silent, or trickles a preface, holds a connection forever
-/// (slowloris). Bytes are peeked, not read: hyper then reads them as usual. A slow HTTP/1.1 head
-/// thus gets at most twice `limit` in all: this wait, then hyper's own.
-async fn protocol_known(stream: &tokio::net::TcpStream, limit: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut buf = [0u8; H2_PREFACE.len()];
-    loop {
-        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
-            Ok(Ok(n)) => n,
-            Ok(Err(_)) | Err(_) => return false,
-        };
-        if n == 0 {
-            return false;
-        }
-        if n == H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] {
-            return true;
-        }
-        // Part of a preface: `peek` returns at once while bytes are waiting, so pause rather
-        // than spin. Real h2c clients send the 24 bytes in one write and never get here.
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5).min(deadline - tokio::time::Instant::now()))
-            .await;
-    }
 }
 
 impl Running {
@@ -327,6 +218,12 @@ pub fn reload(gateway: &Gateway) -> Result<(), ConfigErrors> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
     if rls_listen(&next) != rls_listen(&current) {
         tracing::warn!("rls.listen changed; it takes effect at the next restart");
+    }
+    let (n, c) = (&next.server, &current.server);
+    if (n.max_connections, n.max_header_size) != (c.max_connections, c.max_header_size) {
+        tracing::warn!(
+            "server.max_connections and max_header_size take effect at the next restart"
+        );
     }
     if next.store != current.store {
         tracing::warn!("store settings changed; they take effect at the next restart");

@@ -33,6 +33,10 @@ pub const MAX_KEY_BYTES: usize = 512;
 /// How many keys are monitored when the config does not say.
 pub const DEFAULT_CAPACITY: usize = 128;
 
+/// Hex digits of a key's SHA-256 shown when key values are hidden: 48 bits, so two keys among a
+/// report's few hundred collide with odds of about 10⁻¹⁰.
+pub const SHORT_DIGEST_HEX: usize = 12;
+
 /// How long one period lasts when the config does not say.
 pub const DEFAULT_PERIOD_US: u64 = 300_000_000;
 
@@ -81,18 +85,30 @@ impl TopLimited {
         inner.current.record(route, policy, key);
     }
 
-    /// The monitored keys of the current and previous periods, heaviest first, `n` at most each.
+    /// The monitored keys of the current and previous periods, heaviest first, `n` at most each,
+    /// with their values as recorded.
     pub fn report(&self, n: usize) -> Report {
+        self.report_with(n, true)
+    }
+
+    /// [`TopLimited::report`], each key shown as `sha256:` and the first [`SHORT_DIGEST_HEX`] hex
+    /// digits of its SHA-256 unless `show_values`: enough to tell keys apart and to check a
+    /// suspected value (`printf %s KEY | sha256sum`), without handing out API keys.
+    pub fn report_with(&self, n: usize, show_values: bool) -> Report {
         let now = self.clock.now_us();
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.rotate(now, self.period_us);
         Report {
             capacity: inner.current.capacity,
             period_seconds: self.period_us as f64 / 1e6,
-            current: inner.current.report(n, (now - inner.start_us) as f64 / 1e6),
-            previous: inner
-                .previous_complete
-                .then(|| inner.previous.report(n, self.period_us as f64 / 1e6)),
+            current: inner
+                .current
+                .report(n, (now - inner.start_us) as f64 / 1e6, show_values),
+            previous: inner.previous_complete.then(|| {
+                inner
+                    .previous
+                    .report(n, self.period_us as f64 / 1e6, show_values)
+            }),
         }
     }
 
@@ -161,6 +177,8 @@ struct Slot {
     route: String,
     policy: String,
     key: String,
+    /// `key` holds `sha256:` and the digest of a value too long to keep.
+    digested: bool,
     count: u64,
     error: u64,
 }
@@ -198,7 +216,8 @@ impl Sketch {
     fn record(&mut self, route: &str, policy: &str, key: &str) {
         // A long key is replaced by its digest, formatted on the stack.
         let mut digest_hex = [0u8; 7 + 64];
-        let key = if key.len() > MAX_KEY_BYTES {
+        let digested = key.len() > MAX_KEY_BYTES;
+        let key = if digested {
             digest_key(key, &mut digest_hex)
         } else {
             key
@@ -222,6 +241,7 @@ impl Sketch {
                     route: String::new(),
                     policy: String::new(),
                     key: String::new(),
+                    digested: false,
                     count: 0,
                     error: 0,
                 });
@@ -242,6 +262,7 @@ impl Sketch {
         };
         let s = &mut self.slots[slot];
         s.hash = hash;
+        s.digested = digested;
         s.count = count;
         s.error = error;
         for (buf, value) in [
@@ -257,13 +278,21 @@ impl Sketch {
             .insert_unique(hash, slot as u32, |&i| slots[i as usize].hash);
     }
 
-    fn report(&self, n: usize, seconds: f64) -> PeriodReport {
+    fn report(&self, n: usize, seconds: f64, show_values: bool) -> PeriodReport {
         let mut keys: Vec<KeyCount> = self.slots[..self.used]
             .iter()
             .map(|s| KeyCount {
                 route: s.route.clone(),
                 policy: s.policy.clone(),
-                key: s.key.clone(),
+                key: match (show_values, s.digested) {
+                    (true, _) => s.key.clone(),
+                    // Already `sha256:` and the full digest of the value.
+                    (false, true) => s.key[..7 + SHORT_DIGEST_HEX].to_string(),
+                    (false, false) => {
+                        let mut buf = [0u8; 7 + 64];
+                        digest_key(&s.key, &mut buf)[..7 + SHORT_DIGEST_HEX].to_string()
+                    }
+                },
                 count: s.count,
                 error: s.error,
             })

@@ -209,6 +209,7 @@ fn report_is_limited_to_n() {
 async fn admin_endpoint_reports_the_heaviest_limited_keys() {
     let gw = support::TestGateway::start(
         r#"
+admin: { show_key_values: true }
 routes:
   - name: users
     match:
@@ -268,5 +269,80 @@ routes:
 
     let (_, body) = gw.admin_get("/debug/top-limited").await;
     assert!(body.contains("\"keys\""));
+    gw.shutdown().await;
+}
+
+/// The first key of `/debug/top-limited`'s current period, and the whole body.
+async fn top_key(gw: &support::TestGateway) -> (String, String) {
+    let (status, body) = gw.admin_get("/debug/top-limited?n=1").await;
+    assert_eq!(status, 200, "{body}");
+    let json = body.trim_start_matches(|c: char| c != '{');
+    let json = &json[..=json.rfind('}').expect("a JSON object")];
+    let report: serde_json::Value = serde_json::from_str(json).expect("JSON");
+    let key = report["current"]["keys"][0]["key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no key listed: {body}"))
+        .to_string();
+    (key, body)
+}
+
+/// Keys can be secrets (an API key in `header:x-api-key`): by default the admin endpoint shows a
+/// short SHA-256 digest of each, and the raw value only with `admin.show_key_values: true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_limited_shows_key_digests_unless_show_key_values() {
+    use sha2::{Digest, Sha256};
+    const SECRET: &str = "sk-live-s3cret-api-key";
+    let config = |admin: &str| {
+        format!(
+            r#"
+{admin}
+routes:
+  - name: api
+    respond: {{ status: 200, body: "ok" }}
+    policies:
+      - name: per_key
+        key: ["header:x-api-key"]
+        token_bucket: {{ rate: 1/h, burst: 1 }}
+"#
+        )
+    };
+    let gw = support::TestGateway::start(&config("")).await;
+    let client = support::Client::new();
+    let url = gw.url("/");
+    let statuses: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(client.get_with(&url, &[("x-api-key", SECRET)]).await.status);
+        }
+        v
+    };
+    assert_eq!(statuses, [200, 429, 429]);
+
+    let hex: String = Sha256::digest(SECRET.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (key, body) = top_key(&gw).await;
+    assert_eq!(key, format!("sha256:{}", &hex[..12]), "{body}");
+    assert!(!body.contains("s3cret"), "the raw key leaked: {body}");
+
+    // Opting in (a reload is enough: the endpoint reads the running config).
+    gw.reload_with(&config("admin: { show_key_values: true }"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (key, _) = top_key(&gw).await;
+    assert_eq!(key, SECRET);
+
+    // And back: values hidden again, an unknown field under `admin` refused.
+    gw.reload_with(&config("admin: { show_key_values: false }"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(top_key(&gw).await.0, format!("sha256:{}", &hex[..12]));
+    let e = gw
+        .reload_with(&config("admin: { show_keys: true }"))
+        .expect_err("unknown field");
+    assert!(
+        e.to_string().contains("admin: unknown field `show_keys`"),
+        "{e}"
+    );
+    drop(client);
     gw.shutdown().await;
 }

@@ -14,10 +14,11 @@ use ipnet::IpNet;
 use super::raw::*;
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
-use crate::keys::{KeyPart, TrustedProxies};
+use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
 use crate::metrics::Metrics;
+use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
 
 /// A problem at a field path such as `routes[1].policies[0].token_bucket.rate`.
@@ -75,6 +76,7 @@ pub fn compile(
         nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), net));
     }
 
+    let client_prefix = client_prefix(e, &raw.client_ip);
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
 
@@ -103,6 +105,17 @@ pub fn compile(
         }
     }
 
+    // An empty, comment-only or truncated file parses as a config with no routes: serving it
+    // would answer 404 to everything and drop every limit, so it must not pass `check` or a
+    // reload. The Envoy service alone (`rls:`) needs no routes: its descriptors are its rules.
+    if raw.routes.is_empty() && raw.rls.is_none() {
+        e.add(
+            "routes",
+            "no routes: every request would get 404 and no limit would apply; define at least one \
+             route (only a file that configures `rls:` may have none)",
+        );
+    }
+
     let rls = raw.rls.as_ref().and_then(|r| {
         crate::rls::settings::compile(r, source, metrics)
             .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
@@ -115,7 +128,11 @@ pub fn compile(
             source_info: super::SourceInfo::default(),
             listen,
             admin_listen,
+            admin: AdminSettings {
+                show_key_values: raw.admin.show_key_values.unwrap_or(false),
+            },
             trusted_proxies: TrustedProxies::new(nets),
+            client_prefix,
             store,
             failure_mode,
             server,
@@ -139,6 +156,23 @@ fn duration_or(e: &mut Errors, path: &str, text: Option<&str>, default: Duration
     text.and_then(|t| e.take(path, parse_duration(t)))
         .unwrap_or(default)
 }
+
+/// [`duration_or`] for a timeout that zero would break: every request would time out at once.
+fn timeout_or(e: &mut Errors, path: &str, text: Option<&str>, default: Duration) -> Duration {
+    let d = duration_or(e, path, text, default);
+    if d.is_zero() {
+        e.add(path, "must be more than 0ms (and at most 365d)");
+        return default;
+    }
+    d
+}
+
+/// The most counters the memory store may be asked to hold; far above what fits in memory
+/// anyway, it only keeps the arithmetic on it sane.
+const MAX_KEYS_LIMIT: u64 = 1_000_000_000;
+
+/// The longest a token bucket may take to refill from empty (`burst / rate`): 100 years.
+const MAX_REFILL_S: f64 = 100.0 * 365.0 * 86_400.0;
 
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -183,8 +217,11 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
             memory_only(e, "timeout", raw.timeout.is_some());
             memory_only(e, "key_prefix", raw.key_prefix.is_some());
             let max_keys = raw.max_keys.unwrap_or(1_000_000);
-            if max_keys == 0 {
-                e.add("store.max_keys", "must be at least 1");
+            if !(1..=MAX_KEYS_LIMIT).contains(&max_keys) {
+                e.add(
+                    "store.max_keys",
+                    format!("must be between 1 and {MAX_KEYS_LIMIT}"),
+                );
             }
             StoreSettings::Memory {
                 max_keys: max_keys as usize,
@@ -202,15 +239,12 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
             if !(1..=64).contains(&pool_size) {
                 e.add("store.pool_size", "must be between 1 and 64");
             }
-            let timeout = duration_or(
+            let timeout = timeout_or(
                 e,
                 "store.timeout",
                 raw.timeout.as_deref(),
                 Duration::from_millis(50),
             );
-            if timeout.is_zero() {
-                e.add("store.timeout", "must be more than 0ms");
-            }
             StoreSettings::Redis {
                 target,
                 pool_size: pool_size as usize,
@@ -315,26 +349,132 @@ fn redis_target(e: &mut Errors, raw: &RawStore) -> Target {
     target
 }
 
+fn client_prefix(e: &mut Errors, raw: &RawClientIp) -> ClientPrefix {
+    let mut prefix = ClientPrefix::default();
+    let mut read = |field: &str, value: Option<u32>, max: u8, out: &mut u8| match value {
+        Some(v @ 1..=128) if v <= u32::from(max) => *out = v as u8,
+        Some(v) => e.add(
+            format!("client_ip.{field}"),
+            format!("{v} is not a prefix length; expected 1-{max}"),
+        ),
+        None => {}
+    };
+    read("ipv4_prefix", raw.ipv4_prefix, 32, &mut prefix.ipv4);
+    read("ipv6_prefix", raw.ipv6_prefix, 128, &mut prefix.ipv6);
+    prefix
+}
+
+fn path_options(e: &mut Errors, raw: &RawServer) -> PathOptions {
+    let defaults = PathOptions::default();
+    PathOptions {
+        normalize_path: raw.normalize_path.unwrap_or(defaults.normalize_path),
+        merge_slashes: raw.merge_slashes.unwrap_or(defaults.merge_slashes),
+        escaped_slashes: match raw.escaped_slashes.as_deref() {
+            None | Some("reject") => EscapedSlashes::Reject,
+            Some("keep") => EscapedSlashes::Keep,
+            Some(other) => {
+                e.add(
+                    "server.escaped_slashes",
+                    format!("`{other}` is not an action; expected `reject` or `keep`"),
+                );
+                defaults.escaped_slashes
+            }
+        },
+    }
+}
+
 fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
     ServerSettings {
+        paths: path_options(e, raw),
         max_body_size: raw
             .max_body_size
             .as_deref()
             .and_then(|t| e.take("server.max_body_size", parse_size(t)))
             .unwrap_or(10 << 20),
-        header_read_timeout: duration_or(
+        header_read_timeout: timeout_or(
             e,
             "server.header_read_timeout",
             raw.header_read_timeout.as_deref(),
             Duration::from_secs(10),
         ),
+        // 0 is allowed: stop at once, cutting in-flight requests, as an operator may want.
         shutdown_grace: duration_or(
             e,
             "server.shutdown_grace",
             raw.shutdown_grace.as_deref(),
             Duration::from_secs(30),
         ),
+        body_read_timeout: timeout_or(
+            e,
+            "server.body_read_timeout",
+            raw.body_read_timeout.as_deref(),
+            DEFAULT_BODY_READ_TIMEOUT,
+        ),
+        max_connections: bounded_count(
+            e,
+            "server.max_connections",
+            raw.max_connections,
+            DEFAULT_MAX_CONNECTIONS,
+            1_000_000,
+        ),
+        max_header_size: max_header_size(e, raw.max_header_size.as_deref()),
+        allowed_upgrades: allowed_upgrades(e, raw.allowed_upgrades.as_deref()),
     }
+}
+
+/// Like NGINX's `client_body_timeout` (60 s there).
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// With `max_header_size`, bounds the memory held by half-sent heads to about 4096 × 32 KiB.
+const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
+/// NGINX's `large_client_header_buffers` default (4 × 8k) allows 32 KiB heads too.
+const DEFAULT_MAX_HEADER_SIZE: u64 = 32 << 10;
+/// The most connections per upstream, as many as the pool keeps idle.
+const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = crate::proxy::pool::MAX_IDLE as u64;
+const DEFAULT_POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn bounded_count(e: &mut Errors, path: &str, value: Option<u64>, default: u64, max: u64) -> usize {
+    let value = value.unwrap_or(default);
+    if !(1..=max).contains(&value) {
+        e.add(path, format!("must be between 1 and {max}"));
+    }
+    value.clamp(1, max) as usize
+}
+
+fn max_header_size(e: &mut Errors, text: Option<&str>) -> usize {
+    const PATH: &str = "server.max_header_size";
+    // hyper's HTTP/1 read buffer cannot be smaller than 8 KiB.
+    const RANGE: std::ops::RangeInclusive<u64> = (8 << 10)..=(1 << 20);
+    let size = text
+        .and_then(|t| e.take(PATH, parse_size(t)))
+        .unwrap_or(DEFAULT_MAX_HEADER_SIZE);
+    if !RANGE.contains(&size) {
+        e.add(PATH, "must be between 8KiB and 1MiB");
+    }
+    size.clamp(*RANGE.start(), *RANGE.end()) as usize
+}
+
+/// Protocol names as `Upgrade` lists them (RFC 9110 §7.8: `token ["/" token]`), matched without
+/// their version and case-insensitively.
+fn allowed_upgrades(e: &mut Errors, raw: Option<&[String]>) -> Vec<String> {
+    let Some(raw) = raw else {
+        return vec!["websocket".to_string()];
+    };
+    let mut names = Vec::new();
+    for (i, name) in raw.iter().enumerate() {
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if token {
+            names.push(name.to_ascii_lowercase());
+        } else {
+            e.add(
+                format!("server.allowed_upgrades[{i}]"),
+                format!("`{name}` is not a protocol name (a token such as `websocket`)"),
+            );
+        }
+    }
+    names
 }
 
 fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
@@ -342,17 +482,30 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
     if !valid_name(name) {
         e.add(&path, NAME_HELP);
     }
-    let connect_timeout = duration_or(
+    let connect_timeout = timeout_or(
         e,
         &format!("{path}.connect_timeout"),
         raw.connect_timeout.as_deref(),
         Duration::from_secs(1),
     );
-    let timeout = duration_or(
+    let timeout = timeout_or(
         e,
         &format!("{path}.timeout"),
         raw.timeout.as_deref(),
         Duration::from_secs(30),
+    );
+    let max_connections = bounded_count(
+        e,
+        &format!("{path}.max_connections"),
+        raw.max_connections,
+        DEFAULT_UPSTREAM_MAX_CONNECTIONS,
+        65_535,
+    );
+    let pool_timeout = timeout_or(
+        e,
+        &format!("{path}.pool_timeout"),
+        raw.pool_timeout.as_deref(),
+        DEFAULT_POOL_TIMEOUT,
     );
     let uri = match raw.url.parse::<Uri>() {
         Ok(uri) => uri,
@@ -371,7 +524,16 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
             authority: authority.clone(),
             connect_timeout,
             timeout,
-            client: crate::proxy::client(authority, connect_timeout),
+            max_connections,
+            pool_timeout,
+            client: crate::proxy::client(
+                authority,
+                crate::proxy::pool::Limits {
+                    connect_timeout,
+                    max_connections,
+                    pool_timeout,
+                },
+            ),
         }),
         (Some("http"), Some(_), _) => {
             e.add(
@@ -578,9 +740,29 @@ fn policy(
         key.extend(e.take(format!("{path}.key[{k}]"), part));
     }
     let cost = raw.cost.unwrap_or(1);
+    if cost == 0 {
+        // A zero cost would check without ever consuming: the policy would never limit.
+        e.add(
+            format!("{path}.cost"),
+            "must be at least 1 (and at most the burst or limit)",
+        );
+    }
     let rule = match (&raw.token_bucket, &raw.sliding_window) {
         (Some(tb), None) => {
             let rate = e.take(format!("{path}.token_bucket.rate"), parse_rate(&tb.rate));
+            // The bucket refills from empty in burst / rate, which bounds `Reset` and
+            // `Retry-After`: a century keeps them far from overflowing microseconds, and still
+            // allows the "never refills during a test" buckets (`1/d`, burst 1000).
+            let refill_s = rate.map_or(0.0, |r| tb.burst as f64 / r);
+            if refill_s > MAX_REFILL_S * (1.0 + 1e-12) {
+                e.add(
+                    format!("{path}.token_bucket"),
+                    format!(
+                        "burst / rate is {refill_s:.0} s: the bucket must refill from empty \
+                         within 100 years, 36500d (raise the rate or lower the burst)"
+                    ),
+                );
+            }
             if tb.burst == 0 {
                 e.add(format!("{path}.token_bucket.burst"), "must be at least 1");
             } else if cost > tb.burst {

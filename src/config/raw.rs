@@ -11,6 +11,9 @@ use serde::Deserialize;
 pub struct RawConfig {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    /// What the admin endpoints may show (`admin_listen` stays at the top level).
+    #[serde(default)]
+    pub admin: RawAdmin,
     #[serde(default)]
     pub client_ip: RawClientIp,
     #[serde(default)]
@@ -27,9 +30,20 @@ pub struct RawConfig {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// `/debug/top-limited` shows raw key values (API keys, user ids) instead of digests.
+    pub show_key_values: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawClientIp {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// The network length that names an IPv4 client's counter (default 32).
+    pub ipv4_prefix: Option<u32>,
+    /// The network length that names an IPv6 client's counter (default 64).
+    pub ipv6_prefix: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -69,6 +83,20 @@ pub struct RawServer {
     pub max_body_size: Option<String>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
+    /// Idle time allowed between request-body chunks (`408` or an aborted upstream request).
+    pub body_read_timeout: Option<String>,
+    /// Open connections on the public listener; more wait in the accept backlog.
+    pub max_connections: Option<u64>,
+    /// The largest request head (HTTP/1.1) or header list (h2).
+    pub max_header_size: Option<String>,
+    /// `Upgrade` protocols forwarded to upstreams; any other is stripped.
+    pub allowed_upgrades: Option<Vec<String>>,
+    /// Decode unreserved escapes and remove dot segments (default true).
+    pub normalize_path: Option<bool>,
+    /// Merge repeated slashes (default true).
+    pub merge_slashes: Option<bool>,
+    /// `reject` (default) or `keep` `%2F` and `%5C`.
+    pub escaped_slashes: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +105,10 @@ pub struct RawUpstream {
     pub url: String,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
+    /// Open connections to this upstream at most.
+    pub max_connections: Option<u64>,
+    /// How long a request waits for a connection when `max_connections` are busy (then 503).
+    pub pool_timeout: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

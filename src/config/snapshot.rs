@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, StatusCode};
 
-use crate::keys::{self, KeyPart, RequestView, TrustedProxies};
+use crate::keys::{self, ClientPrefix, KeyError, KeyPart, RequestView, TrustedProxies};
 use crate::limiter::Rule;
 use crate::metrics::{PolicyMetrics, RouteMetrics};
 use crate::route::RouteMatch;
@@ -47,6 +47,19 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// A request body that sends nothing for this long is cut off (slow-body clients must not
+    /// hold upstream connections).
+    pub body_read_timeout: Duration,
+    /// Open connections on the public listener; past it, new ones wait in the accept backlog.
+    /// Read at start (a reload does not change it).
+    pub max_connections: usize,
+    /// The largest request head in bytes: bounds each connection's read buffer. Read at start.
+    pub max_header_size: usize,
+    /// Lower-case `Upgrade` protocol names forwarded upstream (RFC 9110 §7.8); others are
+    /// stripped, so no tunnel opens past the limiter.
+    pub allowed_upgrades: Vec<String>,
+    /// Path normalisation before routing (`docs/normalization.md`).
+    pub paths: crate::normalize::PathOptions,
 }
 
 #[derive(Debug)]
@@ -57,6 +70,10 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Until the response head arrives; then 504.
     pub timeout: Duration,
+    /// Open connections to this upstream at most (busy and idle together).
+    pub max_connections: usize,
+    /// How long a request waits for one of `max_connections` to be free; then 503.
+    pub pool_timeout: Duration,
     /// The connection pool to this upstream; rebuilt on reload, drained by in-flight requests.
     pub client: crate::proxy::UpstreamClient,
 }
@@ -115,11 +132,11 @@ impl Policy {
     }
 
     /// This request's counter key, or `None` when a key part is absent (the policy does not
-    /// apply, as in Envoy).
-    pub fn counter_key(&self, req: &RequestView<'_>) -> Option<String> {
+    /// apply, as in Envoy). `Err` when the request repeats a key header or query parameter.
+    pub fn counter_key(&self, req: &RequestView<'_>) -> Result<Option<String>, KeyError> {
         let mut key = String::with_capacity(self.key_prefix.len() + 48);
         key.push_str(&self.key_prefix);
-        keys::write_key(&self.key, req, &mut key).then_some(key)
+        Ok(keys::write_key(&self.key, req, &mut key)?.then_some(key))
     }
 }
 
@@ -133,6 +150,15 @@ pub struct Route {
     pub metrics: RouteMetrics,
 }
 
+/// What the admin listener may reveal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdminSettings {
+    /// `/debug/top-limited` lists raw key values; by default only a short digest of each, since
+    /// keys can be secrets (API keys) and the admin port may be reachable by more people than
+    /// should read them.
+    pub show_key_values: bool,
+}
+
 /// Everything the gateway needs to serve, validated.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -142,7 +168,10 @@ pub struct Snapshot {
     pub source_info: super::SourceInfo,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    pub admin: AdminSettings,
     pub trusted_proxies: TrustedProxies,
+    /// How much of the client's address a `client_ip` key part uses.
+    pub client_prefix: ClientPrefix,
     pub store: StoreSettings,
     /// The store-wide default; routes may override it.
     pub failure_mode: FailureMode,

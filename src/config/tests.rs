@@ -10,6 +10,8 @@ fn errors(yaml: &str) -> Vec<String> {
 }
 
 const BASE: &str = "upstreams:\n  api:\n    url: http://127.0.0.1:3000\nroutes:\n";
+/// A route for [`BASE`], for tests about something else: a file with no routes is an error.
+const ROUTE: &str = "  - name: a\n    upstream: api\n";
 
 #[test]
 fn the_shipped_policies_file_loads() {
@@ -60,7 +62,7 @@ fn semantic_errors_are_all_reported_with_positions() {
         "p.yaml:6:15: routes[0].upstream: `nope` is not defined under `upstreams` (defined: api)",
         "p.yaml:9:15: routes[0].policies[0].key[0]: `path:id`: the route's `match.path` has no parameters; add `{id}` to it",
         "p.yaml:9:24: routes[0].policies[0].key[1]: `cookie`: key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host",
-        "p.yaml:10:31: routes[0].policies[0].token_bucket.rate: `10/w` has an unknown unit `w`; expected N/s, N/m, N/h or N/d with N > 0 (e.g. 10/s, 0.5/s, 100/m)",
+        "p.yaml:10:31: routes[0].policies[0].token_bucket.rate: `10/w` has an unknown unit `w`; expected N/s, N/m, N/h or N/d with N > 0 (e.g. 10/s, 0.5/s, 100/m), at least one a year (0.00274/d)",
     ];
     assert_eq!(e, expected);
 }
@@ -109,7 +111,9 @@ fn bad_yaml_reports_the_parser_position() {
 
 #[test]
 fn admin_listener_must_not_share_the_public_one() {
-    let e = errors("listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8080\n");
+    let e = errors(&format!(
+        "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8080\n{BASE}  - name: a\n    upstream: api\n"
+    ));
     assert_eq!(e, ["p.yaml:2:15: admin_listen: must differ from `listen`: the admin endpoints never share the public listener"]);
 }
 
@@ -133,7 +137,7 @@ fn a_valid_config_compiles_to_runtime_types() {
 #[test]
 fn redis_settings_are_validated_without_echoing_the_url() {
     let yaml = format!(
-        "store:\n  type: redis\n  url: redis://user:s3cret@127.0.0.1:notaport\n  key_prefix: \"a{{b}}:\"\n{BASE}"
+        "store:\n  type: redis\n  url: redis://user:s3cret@127.0.0.1:notaport\n  key_prefix: \"a{{b}}:\"\n{BASE}{ROUTE}"
     );
     let e = errors(&yaml);
     assert_eq!(e.len(), 2, "{e:?}");
@@ -152,14 +156,15 @@ fn redis_settings_are_validated_without_echoing_the_url() {
 
 #[test]
 fn rediss_urls_are_accepted() {
-    let yaml = format!("store:\n  type: redis\n  url: rediss://user:pw@127.0.0.1:6380\n{BASE}");
+    let yaml =
+        format!("store:\n  type: redis\n  url: rediss://user:pw@127.0.0.1:6380\n{BASE}{ROUTE}");
     parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
 fn a_redis_store_compiles() {
     let yaml = format!(
-        "store:\n  type: redis\n  url: redis://:pw@127.0.0.1:6390/2\n  pool_size: 8\n  timeout: 20ms\n  failure_mode: closed\n  key_prefix: \"gw:\"\n{BASE}"
+        "store:\n  type: redis\n  url: redis://:pw@127.0.0.1:6390/2\n  pool_size: 8\n  timeout: 20ms\n  failure_mode: closed\n  key_prefix: \"gw:\"\n{BASE}{ROUTE}"
     );
     let snapshot =
         parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
@@ -173,6 +178,217 @@ fn a_redis_store_compiles() {
         }
     );
     assert_eq!(snapshot.failure_mode, FailureMode::Closed);
+}
+
+/// One route with one policy whose body (indented eight spaces) is `policy`; the errors it gives.
+fn policy_errors(policy: &str) -> Vec<String> {
+    errors(&format!(
+        "{BASE}  - name: a\n    upstream: api\n    policies:\n      - name: p\n        key: [client_ip]\n{policy}"
+    ))
+}
+
+const NO_ROUTES: &str = "routes: no routes: every request would get 404 and no limit would apply; define at least one route (only a file that configures `rls:` may have none)";
+
+#[test]
+fn an_empty_or_comment_only_file_is_an_error() {
+    // A truncated, non-atomic write leaves exactly this; serving it would drop every limit.
+    for yaml in ["", "\n", "# policies.yaml\n# (nothing yet)\n", "---\n"] {
+        assert_eq!(
+            errors(yaml),
+            [format!("p.yaml:1:1: {NO_ROUTES}")],
+            "{yaml:?}"
+        );
+    }
+}
+
+#[test]
+fn a_file_with_no_routes_is_an_error_at_routes() {
+    let e = errors(&format!("{BASE}  []\n").replace("routes:\n  []", "routes: []"));
+    assert_eq!(e, [format!("p.yaml:4:9: {NO_ROUTES}")]);
+    let e = errors("upstreams:\n  api:\n    url: http://127.0.0.1:3000\n");
+    assert_eq!(e, [format!("p.yaml:1:1: {NO_ROUTES}")]);
+}
+
+#[test]
+fn the_envoy_service_alone_needs_no_routes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("rls")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("rls/config.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+    )
+    .expect("write rls config");
+    let path = dir.path().join("p.yaml");
+    std::fs::write(&path, "rls:\n  listen: 127.0.0.1:0\n  config: ./rls\n").expect("write");
+    match load(&path, &Metrics::new()) {
+        Ok(s) => assert!(s.routes.is_empty() && s.rls.is_some()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn a_window_that_overflows_microseconds_is_rejected() {
+    // It used to wrap to about 384 µs.
+    let e = policy_errors("        sliding_window: { limit: 5, window: 18446744073709552ms }\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("p.yaml:10:45: routes[0].policies[0].sliding_window.window: `18446744073709552ms` is too long;")
+            && e[0].ends_with("at most 365d"),
+        "{e:?}"
+    );
+    let e = policy_errors("        sliding_window: { limit: 5, window: 366d }\n");
+    assert!(e[0].contains("window: `366d` is too long"), "{e:?}");
+    policy_ok("        sliding_window: { limit: 5, window: 365d }\n");
+}
+
+#[test]
+fn cost_zero_is_rejected() {
+    let e = policy_errors("        cost: 0\n        token_bucket: { rate: 1/s, burst: 5 }\n");
+    assert_eq!(
+        e,
+        ["p.yaml:10:15: routes[0].policies[0].cost: must be at least 1 (and at most the burst or limit)"]
+    );
+}
+
+#[test]
+fn a_rate_so_slow_that_retry_after_overflows_is_rejected() {
+    // `1e-30/s` gave `Retry-After: 18446744073710`.
+    let e = policy_errors("        token_bucket: { rate: 1e-30/s, burst: 5 }\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with(
+            "p.yaml:10:31: routes[0].policies[0].token_bucket.rate: `1e-30/s` is too slow;"
+        ) && e[0].contains("at least one a year (0.00274/d)"),
+        "{e:?}"
+    );
+    policy_ok("        token_bucket: { rate: 0.00274/d, burst: 1 }\n");
+}
+
+#[test]
+fn a_bucket_that_takes_more_than_a_century_to_refill_is_rejected() {
+    // One a year (the slowest rate) with a burst of 101: 101 years from empty.
+    let e = policy_errors("        token_bucket: { rate: 0.00274/d, burst: 101 }\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("p.yaml:10:23: routes[0].policies[0].token_bucket: burst / rate is 3184817518 s: the bucket must refill from empty within 100 years"),
+        "{e:?}"
+    );
+    policy_ok("        token_bucket: { rate: 1/d, burst: 36500 }\n");
+    policy_ok("        token_bucket: { rate: 1/d, burst: 1000 }\n");
+}
+
+#[test]
+fn zero_burst_and_limit_are_rejected() {
+    let e = policy_errors("        token_bucket: { rate: 1/s, burst: 0 }\n");
+    assert_eq!(
+        e,
+        ["p.yaml:10:43: routes[0].policies[0].token_bucket.burst: must be at least 1"]
+    );
+    let e = policy_errors("        sliding_window: { limit: 0, window: 1s }\n");
+    assert_eq!(
+        e,
+        ["p.yaml:10:34: routes[0].policies[0].sliding_window.limit: must be at least 1"]
+    );
+}
+
+#[test]
+fn zero_timeouts_that_break_serving_are_rejected() {
+    let yaml = "server:\n  header_read_timeout: 0ms\n  shutdown_grace: 0s\nupstreams:\n  api:\n    url: http://127.0.0.1:3000\n    connect_timeout: 0s\n    timeout: 0ms\nroutes:\n  - name: a\n    upstream: api\n";
+    let e = errors(yaml);
+    assert_eq!(
+        e,
+        [
+            "p.yaml:2:24: server.header_read_timeout: must be more than 0ms (and at most 365d)",
+            "p.yaml:7:22: upstreams.api.connect_timeout: must be more than 0ms (and at most 365d)",
+            "p.yaml:8:14: upstreams.api.timeout: must be more than 0ms (and at most 365d)",
+        ],
+        "shutdown_grace: 0 is allowed (stop at once)"
+    );
+}
+
+#[test]
+fn overlong_durations_and_sizes_are_rejected_everywhere() {
+    let yaml = format!(
+        "server:\n  max_body_size: 18446744073709551615GiB\n  shutdown_grace: 18446744073709551615d\nstore:\n  max_keys: 18446744073709551615\n{BASE}  - name: a\n    upstream: api\n"
+    );
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].starts_with("p.yaml:5:13: store.max_keys: must be between 1 and 1000000000"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with(
+            "p.yaml:2:18: server.max_body_size: `18446744073709551615GiB` is too large"
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e[2].starts_with("p.yaml:3:19: server.shutdown_grace: `18446744073709551615d` is too long"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn admin_settings_default_to_hiding_key_values() {
+    let yaml = format!("{BASE}  - name: a\n    upstream: api\n");
+    let s = parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!s.admin.show_key_values);
+    let s = parse(
+        &format!("admin:\n  show_key_values: true\n{yaml}"),
+        Path::new("p.yaml"),
+        &Metrics::new(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.admin.show_key_values);
+}
+
+fn policy_ok(policy: &str) {
+    let yaml = format!(
+        "{BASE}  - name: a\n    upstream: api\n    policies:\n      - name: p\n        key: [client_ip]\n{policy}"
+    );
+    parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+const ONE_ROUTE: &str = "routes:\n  - name: a\n    upstream: api\n";
+
+#[test]
+fn listener_and_upstream_bounds_have_safe_defaults() {
+    let yaml = format!("{BASE}{}", &ONE_ROUTE["routes:\n".len()..]);
+    let snapshot =
+        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let server = &snapshot.server;
+    assert_eq!(server.body_read_timeout, std::time::Duration::from_secs(30));
+    assert_eq!(server.max_connections, 4096);
+    assert_eq!(server.max_header_size, 32 * 1024);
+    assert_eq!(server.allowed_upgrades, ["websocket"]);
+    let Action::Forward(upstream) = &snapshot.routes[0].action else {
+        panic!("forwarding route expected");
+    };
+    assert_eq!(upstream.max_connections, 1024);
+    assert_eq!(upstream.pool_timeout, std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn listener_and_upstream_bounds_out_of_range_are_errors() {
+    let yaml = format!(
+        "server:\n  body_read_timeout: 0ms\n  max_connections: 0\n  max_header_size: 4KiB\n  \
+         allowed_upgrades: [WebSocket, \"h2 c\"]\nupstreams:\n  api:\n    url: http://127.0.0.1:3000\n    \
+         max_connections: 0\n    pool_timeout: 0s\n{ONE_ROUTE}"
+    );
+    let e = errors(&yaml);
+    let expected = [
+        "server.body_read_timeout: must be more than 0ms",
+        "server.max_connections: must be between 1 and 1000000",
+        "server.max_header_size: must be between 8KiB and 1MiB",
+        "server.allowed_upgrades[1]: `h2 c` is not a protocol name",
+        "upstreams.api.max_connections: must be between 1 and 65535",
+        "upstreams.api.pool_timeout: must be more than 0ms",
+    ];
+    assert_eq!(e.len(), expected.len(), "{e:#?}");
+    for want in expected {
+        assert!(e.iter().any(|line| line.contains(want)), "{want} in {e:#?}");
+    }
 }
 
 #[test]

@@ -66,6 +66,14 @@ impl BucketState {
         let elapsed = now.saturating_sub(self.ts) as f64;
         self.tokens + elapsed * rule.rate / MICROS >= rule.burst as f64
     }
+
+    /// When the bucket is full again if nothing more is consumed (to the microsecond, up to
+    /// rounding: [`BucketState::is_idle`] has the last word).
+    pub fn idle_at(&self, rule: &TokenBucket) -> u64 {
+        self.ts.saturating_add(ceil_us(
+            (rule.burst as f64 - self.tokens) * MICROS / rule.rate,
+        ))
+    }
 }
 
 /// Exact sliding log: one timestamp per admitted unit, oldest first.
@@ -123,6 +131,13 @@ impl WindowLog {
         self.entries
             .back()
             .is_none_or(|&newest| newest + rule.window_us <= now)
+    }
+
+    /// When the window is empty again if nothing more is admitted.
+    pub fn idle_at(&self, rule: &SlidingWindow) -> u64 {
+        self.entries
+            .back()
+            .map_or(0, |&newest| newest.saturating_add(rule.window_us))
     }
 }
 
@@ -191,10 +206,15 @@ impl WindowBuckets {
     }
 
     pub fn is_idle(&self, rule: &SlidingWindow, now: u64) -> bool {
+        self.idle_at(rule) <= now
+    }
+
+    /// When every bucket has left the window if nothing more is admitted.
+    pub fn idle_at(&self, rule: &SlidingWindow) -> u64 {
         let width = rule.window_us / u64::from(rule.buckets);
         self.counts
             .back()
-            .is_none_or(|&(j, _)| (j + u64::from(rule.buckets) + 1) * width <= now)
+            .map_or(0, |&(j, _)| (j + u64::from(rule.buckets) + 1) * width)
     }
 }
 

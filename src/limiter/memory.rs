@@ -1,23 +1,42 @@
 //! The in-process store: the default for a single instance.
 //!
-//! Counters live in a fixed number of shards, each a `HashMap` behind its own mutex, so unrelated
+//! Counters live in a fixed number of shards, each a hash table behind its own mutex, so unrelated
 //! keys rarely contend. A decision locks the shards it touches in ascending order (no deadlock),
-//! evaluates every check, and consumes only when all allow. Idle counters (a full bucket, an empty
-//! window) carry no information and are swept; `max_keys` bounds memory whatever the traffic.
+//! evaluates every check, and consumes only when all allow.
+//!
+//! `max_keys` bounds memory whatever the traffic, without ever forgetting a counter that still
+//! holds information: a full bucket or an empty window is all a new counter would be, so only
+//! such idle counters are dropped (by the sweeper, and when a shard is full). Each shard keeps a
+//! queue of its counters ordered by when each becomes idle (a lower bound, corrected lazily), so
+//! finding one is a peek, not a scan. When none is idle, a new key is counted in the shard's
+//! [`overflow`] sketch, which only over-counts: a flood of new keys can neither reset nor raise
+//! the allowance of a counter that is in use, and cannot get past a limit itself.
+//! `docs/algorithms.md` ("Memory bound") has the argument.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 
-use hashbrown::{DefaultHashBuilder, HashMap};
+use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{BucketState, WindowBuckets, WindowLog};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
+#[path = "overflow.rs"]
+mod overflow;
+use overflow::Overflow;
+
 /// The most shards; small stores get fewer so that `max_keys` is an exact bound.
 const MAX_SHARDS: usize = 64;
 /// Counters per shard below which a store uses fewer shards.
 const MIN_KEYS_PER_SHARD: usize = 256;
+/// Queue entries a full shard examines for one new key before counting it in the overflow: the
+/// bound on the work one request can cause (the queue is corrected lazily, so work is amortised).
+const MAX_QUEUE_STEPS: usize = 16;
+/// Overflow cells per row: one per counter a shard holds, within these bounds.
+const OVERFLOW_WIDTH: (usize, usize) = (64, 1 << 16);
 
 #[derive(Debug)]
 enum State {
@@ -28,19 +47,21 @@ enum State {
 
 #[derive(Debug)]
 struct Entry {
+    key: Box<str>,
+    hash: u64,
     /// The rule last applied, so the sweeper can tell whether the state is idle.
     rule: Rule,
     state: State,
 }
 
 impl Entry {
-    fn new(rule: &Rule, now: u64) -> Self {
-        let state = match rule {
-            Rule::TokenBucket(tb) => State::Bucket(BucketState::full(tb, now)),
-            Rule::SlidingWindow(sw) if sw.buckets == 0 => State::Log(WindowLog::default()),
-            Rule::SlidingWindow(_) => State::Buckets(WindowBuckets::default()),
-        };
-        Entry { rule: *rule, state }
+    fn new(key: &str, hash: u64, rule: &Rule, now: u64) -> Self {
+        Entry {
+            key: key.into(),
+            hash,
+            rule: *rule,
+            state: State::fresh(rule, now),
+        }
     }
 
     fn is_idle(&self, now: u64) -> bool {
@@ -51,6 +72,47 @@ impl Entry {
             _ => true,
         }
     }
+
+    /// When the counter is idle if nothing more is consumed.
+    fn idle_at(&self) -> u64 {
+        match (&self.state, &self.rule) {
+            (State::Bucket(s), Rule::TokenBucket(tb)) => s.idle_at(tb),
+            (State::Log(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
+            (State::Buckets(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
+            _ => 0,
+        }
+    }
+
+    /// Starts a counter that the overflow sketch says owes `debt_us`: at most the allowance that
+    /// debt leaves, so moving from the sketch into the table never raises a key's allowance.
+    fn charge(&mut self, debt_us: f64, now: u64) {
+        let (unit_us, limit) = overflow::unit(&self.rule);
+        let units = (debt_us / unit_us).ceil().min(limit as f64);
+        match (&mut self.state, &self.rule) {
+            (State::Bucket(s), Rule::TokenBucket(tb)) => {
+                s.tokens = (tb.burst as f64 - debt_us / unit_us).max(0.0);
+            }
+            (State::Log(s), Rule::SlidingWindow(sw)) => {
+                let (at, _) = s.evaluate(sw, now, 0);
+                s.consume(at, units as u64);
+            }
+            (State::Buckets(s), Rule::SlidingWindow(sw)) => {
+                let (current, _) = s.evaluate(sw, now, 0);
+                s.consume(current, units as u64);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl State {
+    fn fresh(rule: &Rule, now: u64) -> Self {
+        match rule {
+            Rule::TokenBucket(tb) => State::Bucket(BucketState::full(tb, now)),
+            Rule::SlidingWindow(sw) if sw.buckets == 0 => State::Log(WindowLog::default()),
+            Rule::SlidingWindow(_) => State::Buckets(WindowBuckets::default()),
+        }
+    }
 }
 
 /// What phase one learned about a check, kept until phase two commits it.
@@ -58,9 +120,39 @@ enum Pending {
     Bucket(BucketState),
     Log(u64),
     Buckets(u64),
+    /// Counted in the overflow sketch: the debt (µs) the key owes once committed.
+    Overflow(f64),
 }
 
-type Shard = HashMap<Box<str>, Entry>;
+/// One shard: its counters, the queue of when each becomes idle, and its overflow sketch.
+#[derive(Debug)]
+struct Shard {
+    table: HashTable<Entry>,
+    /// (idle at, key hash), soonest first. An entry's time is a lower bound: consuming makes
+    /// it stale, and it is corrected when it reaches the front. Entries of removed counters are
+    /// skipped there; the queue is rebuilt when they pile up, and on every sweep.
+    idle_queue: BinaryHeap<Reverse<(u64, u64)>>,
+    overflow: Overflow,
+}
+
+impl Shard {
+    fn new(overflow_width: usize) -> Self {
+        Shard {
+            table: HashTable::new(),
+            idle_queue: BinaryHeap::new(),
+            overflow: Overflow::new(overflow_width),
+        }
+    }
+
+    fn rebuild_queue(&mut self) {
+        let items: Vec<_> = self
+            .table
+            .iter()
+            .map(|e| Reverse((e.idle_at(), e.hash)))
+            .collect();
+        self.idle_queue = BinaryHeap::from(items);
+    }
+}
 
 /// Counters in this process's memory.
 #[derive(Debug)]
@@ -69,38 +161,47 @@ pub struct MemoryStore {
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
     keys_per_shard: usize,
-    evictions: AtomicU64,
+    overflowed: AtomicU64,
 }
 
 impl MemoryStore {
-    /// `max_keys` bounds the number of live counters; past it, idle counters go first, then
-    /// arbitrary ones (which forgets their usage: counted in [`MemoryStore::evictions`]).
+    /// `max_keys` bounds the number of counters; past it, idle counters make room, and keys that
+    /// find none are counted in a fixed-size sketch that only over-counts.
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         let max_keys = max_keys.max(1);
         let shards = (max_keys / MIN_KEYS_PER_SHARD).clamp(1, MAX_SHARDS);
         // Rounded down: the shards together never hold more than `max_keys`.
         let keys_per_shard = max_keys / shards;
+        let width = keys_per_shard.clamp(OVERFLOW_WIDTH.0, OVERFLOW_WIDTH.1);
         MemoryStore {
-            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(Shard::new(width))).collect(),
             hasher: DefaultHashBuilder::default(),
             clock,
             keys_per_shard,
-            evictions: AtomicU64::new(0),
+            overflowed: AtomicU64::new(0),
         }
     }
 
-    /// Counters forgotten while still active because the store was full.
-    pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+    /// Checks decided by the overflow sketch because the store was full of counters in use.
+    pub fn overflowed(&self) -> u64 {
+        self.overflowed.load(Ordering::Relaxed)
     }
 
     /// Live counters, idle ones included until the next sweep.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes of the fixed structures (overflow sketches), for the memory bound's tests.
+    pub fn overflow_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| lock(s).overflow.memory_bytes())
+            .sum()
     }
 
     /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]).
@@ -109,7 +210,8 @@ impl MemoryStore {
             return self.check_one(check);
         }
         let now = self.clock.now_us();
-        let shard_of: Vec<usize> = checks.iter().map(|c| self.shard_index(c.key)).collect();
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
+        let shard_of: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
@@ -118,10 +220,8 @@ impl MemoryStore {
 
         let mut outcomes = Vec::with_capacity(checks.len());
         let mut pending = Vec::with_capacity(checks.len());
-        for (check, &shard) in checks.iter().zip(&shard_of) {
-            let map = shard_mut(&mut guards, shard);
-            let entry = self.entry(map, check, now);
-            let (p, outcome) = evaluate(entry, check, now);
+        for ((check, &shard), &hash) in checks.iter().zip(&shard_of).zip(&hashes) {
+            let (p, outcome) = self.evaluate(shard_mut(&mut guards, shard), hash, check, now);
             outcomes.push(outcome);
             pending.push(p);
         }
@@ -129,23 +229,23 @@ impl MemoryStore {
         if !decision.allowed {
             // Nothing is consumed, so the policies that would have allowed report the state
             // as it stays: the outcome of a zero-cost check.
-            for ((check, &shard), outcome) in
-                checks.iter().zip(&shard_of).zip(&mut decision.outcomes)
-            {
+            let all = checks.iter().zip(&shard_of).zip(&hashes).zip(&pending);
+            for ((((check, &shard), &hash), p), outcome) in all.zip(&mut decision.outcomes) {
                 if outcome.allowed && check.cost > 0 {
-                    let entry = self.entry(shard_mut(&mut guards, shard), check, now);
-                    *outcome = evaluate(entry, &Check { cost: 0, ..*check }, now).1;
+                    let peek = Check { cost: 0, ..*check };
+                    let shard = shard_mut(&mut guards, shard);
+                    *outcome = match p {
+                        Pending::Overflow(_) => shard.overflow.evaluate(hash, peek.rule, now, 0).1,
+                        _ => self.evaluate(shard, hash, &peek, now).1,
+                    };
                 }
             }
         }
         if decision.allowed {
-            let all = checks.iter().zip(&shard_of).zip(pending).enumerate();
-            for (i, ((check, &shard), p)) in all {
-                if !decision.commits(i) {
-                    continue;
-                }
-                if let Some(entry) = shard_mut(&mut guards, shard).get_mut(check.key) {
-                    commit(entry, p, check.cost);
+            let all = checks.iter().zip(&shard_of).zip(&hashes).zip(pending);
+            for (i, (((check, &shard), &hash), p)) in all.enumerate() {
+                if decision.commits(i) {
+                    commit(self, shard_mut(&mut guards, shard), hash, check, p, now);
                 }
             }
         }
@@ -157,14 +257,32 @@ impl MemoryStore {
     /// is nothing to re-evaluate.
     fn check_one(&self, check: &Check<'_>) -> Decision {
         let now = self.clock.now_us();
-        let mut map = lock(&self.shards[self.shard_index(check.key)]);
-        let entry = self.entry(&mut map, check, now);
-        let (pending, outcome) = evaluate(entry, check, now);
+        let hash = self.hasher.hash_one(check.key);
+        let mut shard = lock(&self.shards[self.shard_index(hash)]);
+        let (pending, outcome) = self.evaluate(&mut shard, hash, check, now);
         let decision = Decision::from_checks(std::slice::from_ref(check), vec![outcome]);
         if decision.commits(0) {
-            commit(entry, pending, check.cost);
+            commit(self, &mut shard, hash, check, pending, now);
         }
         decision
+    }
+
+    /// Phase one for one check: its counter's outcome, or the overflow's when there is no room.
+    fn evaluate(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        check: &Check<'_>,
+        now: u64,
+    ) -> (Pending, Outcome) {
+        match self.counter(shard, hash, check, now) {
+            Some(entry) => evaluate(entry, check, now),
+            None => {
+                self.overflowed.fetch_add(1, Ordering::Relaxed);
+                let (after, outcome) = shard.overflow.evaluate(hash, check.rule, now, check.cost);
+                (Pending::Overflow(after), outcome)
+            }
+        }
     }
 
     /// Drops idle counters. Called periodically; holds one shard lock at a time.
@@ -172,25 +290,58 @@ impl MemoryStore {
         let now = self.clock.now_us();
         let mut removed = 0;
         for shard in self.shards.iter() {
-            let mut map = lock(shard);
-            let before = map.len();
-            map.retain(|_, e| !e.is_idle(now));
-            removed += before - map.len();
+            let mut shard = lock(shard);
+            let before = shard.table.len();
+            shard.table.retain(|e| !e.is_idle(now));
+            removed += before - shard.table.len();
+            shard.rebuild_queue();
         }
         removed
     }
 
-    fn shard_index(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % self.shards.len()
+    /// The high half of the hash, so the shard does not correlate with the table's own bits.
+    fn shard_index(&self, hash: u64) -> usize {
+        ((hash >> 32) as usize) % self.shards.len()
     }
 
-    fn entry<'m>(&self, map: &'m mut Shard, check: &Check<'_>, now: u64) -> &'m mut Entry {
-        if !map.contains_key(check.key) && map.len() >= self.keys_per_shard {
-            self.make_room(map, now);
-        }
-        let entry = map
-            .entry_ref(check.key)
-            .or_insert_with(|| Entry::new(check.rule, now));
+    /// The check's counter, created if there is room (or an idle counter to make room); `None`
+    /// when the shard is full of counters in use.
+    fn counter<'s>(
+        &self,
+        shard: &'s mut Shard,
+        hash: u64,
+        check: &Check<'_>,
+        now: u64,
+    ) -> Option<&'s mut Entry> {
+        let Shard {
+            table,
+            idle_queue,
+            overflow,
+        } = shard;
+        let entry = match table.find_entry(hash, |e| *e.key == *check.key) {
+            Ok(found) => found.into_mut(),
+            Err(absent) => {
+                let table = absent.into_table();
+                if table.len() >= self.keys_per_shard && !make_room(table, idle_queue, now) {
+                    return None;
+                }
+                if idle_queue.len() > 2 * self.keys_per_shard + 64 {
+                    // Entries of removed counters piled up: start again from the table.
+                    let items: Vec<_> = table
+                        .iter()
+                        .map(|e| Reverse((e.idle_at(), e.hash)))
+                        .collect();
+                    *idle_queue = BinaryHeap::from(items);
+                }
+                let mut entry = Entry::new(check.key, hash, check.rule, now);
+                let debt = overflow.debt(hash, now);
+                if debt > 0.0 {
+                    entry.charge(debt, now);
+                }
+                idle_queue.push(Reverse((first_idle_at(&entry, check, now), hash)));
+                return Some(table.insert_unique(hash, entry, |e| e.hash).into_mut());
+            }
+        };
         if entry.rule != *check.rule {
             // The config changed under this counter: keep state that means the same thing.
             let keeps_state = match (entry.rule, check.rule) {
@@ -201,24 +352,56 @@ impl MemoryStore {
                 }
                 _ => false,
             };
-            if keeps_state {
-                entry.rule = *check.rule;
-            } else {
-                *entry = Entry::new(check.rule, now);
+            entry.rule = *check.rule;
+            if !keeps_state {
+                entry.state = State::fresh(check.rule, now);
             }
         }
-        entry
+        Some(entry)
     }
+}
 
-    fn make_room(&self, map: &mut Shard, now: u64) {
-        map.retain(|_, e| !e.is_idle(now));
-        if map.len() >= self.keys_per_shard {
-            if let Some(victim) = map.keys().next().cloned() {
-                map.remove(&victim);
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            }
+/// When a counter created for `check` becomes idle once the check commits: its queue time. A new
+/// counter nearly always commits its first check, and queueing it at that time rather than `now`
+/// spares the queue a correction per key when a full store is flooded. If it does not commit, the
+/// counter is found later than it could be (by the sweeper at the latest): never too early.
+fn first_idle_at(entry: &Entry, check: &Check<'_>, now: u64) -> u64 {
+    let idle_at = entry.idle_at().max(now);
+    match check.rule {
+        _ if check.cost == 0 => idle_at,
+        Rule::TokenBucket(tb) => {
+            idle_at.saturating_add((check.cost as f64 * 1e6 / tb.rate).floor() as u64)
+        }
+        Rule::SlidingWindow(sw) => idle_at.max(now.saturating_add(sw.window_us)),
+    }
+}
+
+/// Frees one slot by dropping a counter that is idle at `now`, found from the front of the idle
+/// queue in at most [`MAX_QUEUE_STEPS`] steps. False when none is (or none was found in time).
+fn make_room(
+    table: &mut HashTable<Entry>,
+    queue: &mut BinaryHeap<Reverse<(u64, u64)>>,
+    now: u64,
+) -> bool {
+    for _ in 0..MAX_QUEUE_STEPS {
+        let Some(&Reverse((at, hash))) = queue.peek() else {
+            return false;
+        };
+        if at > now {
+            return false;
+        }
+        queue.pop();
+        // Several keys may share a hash (rarely): any idle one of them will do.
+        if let Ok(found) = table.find_entry(hash, |e| e.hash == hash && e.is_idle(now)) {
+            found.remove();
+            return true;
+        }
+        // Not idle yet (it consumed since it was queued): requeue it at its real time.
+        if let Some(entry) = table.find(hash, |e| e.hash == hash) {
+            queue.push(Reverse((entry.idle_at().max(now + 1), hash)));
         }
     }
+    false
 }
 
 fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome) {
@@ -237,23 +420,50 @@ fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome
         }
         // `entry()` always aligns state with rule; this arm only keeps the match total.
         _ => {
-            *entry = Entry::new(check.rule, now);
+            entry.rule = *check.rule;
+            entry.state = State::fresh(check.rule, now);
             evaluate(entry, check, now)
         }
     }
 }
 
-fn commit(entry: &mut Entry, pending: Pending, cost: u64) {
-    if cost == 0 {
+/// Phase two for one check: consumes what phase one evaluated.
+fn commit(
+    store: &MemoryStore,
+    shard: &mut Shard,
+    hash: u64,
+    check: &Check<'_>,
+    pending: Pending,
+    now: u64,
+) {
+    if check.cost == 0 {
         return;
     }
+    if let Pending::Overflow(after) = pending {
+        shard.overflow.commit(hash, now, after);
+        return;
+    }
+    if shard.table.find(hash, |e| *e.key == *check.key).is_none() {
+        // Another check of this decision made room by dropping this counter, which was idle
+        // (full) when evaluated: recreate it, or count the request in the overflow.
+        if store.counter(shard, hash, check, now).is_none() {
+            let (after, _) = shard.overflow.evaluate(hash, check.rule, now, check.cost);
+            shard.overflow.commit(hash, now, after);
+            return;
+        }
+    }
+    let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) else {
+        return;
+    };
     match (&mut entry.state, pending) {
         (State::Bucket(state), Pending::Bucket(mut refilled)) => {
-            refilled.consume(cost);
+            refilled.consume(check.cost);
             *state = refilled;
         }
-        (State::Log(log), Pending::Log(at)) => log.consume(at, cost),
-        (State::Buckets(buckets), Pending::Buckets(current)) => buckets.consume(current, cost),
+        (State::Log(log), Pending::Log(at)) => log.consume(at, check.cost),
+        (State::Buckets(buckets), Pending::Buckets(current)) => {
+            buckets.consume(current, check.cost)
+        }
         _ => {}
     }
 }

@@ -125,9 +125,142 @@ fn max_keys_bounds_memory_whatever_the_traffic() {
         store.check(&[check(&format!("client-{i}"), &rule)]);
     }
     assert_eq!(store.len(), 100, "exactly max_keys counters kept");
-    assert!(store.evictions() > 0);
+    assert!(
+        store.overflowed() > 0,
+        "the rest went to the overflow sketch"
+    );
 }
 
+fn hourly(burst: u64) -> Rule {
+    Rule::TokenBucket(TokenBucket {
+        rate: 1.0 / 3_600.0,
+        burst,
+    })
+}
+
+fn admitted(store: &MemoryStore, key: &str, rule: &Rule, tries: usize) -> usize {
+    (0..tries)
+        .filter(|_| store.check(&[check(key, rule)]).allowed)
+        .count()
+}
+
+/// Regression (issue 9, item 4): a flood of new keys made room by forgetting counters in use, so
+/// an exhausted key was admitted again and idle exhausted keys were reset.
+#[test]
+fn a_flood_of_new_keys_never_resets_a_counter_in_use() {
+    let (clock, store) = store(1_000);
+    let rule = hourly(5);
+    assert_eq!(admitted(&store, "victim", &rule, 10), 5);
+    for i in 0..50 {
+        assert_eq!(admitted(&store, &format!("idle-{i}"), &rule, 6), 5);
+    }
+    for i in 0..100_000 {
+        store.check(&[check(&format!("flood-{i}"), &rule)]);
+        if i % 10_000 == 0 {
+            assert_eq!(
+                admitted(&store, "victim", &rule, 3),
+                0,
+                "after {i} flood keys"
+            );
+        }
+    }
+    assert_eq!(admitted(&store, "victim", &rule, 20), 0);
+    for i in 0..50 {
+        assert_eq!(
+            admitted(&store, &format!("idle-{i}"), &rule, 2),
+            0,
+            "idle-{i}"
+        );
+    }
+    assert!(store.len() <= 1_000, "{} counters", store.len());
+    assert!(store.overflowed() > 0);
+    // Time still restores them, exactly: one token an hour.
+    clock.advance_us(3_600 * S);
+    assert_eq!(admitted(&store, "victim", &rule, 3), 1);
+}
+
+#[test]
+fn idle_counters_make_room_before_the_overflow() {
+    let (clock, store) = store(100);
+    let fast = Rule::TokenBucket(TokenBucket {
+        rate: 1.0,
+        burst: 1,
+    });
+    for i in 0..100 {
+        assert!(store.check(&[check(&format!("a-{i}"), &fast)]).allowed);
+    }
+    clock.advance_us(S);
+    // Every bucket has refilled: each new key takes the place of an idle one.
+    for i in 0..100 {
+        assert!(store.check(&[check(&format!("b-{i}"), &fast)]).allowed);
+    }
+    assert_eq!(store.overflowed(), 0);
+    assert_eq!(store.len(), 100);
+}
+
+/// A key the table has no room for is counted in the sketch, which may refuse early but never
+/// admits more than the rule allows, for any rule.
+#[test]
+fn the_overflow_never_admits_more_than_the_rule() {
+    let rules = [
+        hourly(5),
+        Rule::SlidingWindow(SlidingWindow {
+            limit: 5,
+            window_us: 3_600 * S,
+            buckets: 0,
+        }),
+        Rule::SlidingWindow(SlidingWindow {
+            limit: 5,
+            window_us: 3_600 * S,
+            buckets: 60,
+        }),
+    ];
+    for rule in &rules {
+        let (clock, store) = store(100);
+        for i in 0..100 {
+            store.check(&[check(&format!("full-{i}"), rule)]);
+        }
+        let before = store.overflowed();
+        let mut total = 0;
+        for i in 0..300 {
+            let n = admitted(&store, &format!("new-{i}"), rule, 8);
+            assert!(n <= 5, "{rule:?}: new-{i} admitted {n}");
+            total += n;
+        }
+        assert!(
+            store.overflowed() > before,
+            "{rule:?}: decided by the overflow"
+        );
+        assert!(
+            total > 0,
+            "{rule:?}: the sketch is conservative, not closed"
+        );
+        // A window later every debt has drained: a new key gets its whole allowance again.
+        clock.advance_us(6 * 3_600 * S);
+        assert_eq!(admitted(&store, "later", rule, 8), 5, "{rule:?}");
+    }
+}
+
+#[test]
+fn a_key_moving_from_the_overflow_into_the_table_keeps_its_debt() {
+    let (clock, store) = store(10);
+    let fast = Rule::TokenBucket(TokenBucket {
+        rate: 1.0,
+        burst: 1,
+    });
+    let slow = hourly(5);
+    for i in 0..10 {
+        store.check(&[check(&format!("fast-{i}"), &fast)]);
+    }
+    // The table is full of counters in use: `k` is counted in the overflow, and exhausted.
+    assert!(admitted(&store, "k", &slow, 10) <= 5);
+    assert!(store.overflowed() > 0);
+    assert_eq!(store.len(), 10);
+    // The fast buckets refill and make room; `k` enters the table still owing its hours.
+    clock.advance_us(2 * S);
+    assert_eq!(admitted(&store, "k", &slow, 5), 0);
+    assert!(store.len() <= 10);
+}
 #[test]
 fn max_keys_is_exact_for_large_stores_too() {
     let (_, store) = store(MAX_SHARDS * MIN_KEYS_PER_SHARD + 7);

@@ -1,11 +1,14 @@
 //! Body types of the proxy. Bodies stream frame by frame in both directions; nothing is buffered.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::Sleep;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -56,12 +59,24 @@ impl Body for ResponseBody {
     }
 }
 
-/// A client's request body on its way upstream, cut off past `max_body_size`.
+/// A client's request body on its way upstream, cut off past `max_body_size` or when the client
+/// sends nothing for `body_read_timeout` (hyper then aborts the upstream request, which frees the
+/// upstream connection, and the client gets 408 if no response has started).
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Incoming,
     remaining: u64,
+    idle_timeout: Duration,
+    /// Armed when the client has nothing to give; created on the first wait only, so bodies that
+    /// arrive whole (and empty ones, never polled) cost no timer.
+    idle: Option<Pin<Box<Sleep>>>,
+    armed: bool,
 }
+
+/// The client sent no body bytes for `server.body_read_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("no request body bytes within the body read timeout")]
+pub struct BodyReadTimeout;
 
 /// The request body outgrew `server.max_body_size` while streaming.
 #[derive(Debug, thiserror::Error)]
@@ -69,10 +84,29 @@ pub struct RequestBody {
 pub struct BodyTooLarge;
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limit: u64) -> Self {
+    pub fn new(inner: Incoming, limit: u64, idle_timeout: Duration) -> Self {
         RequestBody {
             inner,
             remaining: limit,
+            idle_timeout,
+            idle: None,
+            armed: false,
+        }
+    }
+
+    /// `Ready` when the client has been silent for the idle timeout since the body first waited.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.armed {
+            self.armed = true;
+            let deadline = tokio::time::Instant::now() + self.idle_timeout;
+            match &mut self.idle {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.idle = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        match &mut self.idle {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Pending,
         }
     }
 }
@@ -87,7 +121,14 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if this.poll_idle(cx).is_ready() {
+                    return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
+                }
+                Poll::Pending
+            }
             Poll::Ready(Some(Ok(frame))) => {
+                this.armed = false;
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > this.remaining {

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use http::header::{CONNECTION, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -14,6 +14,25 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 /// Whether this HTTP/1.1 request asks to switch protocols (WebSocket and friends).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(UPGRADE) && connection_lists(headers, "upgrade")
+}
+
+/// Whether every protocol `Upgrade` lists (RFC 9110 §7.8: `name[/version]`, comma-separated) is
+/// in `allowed` (lower-case names). All or nothing: a tunnel once opened carries any protocol.
+pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    let mut any = false;
+    for value in headers.get_all(UPGRADE) {
+        let Ok(value) = value.to_str() else {
+            return false;
+        };
+        for protocol in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let name = protocol.split('/').next().unwrap_or(protocol).trim();
+            if !allowed.iter().any(|a| name.eq_ignore_ascii_case(a)) {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
 }
 
 fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
@@ -148,13 +167,6 @@ pub fn set_forwarded(
     }
 }
 
-/// The request's host: the URI authority (HTTP/2, absolute-form) or the `Host` header.
-pub fn request_host<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> Option<&'a str> {
-    uri.authority()
-        .map(|a| a.as_str())
-        .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +199,25 @@ mod tests {
             h.get(CONNECTION).map(|v| v.as_bytes()),
             Some(&b"upgrade"[..])
         );
+    }
+
+    #[test]
+    fn only_allowed_upgrade_protocols_pass() {
+        let allowed = ["websocket".to_string()];
+        let with = |value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            h.insert(UPGRADE, HeaderValue::from_static(value));
+            upgrade_allowed(&h, &allowed)
+        };
+        assert!(with("websocket"));
+        assert!(with("WebSocket"));
+        assert!(with("websocket/13"));
+        assert!(!with("h2c"));
+        assert!(!with("websocket, h2c"));
+        assert!(!with("h2c, websocket"));
+        assert!(!with(""));
+        assert!(!upgrade_allowed(&HeaderMap::new(), &allowed));
     }
 
     #[test]

@@ -2,29 +2,31 @@
 //!
 //! One connection pool per upstream ([`pool`]; its connect timeout is per upstream). The response
 //! head must arrive within the upstream's `timeout` (504 otherwise); bodies stream both ways.
-//! `Upgrade` requests (WebSocket) are tunnelled once the upstream answers 101.
+//! `Upgrade` requests are tunnelled once the upstream answers 101, for the protocols in
+//! `server.allowed_upgrades` only (default `websocket`): a tunnel carries requests no decision
+//! sees, so any other `Upgrade` (`h2c`, say) is stripped with its `Connection` token and the
+//! upstream answers the request itself. An upstream that switches protocols uninvited gets 502.
 
 pub mod body;
 pub mod headers;
 pub mod pool;
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use crate::config::Upstream;
+use crate::config::{ServerSettings, Upstream};
 use crate::metrics::UpstreamErrorKind;
-use body::{BodyTooLarge, RequestBody, ResponseBody};
+use body::{BodyReadTimeout, BodyTooLarge, RequestBody, ResponseBody};
 use pool::ClientError;
 pub use pool::UpstreamClient;
 
 /// Builds the pooled client of one upstream.
-pub fn client(authority: &Authority, connect_timeout: Duration) -> UpstreamClient {
-    UpstreamClient::new(authority, connect_timeout)
+pub fn client(authority: &Authority, limits: pool::Limits) -> UpstreamClient {
+    UpstreamClient::new(authority, limits)
 }
 
 /// Why forwarding failed; each maps to one status code.
@@ -36,6 +38,10 @@ pub enum ForwardError {
     Timeout,
     /// 413: the body outgrew the limit while streaming.
     BodyTooLarge,
+    /// 408: the client stopped sending its body (`server.body_read_timeout`).
+    BodyReadTimeout,
+    /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
+    PoolTimeout,
 }
 
 /// What the proxy needs to know about the client side of a request.
@@ -50,10 +56,12 @@ pub async fn forward(
     upstream: &Upstream,
     req: Request<Incoming>,
     client_side: ClientSide,
-    max_body_size: u64,
+    server: &ServerSettings,
 ) -> Result<Response<ResponseBody>, ForwardError> {
     let (mut parts, body) = req.into_parts();
-    let upgrade = headers::is_upgrade(&parts.headers);
+    // Not allowed: `strip_hop_by_hop` below removes `Upgrade` and `Connection` as for any request.
+    let upgrade = headers::is_upgrade(&parts.headers)
+        && headers::upgrade_allowed(&parts.headers, &server.allowed_upgrades);
     let client_upgrade = upgrade.then(|| {
         let mut stub = Request::new(());
         *stub.extensions_mut() = std::mem::take(&mut parts.extensions);
@@ -99,7 +107,8 @@ pub async fn forward(
         client_side.peer_trusted,
     );
 
-    let outgoing = Request::from_parts(parts, RequestBody::new(body, max_body_size));
+    let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);
+    let outgoing = Request::from_parts(parts, body);
     let response =
         match tokio::time::timeout(upstream.timeout, upstream.client.send(outgoing)).await {
             Err(_) => return Err(ForwardError::Timeout),
@@ -116,6 +125,11 @@ pub async fn forward(
             headers::strip_hop_by_hop(&mut parts.headers, true);
             return Ok(Response::from_parts(parts, ResponseBody::empty()));
         }
+        // Switching without being asked to would hand the client a raw upstream connection; that
+        // connection has left HTTP and never returns to the pool.
+        body.detach();
+        tracing::debug!("upstream answered 101 to a request that did not upgrade");
+        return Err(ForwardError::Unreachable(UpstreamErrorKind::Other));
     }
     headers::strip_hop_by_hop(&mut parts.headers, false);
     Ok(Response::from_parts(parts, ResponseBody::Upstream(body)))
@@ -141,12 +155,16 @@ async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnU
 fn classify(e: &ClientError) -> ForwardError {
     let e = match e {
         ClientError::Connect(_) => return ForwardError::Unreachable(UpstreamErrorKind::Connect),
+        ClientError::PoolTimeout => return ForwardError::PoolTimeout,
         ClientError::Request(e) => e,
     };
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if err.is::<BodyTooLarge>() {
             return ForwardError::BodyTooLarge;
+        }
+        if err.is::<BodyReadTimeout>() {
+            return ForwardError::BodyReadTimeout;
         }
         source = err.source();
     }

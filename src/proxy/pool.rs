@@ -9,6 +9,12 @@
 //! Like hyper-util's client, it retries a request that a reused connection never sent (the
 //! upstream closed it while it sat idle) on another connection, gives every request a `Host`, and
 //! closes connections idle for longer than [`IDLE_TIMEOUT`].
+//!
+//! At most `max_connections` are open at once, busy and idle together: each connection holds a
+//! semaphore permit until it closes. A request that finds none idle and none free waits up to
+//! `pool_timeout` for either (then [`ClientError::PoolTimeout`], a 503), so clients that cancel
+//! requests in flight (each cancel closes an HTTP/1.1 connection) cannot make the gateway open
+//! connections to the upstream without bound.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -23,6 +29,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use super::body::RequestBody;
@@ -45,6 +52,19 @@ struct Shared {
     /// The `Host` of a request that arrives without one: the authority, minus a default port.
     default_host: Option<HeaderValue>,
     idle: Mutex<VecDeque<Idle>>,
+    /// One permit per connection that may be open.
+    slots: Arc<Semaphore>,
+    /// Wakes a request waiting for a connection when one falls idle.
+    idled: Notify,
+    pool_timeout: Duration,
+}
+
+/// The bounds of one upstream's pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub connect_timeout: Duration,
+    pub max_connections: usize,
+    pub pool_timeout: Duration,
 }
 
 struct Idle {
@@ -59,6 +79,8 @@ pub enum ClientError {
     Connect(Box<dyn std::error::Error + Send + Sync>),
     /// The exchange failed on an open connection (or the request body failed).
     Request(hyper::Error),
+    /// All `max_connections` stayed busy for `pool_timeout`.
+    PoolTimeout,
 }
 
 impl std::fmt::Debug for UpstreamClient {
@@ -70,9 +92,9 @@ impl std::fmt::Debug for UpstreamClient {
 }
 
 impl UpstreamClient {
-    pub fn new(authority: &Authority, connect_timeout: Duration) -> Self {
+    pub fn new(authority: &Authority, limits: Limits) -> Self {
         let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_connect_timeout(Some(limits.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
         let target = Uri::builder()
@@ -93,6 +115,9 @@ impl UpstreamClient {
                 target,
                 default_host,
                 idle: Mutex::new(VecDeque::new()),
+                slots: Arc::new(Semaphore::new(limits.max_connections)),
+                idled: Notify::new(),
+                pool_timeout: limits.pool_timeout,
             }),
         }
     }
@@ -110,10 +135,7 @@ impl UpstreamClient {
         mut req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
         loop {
-            let (mut sender, reused) = match self.checkout() {
-                Some(sender) => (sender, true),
-                None => (self.connect().await?, false),
-            };
+            let (mut sender, reused) = self.acquire().await?;
             match sender.try_send_request(req).await {
                 Ok(response) => {
                     let shared = self.shared.clone();
@@ -142,7 +164,40 @@ impl UpstreamClient {
         None
     }
 
-    async fn connect(&self) -> Result<SendRequest<RequestBody>, ClientError> {
+    /// An idle connection (`true`), or a new one (`false`) once a slot is free, waiting at most
+    /// `pool_timeout` for either.
+    async fn acquire(&self) -> Result<(SendRequest<RequestBody>, bool), ClientError> {
+        if let Some(sender) = self.checkout() {
+            return Ok((sender, true));
+        }
+        if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+            return Ok((self.connect(slot).await?, false));
+        }
+        let deadline = tokio::time::Instant::now() + self.shared.pool_timeout;
+        loop {
+            // Registered before looking again, so a connection idled in between still wakes us.
+            let idled = self.shared.idled.notified();
+            tokio::pin!(idled);
+            idled.as_mut().enable();
+            if let Some(sender) = self.checkout() {
+                return Ok((sender, true));
+            }
+            tokio::select! {
+                slot = self.shared.slots.clone().acquire_owned() => {
+                    let slot = slot.map_err(|_| ClientError::PoolTimeout)?;
+                    return Ok((self.connect(slot).await?, false));
+                }
+                () = &mut idled => {}
+                () = tokio::time::sleep_until(deadline) => return Err(ClientError::PoolTimeout),
+            }
+        }
+    }
+
+    /// Opens a connection that holds `slot` until it closes.
+    async fn connect(
+        &self,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<SendRequest<RequestBody>, ClientError> {
         let io = self
             .shared
             .connector
@@ -161,6 +216,7 @@ impl UpstreamClient {
             if let Err(e) = connection.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
+            drop(slot);
         });
         Ok(sender)
     }
@@ -196,6 +252,8 @@ impl Shared {
         if idle.len() < MAX_IDLE {
             idle.push_back(Idle { sender, since: now });
         }
+        drop(idle);
+        self.idled.notify_one();
     }
 }
 

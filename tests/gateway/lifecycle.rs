@@ -413,3 +413,65 @@ async fn a_signal_right_after_the_listening_line_is_handled() {
     let status = gw.wait().await;
     assert_eq!(status.code(), Some(0), "{status:?}; log:\n{}", gw.log());
 }
+
+/// Regression (issue 9, item 7): an empty or comment-only file, as a truncated non-atomic write
+/// leaves, was `ok (0 routes)`. Item 11: values that passed `check` and broke serving.
+#[test]
+fn check_rejects_an_empty_file_and_values_that_break_serving() {
+    for empty in ["", "# nothing here yet\n"] {
+        let lines = check_errors(empty);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("1:1: routes: no routes: every request would get 404"),
+            "{lines:?}"
+        );
+    }
+    let lines = check_errors(
+        r#"
+server: { header_read_timeout: 0ms }
+routes:
+  - name: a
+    respond: { body: a }
+    policies:
+      - name: w
+        key: [client_ip]
+        sliding_window: { limit: 5, window: 18446744073709552ms }
+      - name: c
+        key: [client_ip]
+        cost: 0
+        token_bucket: { rate: 1e-30/s, burst: 5 }
+"#,
+    );
+    let expected = [
+        "2:32: server.header_read_timeout: must be more than 0ms",
+        "9:45: routes[0].policies[0].sliding_window.window: `18446744073709552ms` is too long",
+        "12:15: routes[0].policies[1].cost: must be at least 1",
+        "13:31: routes[0].policies[1].token_bucket.rate: `1e-30/s` is too slow",
+    ];
+    assert_eq!(lines.len(), expected.len(), "{lines:?}");
+    for (line, start) in lines.iter().zip(expected) {
+        assert!(
+            line.starts_with(start),
+            "{line:?} should start with {start:?}"
+        );
+    }
+}
+
+/// A SIGHUP that finds the file emptied keeps serving the old config (and its limits).
+#[tokio::test]
+async fn sighup_with_an_emptied_file_keeps_the_running_config() {
+    let gw = GatewayProcess::spawn("routes:\n  - name: a\n    respond: { body: a }\n").await;
+    std::fs::write(&gw.config_path, "").expect("truncate the config");
+    gw.signal("HUP");
+    let deadline = Instant::now() + LIVENESS;
+    while !gw.log().contains("config reload failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no reload failure in:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gw.log().contains("routes: no routes"), "{}", gw.log());
+    assert_eq!(Client::new().get(&gw.url("/")).await.text(), "a");
+}

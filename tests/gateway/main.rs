@@ -8,9 +8,12 @@ mod support;
 
 mod admin;
 mod concurrency;
+mod flood;
+mod hardening;
 mod keys;
 mod lifecycle;
 mod limits;
+mod normalization;
 mod pool;
 mod proxy;
 mod routing;

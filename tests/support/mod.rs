@@ -1,6 +1,6 @@
 //! Shared helpers of the integration tests: the gateway under test (in-process or as the real
-//! binary), an in-process upstream, a client, real Prometheus and Redis servers, the external tools,
-//! and a Prometheus text reader.
+//! binary), an in-process upstream, a client, real NGINX, Prometheus and Redis servers, the
+//! external tools, and a Prometheus text reader.
 //!
 //! Every helper owns what it starts and stops it on drop, also when the test panics. Timeouts here
 //! are for liveness only (a hung test fails instead of hanging CI); they are generous because the
@@ -16,6 +16,7 @@ pub mod client;
 pub mod dashboard;
 pub mod fleet;
 pub mod gateway;
+pub mod nginx;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 pub use client::{Client, Reply};
 pub use gateway::TestGateway;
+pub use nginx::Nginx;
 pub use process::GatewayProcess;
 pub use redis::RedisServer;
 pub use upstream::Upstream;

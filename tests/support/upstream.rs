@@ -14,7 +14,8 @@
 //! - `x-test-big: N`: answer with a body of N bytes streamed in 16 KiB chunks;
 //! - `Connection: upgrade` + `Upgrade`: answer 101 and echo the tunnel's bytes.
 //!
-//! It counts TCP connections accepted and requests received, and stops on drop.
+//! It counts TCP connections accepted, open now and open at most at once, and requests received,
+//! and stops on drop.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -40,6 +41,8 @@ type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 #[derive(Debug)]
 struct Shared {
     connections: AtomicUsize,
+    open: AtomicUsize,
+    peak_open: AtomicUsize,
     /// Requests whose head arrived; a watch so tests can wait for "the request got here".
     requests: watch::Sender<usize>,
     gate: Semaphore,
@@ -64,6 +67,8 @@ impl Upstream {
         let (frames_tx, frames_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             connections: AtomicUsize::new(0),
+            open: AtomicUsize::new(0),
+            peak_open: AtomicUsize::new(0),
             requests: watch::channel(0).0,
             gate: Semaphore::new(0),
             frames_tx,
@@ -78,13 +83,17 @@ impl Upstream {
                     continue;
                 };
                 accept_shared.connections.fetch_add(1, Ordering::SeqCst);
+                let open = accept_shared.open.fetch_add(1, Ordering::SeqCst) + 1;
+                accept_shared.peak_open.fetch_max(open, Ordering::SeqCst);
                 let shared = accept_shared.clone();
                 connections.spawn(async move {
+                    let counted = shared.clone();
                     let service = service_fn(move |req| handle(shared.clone(), req));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades()
                         .await;
+                    counted.open.fetch_sub(1, Ordering::SeqCst);
                 });
                 while connections.try_join_next().is_some() {}
             }
@@ -95,6 +104,29 @@ impl Upstream {
     /// TCP connections accepted so far (to observe the gateway's connection pool).
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections open now (closed ones, and upgraded ones, no longer count).
+    pub fn open_connections(&self) -> usize {
+        self.shared.open.load(Ordering::SeqCst)
+    }
+
+    /// The most TCP connections that were open at once.
+    pub fn peak_open_connections(&self) -> usize {
+        self.shared.peak_open.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at most `n` connections are open.
+    pub async fn wait_for_open_connections_at_most(&self, n: usize) {
+        let deadline = std::time::Instant::now() + LIVENESS;
+        while self.open_connections() > n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} upstream connections still open, expected at most {n}",
+                self.open_connections()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     /// Request heads received so far (a rejected request must never add to this).

@@ -1,0 +1,319 @@
+//! The public listener: accepts connections (HTTP/1.1 and h2c) and bounds what each may cost.
+//!
+//! - At most `server.max_connections` are open at once. The acceptor waits for a free slot before
+//!   it accepts again, so connections past the limit wait in the kernel's accept backlog (and are
+//!   refused by the kernel once that is full); none is accepted and then dropped.
+//! - A request head (HTTP/1.1 read buffer) or h2 header list is at most `server.max_header_size`:
+//!   hyper answers a larger HTTP/1.1 head with 431 and closes; h2 refuses the stream.
+//! - A connection whose streams are cancelled after the gateway accepted them (each cancel costs
+//!   an upstream HTTP/1.1 connection) more than [`CANCEL_LIMIT`] times within [`CANCEL_WINDOW`] is
+//!   shut down gracefully (h2: GOAWAY). hyper already does this for streams reset before they are
+//!   accepted (rapid reset, CVE-2023-44487), with a warning in the `h2` crate per connection; both
+//!   are counted in `turnstile_connection_goaways_total` and logged through one [`Throttle`].
+//!
+//! Shutdown: each connection is told to finish gracefully, and the drain waits until every slot
+//! is back (or the grace period is over).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify, Semaphore};
+
+use crate::gateway::Gateway;
+use crate::log_throttle::Throttle;
+use crate::metrics::Metrics;
+
+/// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
+/// Browsers cancel a few when a page is left; hundreds in seconds is an attack.
+pub const CANCEL_LIMIT: u32 = 100;
+pub const CANCEL_WINDOW: Duration = Duration::from_secs(10);
+
+/// One warning line per this period for connections closed for abuse.
+static ABUSE_LOG: Throttle = Throttle::new(Duration::from_secs(10));
+
+/// The listener's metrics.
+#[derive(Debug, Clone)]
+struct ListenerMetrics {
+    open: IntGauge,
+    goaway_cancelled: IntCounter,
+    goaway_resets: IntCounter,
+}
+
+impl ListenerMetrics {
+    fn register(metrics: &Metrics) -> Self {
+        let open = IntGauge::new(
+            "turnstile_open_connections",
+            "Connections open on the public listener.",
+        )
+        .unwrap_or_else(|e| panic!("metric turnstile_open_connections: {e}"));
+        let goaways = IntCounterVec::new(
+            Opts::new(
+                "turnstile_connection_goaways_total",
+                "Client connections shut down for abuse, by reason.",
+            ),
+            &["reason"],
+        )
+        .unwrap_or_else(|e| panic!("metric turnstile_connection_goaways_total: {e}"));
+        metrics.register(Box::new(open.clone()));
+        metrics.register(Box::new(goaways.clone()));
+        ListenerMetrics {
+            open,
+            goaway_cancelled: goaways.with_label_values(&["cancelled_streams"]),
+            goaway_resets: goaways.with_label_values(&["rapid_reset"]),
+        }
+    }
+}
+
+/// Per connection: its cancellations, and the signal to shut it down.
+#[derive(Debug)]
+struct Connection {
+    /// (start of the current window, cancellations in it). Locked only when a request is
+    /// cancelled, never on the normal path.
+    cancels: Mutex<(Instant, u32)>,
+    goaway: Notify,
+}
+
+impl Connection {
+    fn cancelled(&self) {
+        let mut window = self
+            .cancels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        if now.duration_since(window.0) > CANCEL_WINDOW {
+            *window = (now, 0);
+        }
+        window.1 += 1;
+        if window.1 == CANCEL_LIMIT + 1 {
+            self.goaway.notify_one();
+        }
+    }
+}
+
+/// Counts its request as cancelled if dropped before [`Finished::done`]: hyper drops the service
+/// future when the client resets the stream (or closes) before the response head.
+struct Finished {
+    connection: Arc<Connection>,
+    done: bool,
+}
+
+impl Finished {
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        if !self.done {
+            self.connection.cancelled();
+        }
+    }
+}
+
+pub(crate) async fn serve_public(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let settings = gateway.config.load().server.clone();
+    let metrics = ListenerMetrics::register(&gateway.metrics);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .max_buf_size(settings.max_header_size)
+        .keep_alive(true)
+        // One flat write per response (head and small bodies copied together) costs fewer
+        // instructions than hyper's vectored queue; large bodies still stream chunk by chunk.
+        .writev(false);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(u32::try_from(settings.max_header_size).unwrap_or(u32::MAX))
+        // Pings find dead peers; a connection that stops answering is closed.
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let builder = Arc::new(builder);
+    let header_read_timeout = settings.header_read_timeout;
+    let max_connections = u32::try_from(settings.max_connections).unwrap_or(u32::MAX);
+    let slots = Arc::new(Semaphore::new(max_connections as usize));
+
+    loop {
+        // A slot first: past the limit, connections wait in the accept backlog.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            _ = shutdown.changed() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let gw = gateway.clone();
+        let builder = builder.clone();
+        let stopping = shutdown.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            metrics.open.inc();
+            serve_connection(
+                stream,
+                peer,
+                gw,
+                &builder,
+                stopping,
+                header_read_timeout,
+                &metrics,
+            )
+            .await;
+            metrics.open.dec();
+            drop(slot);
+        });
+    }
+    drop(listener);
+    let grace = gateway.config.load().server.shutdown_grace;
+    // Every slot back means every connection has ended.
+    if tokio::time::timeout(grace, slots.acquire_many(max_connections))
+        .await
+        .is_err()
+    {
+        tracing::warn!(?grace, "grace period over; closing remaining connections");
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    gateway: Arc<Gateway>,
+    builder: &auto::Builder<TokioExecutor>,
+    mut stopping: watch::Receiver<bool>,
+    header_read_timeout: Duration,
+    metrics: &ListenerMetrics,
+) {
+    // A connection that has not said a byte when shutdown begins has no request to finish: close
+    // it rather than hold the drain until its detection times out.
+    let known = tokio::select! {
+        known = protocol_known(&stream, header_read_timeout) => known,
+        _ = stopping.wait_for(|stop| *stop) => false,
+    };
+    if !known {
+        return;
+    }
+    let connection = Arc::new(Connection {
+        cancels: Mutex::new((Instant::now(), 0)),
+        goaway: Notify::new(),
+    });
+    let state = connection.clone();
+    let service = service_fn(move |req| {
+        let finished = Finished {
+            connection: state.clone(),
+            done: false,
+        };
+        let response = gateway.clone().handle(peer, req);
+        async move {
+            let response = response.await;
+            finished.done();
+            response
+        }
+    });
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let mut closing = false;
+    let result = loop {
+        tokio::select! {
+            result = conn.as_mut() => break result,
+            _ = stopping.wait_for(|stop| *stop), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = connection.goaway.notified(), if !closing => {
+                closing = true;
+                metrics.goaway_cancelled.inc();
+                if let Some(suppressed) = ABUSE_LOG.allow() {
+                    tracing::warn!(
+                        %peer,
+                        suppressed,
+                        "closing a connection that cancelled more than {CANCEL_LIMIT} requests \
+                         within {CANCEL_WINDOW:?}"
+                    );
+                }
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    };
+    if let Err(e) = result {
+        if is_reset_flood(&*e as &(dyn std::error::Error + 'static)) {
+            metrics.goaway_resets.inc();
+            if let Some(suppressed) = ABUSE_LOG.allow() {
+                tracing::warn!(%peer, suppressed, "closed a connection that reset streams rapidly");
+            }
+        } else {
+            tracing::debug!(error = %e, %peer, "connection ended with an error");
+        }
+    }
+}
+
+/// Whether hyper's h2 closed the connection with `ENHANCE_YOUR_CALM` (too many streams reset
+/// before acceptance, or too many local resets).
+fn is_reset_flood(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// The h2c connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits until the client's first bytes tell HTTP/1.1 from an h2c preface, for at most `limit`;
+/// `false` when the client said too little in time (or hung up). hyper-util's own detection waits
+/// without a deadline, and hyper's `header_read_timeout` only starts after it, so without this a
+/// client that connects and stays silent, or trickles a preface, holds a connection forever
+/// (slowloris). Bytes are peeked, not read: hyper then reads them as usual. A slow HTTP/1.1 head
+/// thus gets at most twice `limit` in all: this wait, then hyper's own.
+async fn protocol_known(stream: &TcpStream, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        if n == 0 {
+            return false;
+        }
+        if n == H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] {
+            return true;
+        }
+        // Part of a preface: `peek` returns at once while bytes are waiting, so pause rather
+        // than spin. Real h2c clients send the 24 bytes in one write and never get here.
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5).min(deadline - tokio::time::Instant::now()))
+            .await;
+    }
+}
