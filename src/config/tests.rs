@@ -395,7 +395,7 @@ fn listener_and_upstream_bounds_out_of_range_are_errors() {
 fn cluster_and_sentinel_stores_compile() {
     use crate::limiter::redis::{Auth, Target};
     let yaml = format!(
-        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, \"[::1]:7000\"]\n  password: pw\n{BASE}"
+        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, \"[::1]:7000\"]\n  password: pw\n{BASE}{ROUTE}"
     );
     let snapshot =
         parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
@@ -413,7 +413,7 @@ fn cluster_and_sentinel_stores_compile() {
         }
     );
     let yaml = format!(
-        "store:\n  type: redis\n  sentinel: {{ service: mymaster, nodes: [10.0.0.5:26379] }}\n{BASE}"
+        "store:\n  type: redis\n  sentinel: {{ service: mymaster, nodes: [10.0.0.5:26379] }}\n{BASE}{ROUTE}"
     );
     let snapshot =
         parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
@@ -429,7 +429,7 @@ fn cluster_and_sentinel_stores_compile() {
 #[test]
 fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
     let e = errors(&format!(
-        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, nope]\n{BASE}"
+        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, nope]\n{BASE}{ROUTE}"
     ));
     assert!(
         e.iter()
@@ -437,7 +437,7 @@ fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
         "{e:?}"
     );
     let e = errors(&format!(
-        "store:\n  type: redis\n  url: redis://a\n  cluster: [a:1]\n{BASE}"
+        "store:\n  type: redis\n  url: redis://a\n  cluster: [a:1]\n{BASE}{ROUTE}"
     ));
     assert!(
         e.iter()
@@ -445,7 +445,7 @@ fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
         "{e:?}"
     );
     let e = errors(&format!(
-        "store:\n  type: redis\n  sentinel: {{ service: \"\", nodes: [] }}\n{BASE}"
+        "store:\n  type: redis\n  sentinel: {{ service: \"\", nodes: [] }}\n{BASE}{ROUTE}"
     ));
     assert!(
         e.iter().any(|e| e.contains("store.sentinel.service")),
@@ -455,8 +455,10 @@ fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
         e.iter().any(|e| e.contains("store.sentinel.nodes")),
         "{e:?}"
     );
-    let e = errors(&format!("store:\n  type: redis\n  password: pw\n{BASE}"));
+    let e = errors(&format!(
+        "store:\n  type: redis\n  password: pw\n{BASE}{ROUTE}"
+    ));
     assert!(e.iter().any(|e| e.contains("store.password")), "{e:?}");
-    let e = errors(&format!("store:\n  cluster: [a:1]\n{BASE}"));
+    let e = errors(&format!("store:\n  cluster: [a:1]\n{BASE}{ROUTE}"));
     assert!(e.iter().any(|e| e.contains("store.cluster")), "{e:?}");
 }
