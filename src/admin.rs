@@ -10,12 +10,12 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::gateway::Gateway;
+use crate::state::AppState;
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
 pub struct AdminState {
-    pub gateway: Arc<Gateway>,
+    pub state: Arc<AppState>,
     /// Set once shutdown begins, so load balancers stop sending traffic before we stop accepting.
     pub draining: Arc<AtomicBool>,
 }
@@ -25,7 +25,7 @@ pub struct AdminState {
 /// (the active config's hash and the last reload error); for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
-    let rls = crate::rls::RlsService::new(state.gateway.clone());
+    let rls = crate::rls::RlsService::new(state.state.clone());
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -43,14 +43,14 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.gateway.metrics.render(),
+        state.state.metrics.render(),
     )
 }
 
 /// envoyproxy/ratelimit's health check: `OK` while serving, 500 once draining or when the store
 /// cannot decide.
 async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.draining.load(Ordering::Relaxed) || !state.gateway.limiter.store().is_ready() {
+    if state.draining.load(Ordering::Relaxed) || !state.state.engine.store().is_ready() {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK\n")
     } else {
         (StatusCode::OK, "OK\n")
@@ -60,7 +60,7 @@ async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     if state.draining.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-    } else if !state.gateway.limiter.store().is_ready() {
+    } else if !state.state.engine.store().is_ready() {
         (StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
     } else {
         (StatusCode::OK, "ready\n")
@@ -74,9 +74,10 @@ async fn config_status(State(state): State<AdminState>) -> impl IntoResponse {
         t.duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64())
     };
-    let snapshot = state.gateway.config.load();
+    let live = state.state.live.load();
+    let snapshot = &live.config;
     let status = state
-        .gateway
+        .state
         .reload_status
         .lock()
         .map(|s| s.clone())
@@ -105,6 +106,6 @@ async fn top_limited(
         .find_map(|pair| pair.strip_prefix("n="))
         .and_then(|n| n.parse().ok())
         .unwrap_or(TOP_LIMITED_DEFAULT);
-    let show_values = state.gateway.config.load().admin.show_key_values;
-    Json(state.gateway.top_limited.report_with(n, show_values))
+    let show_values = state.state.live.load().config.admin.show_key_values;
+    Json(state.state.engine.top_limited().report_with(n, show_values))
 }

@@ -1,28 +1,35 @@
 //! Turnstile: an HTTP rate-limit gateway.
 //!
-//! Three doors open onto one decision engine:
+//! Doors open onto one decision engine ([`limiter::Engine`]); each door only translates its
+//! protocol into checks and the engine's verdict back:
 //!
 //! - the inline gateway ([`gateway`], [`proxy`]): route a request, extract its keys, decide, then
 //!   forward it or answer `429`;
 //! - the Envoy rate limit service ([`rls`]), which reads envoyproxy/ratelimit's config files and
-//!   reduces `ShouldRateLimit` to the same checks;
-//! - (planned) an ingress forward-auth endpoint.
+//!   reduces `ShouldRateLimit` to the same checks.
+//!
+//! Forward-auth for ingress controllers and Envoy's ext_authz are not built yet; they are meant to
+//! be further doors of the same shape.
 //!
 //! The tree follows the data:
 //!
-//! - [`config`]: `policies.yaml` is parsed ([`config::raw`]), validated into an immutable
-//!   [`config::Snapshot`] ([`config::compile`]) and swapped atomically on reload;
+//! - [`config`]: `policies.yaml` is parsed ([`config::raw`]) and validated into an immutable
+//!   [`config::Snapshot`] of plain data ([`config::compile`]): no pools, no metric handles, so
+//!   `turnstile check` builds neither;
+//! - [`state`]: what every listener shares ([`state::AppState`]): the snapshot with its runtime
+//!   resources attached ([`state::Live`], swapped whole on reload), the engine and the metrics;
 //! - [`normalize`]: every request is rewritten into one canonical spelling (path, host) before
 //!   anything reads it;
 //! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load;
-//! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]) and the stores that keep counters;
-//!   [`limiter::Limiter::decide`] is the single entry point of every door;
-//! - [`respond`]: every response the gateway writes itself;
+//! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
+//!   the [`limiter::Engine`] whose `decide` every door calls: it merges duplicate keys, applies
+//!   the failure mode, counts decisions and picks the governing outcome;
+//! - [`respond`]: every response the gateway writes itself, refusals included;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
 //! - [`listener`]: the public listener and the bounds on each connection;
-//! - [`server`]: start-up, hot reload and graceful shutdown; [`watch`] applies edits of the
-//!   config file (Kubernetes ConfigMap swaps included) without a signal;
+//! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
+//!   the config file (Kubernetes ConfigMap swaps included) without a signal;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell.
 
 #![forbid(unsafe_code)]
@@ -42,6 +49,7 @@ pub mod respond;
 pub mod rls;
 pub mod route;
 pub mod server;
+pub mod state;
 pub mod top_limited;
 pub mod watch;
 

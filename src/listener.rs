@@ -25,9 +25,9 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 
-use crate::gateway::Gateway;
 use crate::log_throttle::Throttle;
 use crate::metrics::Metrics;
+use crate::state::AppState;
 
 /// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
 /// Browsers cancel a few when a page is left; hundreds in seconds is an attack.
@@ -119,11 +119,11 @@ impl Drop for Finished {
 
 pub(crate) async fn serve_public(
     listener: TcpListener,
-    gateway: Arc<Gateway>,
+    state: Arc<AppState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let settings = gateway.config.load().server.clone();
-    let metrics = ListenerMetrics::register(&gateway.metrics);
+    let settings = state.live.load().config.server.clone();
+    let metrics = ListenerMetrics::register(&state.metrics);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -169,7 +169,7 @@ pub(crate) async fn serve_public(
             _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        let gw = gateway.clone();
+        let st = state.clone();
         let builder = builder.clone();
         let stopping = shutdown.clone();
         let metrics = metrics.clone();
@@ -178,7 +178,7 @@ pub(crate) async fn serve_public(
             serve_connection(
                 stream,
                 peer,
-                gw,
+                st,
                 &builder,
                 stopping,
                 header_read_timeout,
@@ -190,7 +190,7 @@ pub(crate) async fn serve_public(
         });
     }
     drop(listener);
-    let grace = gateway.config.load().server.shutdown_grace;
+    let grace = state.live.load().config.server.shutdown_grace;
     // Every slot back means every connection has ended.
     if tokio::time::timeout(grace, slots.acquire_many(max_connections))
         .await
@@ -203,7 +203,7 @@ pub(crate) async fn serve_public(
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    gateway: Arc<Gateway>,
+    app: Arc<AppState>,
     builder: &auto::Builder<TokioExecutor>,
     mut stopping: watch::Receiver<bool>,
     header_read_timeout: Duration,
@@ -228,7 +228,7 @@ async fn serve_connection(
             connection: state.clone(),
             done: false,
         };
-        let response = gateway.clone().handle(peer, req);
+        let response = crate::gateway::handle(app.clone(), peer, req);
         async move {
             let response = response.await;
             finished.done();

@@ -52,7 +52,7 @@ fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config } => match config::load(&config, &Metrics::new()) {
+        Command::Check { config } => match config::load(&config) {
             Ok(snapshot) => {
                 println!(
                     "{}: ok ({} routes)",
@@ -132,7 +132,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     // Before the load: a change made while the file is being read is then seen as a change.
     let mut watcher = turnstile::watch::ConfigWatcher::new(&path);
     let metrics = Metrics::new();
-    let snapshot = config::load(&path, &metrics).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let snapshot = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let running = turnstile::start(snapshot, metrics, None)
         .await
         .context("cannot start listeners")?;
@@ -174,7 +174,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
 /// Reloads on the blocking pool (parsing must not hold up a single worker); success is logged
 /// with what changed by the reload itself.
 async fn reload(running: &turnstile::Running, why: &str) {
-    if let Err(e) = running.reload_in_background().await {
+    if let Err(e) = running.reload().await {
         tracing::error!(
             trigger = why,
             "config reload failed; the running config stays:\n{e}"

@@ -28,23 +28,23 @@ pub struct Metrics {
     rls: crate::rls::metrics::RlsMetricVecs,
 }
 
-/// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`.
+/// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`. Gateway
+/// policies have no shadow mode (the Envoy service counts its shadow rules in
+/// `turnstile_rls_shadow_mode`), so there is no `shadow` series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecisionLabel {
     Allowed,
     Limited,
     FailedOpen,
     FailedClosed,
-    Shadow,
 }
 
 impl DecisionLabel {
-    const ALL: [DecisionLabel; 5] = [
+    const ALL: [DecisionLabel; 4] = [
         DecisionLabel::Allowed,
         DecisionLabel::Limited,
         DecisionLabel::FailedOpen,
         DecisionLabel::FailedClosed,
-        DecisionLabel::Shadow,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,7 +53,6 @@ impl DecisionLabel {
             DecisionLabel::Limited => "limited",
             DecisionLabel::FailedOpen => "failed_open",
             DecisionLabel::FailedClosed => "failed_closed",
-            DecisionLabel::Shadow => "shadow",
         }
     }
 }
@@ -61,7 +60,7 @@ impl DecisionLabel {
 /// The decision counters of one (route, policy).
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
-    by_label: [IntCounter; 5],
+    by_label: [IntCounter; 4],
 }
 
 impl PolicyMetrics {

@@ -1,5 +1,6 @@
 //! Every response the gateway writes itself, in one place: the rate-limit headers and the JSON
-//! error bodies. Adapters never format these on their own.
+//! error bodies. A door that refuses a request names a [`Refusal`] and [`refusal`] turns it into
+//! the response (one rescue layer); adapters never format these on their own.
 
 use std::sync::OnceLock;
 
@@ -85,6 +86,58 @@ fn small_numbers() -> Vec<HeaderValue> {
 /// `Retry-After` in whole seconds, at least 1: the time until the request could succeed.
 pub fn retry_after_seconds(outcome: &Outcome) -> u64 {
     ceil_seconds(outcome.retry_after_us).max(1)
+}
+
+/// Seconds a client should wait before retrying when the store is down and the route fails
+/// closed.
+pub const STORE_DOWN_RETRY_SECONDS: u64 = 1;
+
+/// Why the gateway answers a request itself instead of forwarding it, by where it came from:
+/// the request (downstream), the rate limit or its store, or the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal<'a> {
+    /// 400: the request cannot be read one way only (a path that does not normalise, a key
+    /// header or query parameter sent twice).
+    BadRequest(String),
+    /// 404: no route matches.
+    NoRoute,
+    /// 413: the declared or streamed body is over `server.max_body_size`.
+    BodyTooLarge(u64),
+    /// 408: the client stopped sending its body (`server.body_read_timeout`).
+    BodyReadTimeout,
+    /// 429: the governing policy's outcome.
+    RateLimited {
+        route: &'a str,
+        policy: &'a str,
+        outcome: Outcome,
+    },
+    /// 503: the store cannot decide and the route fails closed.
+    StoreUnavailable(&'a str),
+    /// 502: the upstream could not be reached or broke the exchange.
+    UpstreamUnreachable(&'a str),
+    /// 504: no response head within the upstream's timeout.
+    UpstreamTimeout(&'a str),
+    /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
+    UpstreamBusy(&'a str),
+}
+
+/// The one place a refusal becomes a response.
+pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
+    match refusal {
+        Refusal::BadRequest(message) => bad_request(message),
+        Refusal::NoRoute => not_found(),
+        Refusal::BodyTooLarge(limit) => payload_too_large(*limit),
+        Refusal::BodyReadTimeout => request_timeout(),
+        Refusal::RateLimited {
+            route,
+            policy,
+            outcome,
+        } => rate_limited(route, policy, outcome),
+        Refusal::StoreUnavailable(route) => store_unavailable(route, STORE_DOWN_RETRY_SECONDS),
+        Refusal::UpstreamUnreachable(route) => bad_gateway(route),
+        Refusal::UpstreamTimeout(route) => gateway_timeout(route),
+        Refusal::UpstreamBusy(route) => upstream_busy(route),
+    }
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<ResponseBody> {

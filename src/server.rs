@@ -1,8 +1,8 @@
-//! Lifecycle: start the public listener ([`crate::listener`]), the admin listener and the Envoy
-//! service, reload the config atomically, and drain on shutdown.
+//! Lifecycle: attach runtime resources to the config, start the public listener
+//! ([`crate::listener`]), the admin listener and the Envoy service, reload the config atomically
+//! (one path, [`reload`]), and drain on shutdown.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +13,9 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::config::{self, ConfigErrors, Snapshot, StoreSettings};
-use crate::gateway::Gateway;
-use crate::limiter::{Limiter, MemoryStore, MonotonicClock, RedisStore, Store};
+use crate::limiter::{Engine, MemoryStore, MonotonicClock, RedisStore, Store};
 use crate::metrics::Metrics;
+use crate::state::{AppState, Live};
 
 /// How often the in-process store drops idle counters.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -27,7 +27,8 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
     pub rls_addr: Option<SocketAddr>,
-    pub gateway: Arc<Gateway>,
+    /// What every listener shares: the live config, the engine, the metrics.
+    pub state: Arc<AppState>,
     /// Stops the public listener (and the sweeper).
     shutdown: watch::Sender<bool>,
     /// Stops the admin listener, last, so `/readyz` says "draining" while requests finish.
@@ -77,21 +78,22 @@ pub async fn start(
     let store = build_store(&snapshot.store)
         .await
         .map_err(std::io::Error::other)?;
-    let limiter = Limiter::new(store, &metrics);
-    let gateway = Arc::new(Gateway::new(snapshot, limiter, metrics));
+    let engine = Engine::new(store, Arc::new(MonotonicClock::new()), &metrics);
+    let live = Live::attach(snapshot, &metrics);
+    let state = Arc::new(AppState::new(live, engine, metrics));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let draining = Arc::new(AtomicBool::new(false));
 
     let mut tasks = Vec::new();
-    if matches!(gateway.limiter.store(), Store::Memory(_)) {
-        let gw = gateway.clone();
+    if matches!(state.engine.store(), Store::Memory(_)) {
+        let st = state.clone();
         let mut rx = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(SWEEP_EVERY);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        gw.limiter.store().sweep();
+                        st.engine.store().sweep();
                     }
                     _ = rx.changed() => return,
                 }
@@ -99,13 +101,13 @@ pub async fn start(
         }));
     }
 
-    let rls_listener = match gateway.config.load().rls.as_ref() {
+    let rls_listener = match state.live.load().config.rls.as_ref() {
         Some(rls) => Some(TcpListener::bind(rls.listen).await?),
         None => None,
     };
     let rls_addr = rls_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     if let Some(listener) = rls_listener {
-        let service = crate::rls::RlsService::new(gateway.clone());
+        let service = crate::rls::RlsService::new(state.clone());
         let rx = shutdown_rx.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = crate::rls::grpc::serve(listener, service, rx).await {
@@ -117,7 +119,7 @@ pub async fn start(
     let public_addr = public.local_addr()?;
     let admin_addr = admin.local_addr()?;
     let admin_router = admin::router(AdminState {
-        gateway: gateway.clone(),
+        state: state.clone(),
         draining: draining.clone(),
     });
     let (admin_shutdown, mut rx) = watch::channel(false);
@@ -131,7 +133,7 @@ pub async fn start(
     });
     tasks.push(tokio::spawn(crate::listener::serve_public(
         public,
-        gateway.clone(),
+        state.clone(),
         shutdown_rx,
     )));
 
@@ -139,7 +141,7 @@ pub async fn start(
         public_addr,
         admin_addr,
         rls_addr,
-        gateway,
+        state,
         shutdown,
         admin_shutdown,
         draining,
@@ -149,33 +151,9 @@ pub async fn start(
 }
 
 impl Running {
-    /// Re-reads the config file. On any error the running config stays, untouched.
-    pub fn reload(&self) -> Result<(), ConfigErrors> {
-        reload(&self.gateway)
-    }
-
-    /// [`Running::reload`] on the blocking pool, so the workers keep serving while the files are
-    /// read and validated.
-    pub async fn reload_in_background(&self) -> Result<(), ConfigErrors> {
-        let gateway = self.gateway.clone();
-        match tokio::task::spawn_blocking(move || reload(&gateway)).await {
-            Ok(result) => result,
-            // The loader panicked: a bug, but the running config is untouched and serving goes on.
-            Err(e) => Err(ConfigErrors(vec![config::ConfigError {
-                file: self.gateway.config.load().source.clone(),
-                line: 1,
-                column: 1,
-                field: String::new(),
-                message: format!("the config loader failed unexpectedly (a bug): {e}"),
-            }])),
-        }
-    }
-
-    /// Reloads from another file (tests, and `run --config` pointing elsewhere).
-    pub fn reload_from(&self, path: &Path) -> Result<(), ConfigErrors> {
-        let next = config::load(path, &self.gateway.metrics)?;
-        self.gateway.config.store(Arc::new(next));
-        Ok(())
+    /// Re-reads the config file, as SIGHUP does: see [`reload`].
+    pub async fn reload(&self) -> Result<Vec<&'static str>, ConfigErrors> {
+        reload(&self.state).await
     }
 
     /// Stops accepting, lets in-flight requests finish within the grace period, and returns.
@@ -190,44 +168,83 @@ impl Running {
     }
 }
 
-/// Re-reads `gateway`'s config file and swaps the new snapshot in; on any error the running
-/// config stays, untouched.
-pub fn reload(gateway: &Gateway) -> Result<(), ConfigErrors> {
-    let current = gateway.config.load();
-    let result = config::load(&current.source, &gateway.metrics);
-    gateway.metrics.record_reload(result.is_ok());
+/// The one reload path. Re-reads the running config's file on the blocking pool (so workers keep
+/// serving while it is read and validated), attaches fresh resources and swaps the pair in; on
+/// any error the running config stays, untouched. Every result is counted in
+/// `turnstile_config_reloads_total`. Returns the changed settings that only a restart applies
+/// (each is also logged): they keep their running values until then.
+pub async fn reload(state: &Arc<AppState>) -> Result<Vec<&'static str>, ConfigErrors> {
+    let source = state.live.load().config.source.clone();
+    let loader = state.clone();
+    let result = match tokio::task::spawn_blocking(move || swap_in(&loader, &source)).await {
+        Ok(result) => result,
+        // The loader panicked: a bug, but the running config is untouched and serving goes on.
+        Err(e) => Err(ConfigErrors(vec![config::ConfigError {
+            file: state.live.load().config.source.clone(),
+            line: 1,
+            column: 1,
+            field: String::new(),
+            message: format!("the config loader failed unexpectedly (a bug): {e}"),
+        }])),
+    };
+    state.metrics.record_reload(result.is_ok());
     {
-        let mut status = gateway
+        let mut status = state
             .reload_status
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         status.last_attempt = Some(std::time::SystemTime::now());
         status.last_error = result.as_ref().err().map(ToString::to_string);
     }
-    let next = result?;
-    let changes = current.source_info.changes(&next.source_info);
+    result
+}
+
+fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static str>, ConfigErrors> {
+    let next = config::load(source)?;
+    let current = state.live.load();
+    let changes = current.config.source_info.changes(&next.source_info);
     tracing::info!(
         config = %next.source.display(),
         sha256 = %next.source_info.sha256,
         changes = %if changes.is_empty() { "none".to_string() } else { changes.join(", ") },
         "config reloaded"
     );
-    if next.listen != current.listen || next.admin_listen != current.admin_listen {
-        tracing::warn!("listen addresses changed; they take effect at the next restart");
-    }
-    let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
-    if rls_listen(&next) != rls_listen(&current) {
-        tracing::warn!("rls.listen changed; it takes effect at the next restart");
-    }
-    let (n, c) = (&next.server, &current.server);
-    if (n.max_connections, n.max_header_size) != (c.max_connections, c.max_header_size) {
+    let pending = needs_restart(&current.config, &next);
+    for setting in &pending {
         tracing::warn!(
-            "server.max_connections and max_header_size take effect at the next restart"
+            setting,
+            "changed by the reload; it takes effect at the next restart"
         );
     }
-    if next.store != current.store {
-        tracing::warn!("store settings changed; they take effect at the next restart");
-    }
-    gateway.config.store(Arc::new(next));
-    Ok(())
+    state
+        .live
+        .store(Arc::new(Live::attach(next, &state.metrics)));
+    Ok(pending)
+}
+
+/// The settings read once at startup (listeners, the store, the connection builder) that differ
+/// between `current` and `next`.
+pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
+    let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+    [
+        ("listen", current.listen != next.listen),
+        ("admin_listen", current.admin_listen != next.admin_listen),
+        ("rls.listen", rls_listen(current) != rls_listen(next)),
+        ("store", current.store != next.store),
+        (
+            "server.header_read_timeout",
+            current.server.header_read_timeout != next.server.header_read_timeout,
+        ),
+        (
+            "server.max_connections",
+            current.server.max_connections != next.server.max_connections,
+        ),
+        (
+            "server.max_header_size",
+            current.server.max_header_size != next.server.max_header_size,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
 }

@@ -8,6 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use turnstile::limiter::algorithm::MAX_US;
 use turnstile::limiter::{
     Check, Decision, ManualClock, MemoryStore, Outcome, RedisStore, Rule, SlidingWindow,
     TokenBucket,
@@ -250,6 +251,17 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            // A rate near zero puts the reset past what a Redis integer holds: both engines clamp
+            // every duration at MAX_US (2^62 µs) instead of overflowing.
+            name: "durations_clamp_at_max_us",
+            shadow: &[],
+            counters: vec![tb(1e-13, 10)],
+            steps: vec![
+                one(T, 1, (true, 10, 9, MAX_US, 0)),
+                one(T + S, 10, (false, 10, 9, MAX_US, MAX_US)),
+            ],
+        },
+        Case {
             name: "shadow_consumes_nothing_when_rejected",
             shadow: &[0],
             counters: vec![tb(1.0, 5), sw(1, 10 * S, 0)],
@@ -356,7 +368,7 @@ async fn every_key_written_has_a_ttl() {
         remote.check(&checks).await.expect("decision");
     }
     let keys = redis.keys();
-    assert_eq!(keys.len(), 16, "one key per counter of the cases: {keys:?}");
+    assert_eq!(keys.len(), 17, "one key per counter of the cases: {keys:?}");
     for key in keys {
         assert!(
             key.starts_with("ttl:{"),

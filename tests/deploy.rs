@@ -85,8 +85,7 @@ fn compose_turnstile_config_loads_and_listens_where_prometheus_scrapes() {
         "the compose config is mounted where the image's CMD reads it: {volumes:?}"
     );
 
-    let metrics = turnstile::metrics::Metrics::new();
-    let snapshot = turnstile::config::load(&repo_path("deploy/compose/policies.yaml"), &metrics)
+    let snapshot = turnstile::config::load(&repo_path("deploy/compose/policies.yaml"))
         .unwrap_or_else(|e| panic!("deploy/compose/policies.yaml:\n{e}"));
     assert!(
         matches!(

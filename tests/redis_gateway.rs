@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::fleet::{burst, count, metric, wait_ready};
+use support::fleet::{burst, count, wait_ready};
 use support::process::{config_file, with_free_ports};
 use support::{Client, GatewayProcess, RedisServer, Reply};
 
@@ -36,12 +36,11 @@ fn decisions(route: &str, decision: &str) -> [(&'static str, String); 3] {
 async fn decided(gw: &GatewayProcess, route: &str, decision: &str) -> f64 {
     let labels = decisions(route, decision);
     let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    metric(gw, "turnstile_decisions_total", &labels).await
+    gw.metric("turnstile_decisions_total", &labels).await
 }
 
 async fn store_errors(gw: &GatewayProcess, kind: &str) -> f64 {
-    metric(
-        gw,
+    gw.metric(
         "turnstile_store_errors_total",
         &[("store", "redis"), ("kind", kind)],
     )

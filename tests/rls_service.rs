@@ -1,13 +1,14 @@
-//! `ShouldRateLimit` over real gRPC (and `POST /json`) against a running Turnstile with the
-//! in-process store: envoyproxy/ratelimit's semantics, with exact counts.
+//! `ShouldRateLimit` over real gRPC (and `POST /json`) against a running Turnstile, on both stores
+//! (`memory::` and `redis::`, see `support::stores`): envoyproxy/ratelimit's semantics, with exact
+//! counts.
 
-mod rls_support;
 mod support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use rls_support::{call, descriptor, metric, request, start};
+use support::rls::{call, descriptor, request, start_with};
+use support::stores::TestStore;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -38,9 +39,8 @@ descriptors:
     token_bucket: {unit: hour, requests_per_unit: 1, burst: 2}
 ";
 
-#[tokio::test]
-async fn exact_counts_statuses_in_order_and_unknowns() {
-    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+async fn exact_counts_statuses_in_order_and_unknowns(store: TestStore) {
+    let rls = start_with(&[("shop.yaml", CONFIG)], "", &store.yaml()).await;
     let mut c = rls.client().await;
 
     let mut codes = Vec::new();
@@ -108,9 +108,8 @@ async fn exact_counts_statuses_in_order_and_unknowns() {
     rls.stop().await;
 }
 
-#[tokio::test]
-async fn shadow_mode_counts_but_never_rejects() {
-    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+async fn shadow_mode_counts_but_never_rejects(store: TestStore) {
+    let rls = start_with(&[("shop.yaml", CONFIG)], "", &store.yaml()).await;
     let mut c = rls.client().await;
     for _ in 0..4 {
         let r = call(
@@ -120,18 +119,21 @@ async fn shadow_mode_counts_but_never_rejects() {
         .await;
         assert_eq!(r.overall_code, OK);
     }
-    let m = rls.metrics().await;
-    let label = "{descriptor=\"shadow\",domain=\"shop\"}";
-    assert_eq!(metric(&m, &format!("turnstile_rls_total_hits{label}")), 4);
-    assert_eq!(metric(&m, &format!("turnstile_rls_within_limit{label}")), 1);
-    assert_eq!(metric(&m, &format!("turnstile_rls_over_limit{label}")), 3);
-    assert_eq!(metric(&m, &format!("turnstile_rls_shadow_mode{label}")), 3);
+    let labels = [("descriptor", "shadow"), ("domain", "shop")];
+    for (stat, want) in [
+        ("total_hits", 4.0),
+        ("within_limit", 1.0),
+        ("over_limit", 3.0),
+        ("shadow_mode", 3.0),
+    ] {
+        let name = format!("turnstile_rls_{stat}");
+        assert_eq!(rls.metric(&name, &labels).await, want, "{stat}");
+    }
     rls.stop().await;
 }
 
-#[tokio::test]
-async fn depth_replaces_and_two_descriptors_in_one_request() {
-    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+async fn depth_replaces_and_two_descriptors_in_one_request(store: TestStore) {
+    let rls = start_with(&[("shop.yaml", CONFIG)], "", &store.yaml()).await;
     let mut c = rls.client().await;
     // Nested: only at the exact depth.
     let r = call(
@@ -207,9 +209,8 @@ async fn depth_replaces_and_two_descriptors_in_one_request() {
     rls.stop().await;
 }
 
-#[tokio::test]
-async fn hits_addend_overrides_fixed_windows_and_token_buckets() {
-    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+async fn hits_addend_overrides_fixed_windows_and_token_buckets(store: TestStore) {
+    let rls = start_with(&[("shop.yaml", CONFIG)], "", &store.yaml()).await;
     let mut c = rls.client().await;
     // Request-level hits_addend: 0 means 1; 2 takes two units.
     let mut r = request("shop", vec![descriptor(&[("user", "h")])]);
@@ -268,9 +269,13 @@ async fn hits_addend_overrides_fixed_windows_and_token_buckets() {
     rls.stop().await;
 }
 
-#[tokio::test]
-async fn json_health_and_response_headers() {
-    let rls = start(&[("shop.yaml", CONFIG)], "  response_headers: true\n").await;
+async fn json_health_and_response_headers(store: TestStore) {
+    let rls = start_with(
+        &[("shop.yaml", CONFIG)],
+        "  response_headers: true\n",
+        &store.yaml(),
+    )
+    .await;
     let body = r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"j"}]}]}"#;
     for expected in [200, 200, 200] {
         let (status, text) = rls.admin("POST", "/json", body).await;
@@ -314,9 +319,8 @@ async fn json_health_and_response_headers() {
     rls.stop().await;
 }
 
-#[tokio::test]
-async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it() {
-    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it(store: TestStore) {
+    let rls = start_with(&[("shop.yaml", CONFIG)], "", &store.yaml()).await;
     let mut c = rls.client().await;
     let limit_of = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
         r.statuses[0]
@@ -327,17 +331,13 @@ async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it() {
     let ask = || request("shop", vec![descriptor(&[("user", "r")])]);
     assert_eq!(limit_of(&call(&mut c, ask()).await), Some(3));
 
-    let file = rls.dir.path().join("rls/shop.yaml");
+    let file = rls.dir().join("rls/shop.yaml");
     std::fs::write(
         &file,
         CONFIG.replace("requests_per_unit: 3}", "requests_per_unit: 7}"),
     )
     .expect("rewrite");
-    rls.running
-        .as_ref()
-        .expect("running")
-        .reload()
-        .expect("reload");
+    rls.gw.running().reload().await.expect("reload");
     assert_eq!(limit_of(&call(&mut c, ask()).await), Some(7));
 
     std::fs::write(
@@ -345,7 +345,7 @@ async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it() {
         "domain: shop\ndescriptors:\n  - key: user\n    ratelimit: {}\n",
     )
     .expect("rewrite");
-    let err = rls.running.as_ref().expect("running").reload().unwrap_err();
+    let err = rls.gw.running().reload().await.unwrap_err();
     assert!(
         err.to_string()
             .contains("shop.yaml:4: config error, unknown key 'ratelimit'"),
@@ -358,3 +358,63 @@ async fn a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it() {
     );
     rls.stop().await;
 }
+
+/// Regression: a call answered by `failure_mode: open` or `closed` was counted twice in
+/// `turnstile_rls_requests_total` (as `failed_*`, then again as `ok` or `over_limit`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_is_answered_by_the_failure_mode_and_counted_once() {
+    for (mode, code, result) in [
+        ("open", OK, "failed_open"),
+        ("closed", OVER, "failed_closed"),
+    ] {
+        let mut redis = support::RedisServer::start();
+        let store = format!(
+            "store:\n  type: redis\n  url: {}\n  timeout: 100ms",
+            redis.url()
+        );
+        let extra = format!("  failure_mode: {mode}\n");
+        let rls = start_with(&[("shop.yaml", CONFIG)], &extra, &store).await;
+        let mut c = rls.client().await;
+        redis.kill();
+        for _ in 0..3 {
+            let descriptors = vec![descriptor(&[("user", "u")]), descriptor(&[("user", "vip")])];
+            let r = call(&mut c, request("shop", descriptors)).await;
+            assert_eq!(r.overall_code, code, "{mode}");
+            assert_eq!(r.statuses[0].code, code, "{mode}");
+            assert_eq!(
+                r.statuses[0].current_limit.is_some(),
+                mode == "closed",
+                "{mode}: only a refusal names its limit"
+            );
+            // An unlimited rule never needed the store.
+            assert_eq!(r.statuses[1].code, OK, "{mode}");
+            assert_eq!(r.statuses[1].limit_remaining, u32::MAX, "{mode}");
+        }
+        let calls = "turnstile_rls_requests_total";
+        assert_eq!(
+            rls.metric(calls, &[("result", result)]).await,
+            3.0,
+            "{mode}"
+        );
+        for other in ["ok", "over_limit", "error"] {
+            let n = rls.metric(calls, &[("result", other)]).await;
+            assert_eq!(n, 0.0, "{mode}: {other}");
+        }
+        let hits = [("descriptor", "user"), ("domain", "shop")];
+        assert_eq!(
+            rls.metric("turnstile_rls_total_hits", &hits).await,
+            0.0,
+            "{mode}: no rule statistics without a decision"
+        );
+        rls.stop().await;
+    }
+}
+
+crate::store_matrix!(
+    exact_counts_statuses_in_order_and_unknowns,
+    shadow_mode_counts_but_never_rejects,
+    depth_replaces_and_two_descriptors_in_one_request,
+    hits_addend_overrides_fixed_windows_and_token_buckets,
+    json_health_and_response_headers,
+    a_reload_swaps_the_ratelimit_config_and_a_bad_one_keeps_it,
+);

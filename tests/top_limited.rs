@@ -328,16 +328,19 @@ routes:
 
     // Opting in (a reload is enough: the endpoint reads the running config).
     gw.reload_with(&config("admin: { show_key_values: true }"))
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (key, _) = top_key(&gw).await;
     assert_eq!(key, SECRET);
 
     // And back: values hidden again, an unknown field under `admin` refused.
     gw.reload_with(&config("admin: { show_key_values: false }"))
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(top_key(&gw).await.0, format!("sha256:{}", &hex[..12]));
     let e = gw
         .reload_with(&config("admin: { show_keys: true }"))
+        .await
         .expect_err("unknown field");
     assert!(
         e.to_string().contains("admin: unknown field `show_keys`"),

@@ -17,7 +17,6 @@ use super::units::{parse_duration, parse_rate, parse_size};
 use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
-use crate::metrics::Metrics;
 use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
 
@@ -46,11 +45,7 @@ impl Errors {
 
 const NAME_HELP: &str = "names are 1-64 letters, digits, `_` or `-`";
 
-pub fn compile(
-    raw: RawConfig,
-    source: &Path,
-    metrics: &Metrics,
-) -> Result<Snapshot, Vec<FieldError>> {
+pub fn compile(raw: RawConfig, source: &Path) -> Result<Snapshot, Vec<FieldError>> {
     let mut errors = Errors(Vec::new());
     let e = &mut errors;
 
@@ -100,7 +95,7 @@ pub fn compile(
                 ),
             );
         }
-        if let Some(route) = route(e, &path, raw_route, &upstreams, failure_mode, metrics) {
+        if let Some(route) = route(e, &path, raw_route, &upstreams, failure_mode) {
             routes.push(route);
         }
     }
@@ -117,7 +112,7 @@ pub fn compile(
     }
 
     let rls = raw.rls.as_ref().and_then(|r| {
-        crate::rls::settings::compile(r, source, metrics)
+        crate::rls::settings::compile(r, source)
             .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
             .ok()
     });
@@ -526,14 +521,6 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
             timeout,
             max_connections,
             pool_timeout,
-            client: crate::proxy::client(
-                authority,
-                crate::proxy::pool::Limits {
-                    connect_timeout,
-                    max_connections,
-                    pool_timeout,
-                },
-            ),
         }),
         (Some("http"), Some(_), _) => {
             e.add(
@@ -561,7 +548,6 @@ fn route(
     raw: &RawRoute,
     upstreams: &HashMap<String, Arc<Upstream>>,
     default_mode: FailureMode,
-    metrics: &Metrics,
 ) -> Option<Route> {
     if !valid_name(&raw.name) {
         e.add(format!("{path}.name"), NAME_HELP);
@@ -616,7 +602,7 @@ fn route(
                 ),
             );
         }
-        if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params, metrics) {
+        if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params) {
             policies.push(p);
         }
     }
@@ -626,7 +612,6 @@ fn route(
         action: action?,
         policies,
         failure_mode,
-        metrics: metrics.route(&raw.name),
     })
 }
 
@@ -723,7 +708,6 @@ fn policy(
     route: &str,
     raw: &RawPolicy,
     params: &[String],
-    metrics: &Metrics,
 ) -> Option<Policy> {
     if !valid_name(&raw.name) {
         e.add(format!("{path}.name"), NAME_HELP);
@@ -840,14 +824,7 @@ fn policy(
     if key.len() != raw.key.len() {
         return None;
     }
-    Some(Policy::new(
-        route,
-        &raw.name,
-        key,
-        rule?,
-        cost,
-        metrics.policy(route, &raw.name),
-    ))
+    Some(Policy::new(route, &raw.name, key, rule?, cost))
 }
 
 fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {

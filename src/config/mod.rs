@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 pub use snapshot::*;
 pub use source::{ReloadStatus, SourceInfo};
 
-use crate::metrics::Metrics;
 use locate::Positions;
 
 /// One located config problem.
@@ -57,8 +56,9 @@ impl fmt::Display for ConfigErrors {
     }
 }
 
-/// Reads and validates the config at `path`.
-pub fn load(path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
+/// Reads and validates the config at `path`: plain data, no pools and no metrics (see
+/// [`crate::state::Live::attach`] for those).
+pub fn load(path: &Path) -> Result<Snapshot, ConfigErrors> {
     let source = std::fs::read_to_string(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
             file: path.to_path_buf(),
@@ -68,14 +68,14 @@ pub fn load(path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
             message: format!("cannot read the config file: {e}"),
         }])
     })?;
-    parse(&source, path, metrics)
+    parse(&source, path)
 }
 
 /// Validates config text; `path` is only used to name the source in errors.
-pub fn parse(source: &str, path: &Path, metrics: &Metrics) -> Result<Snapshot, ConfigErrors> {
+pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
     let raw: raw::RawConfig =
         serde_norway::from_str(source).map_err(|e| ConfigErrors(vec![serde_error(&e, path)]))?;
-    let mut snapshot = compile::compile(raw, path, metrics).map_err(|errors| {
+    let mut snapshot = compile::compile(raw, path).map_err(|errors| {
         let positions = Positions::index(source);
         ConfigErrors(
             errors

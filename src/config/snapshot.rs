@@ -1,5 +1,7 @@
-//! The compiled, immutable config the gateway runs on. Built once per load by [`super::compile`]
-//! and swapped atomically on reload; the hot path only reads it.
+//! The compiled, immutable config the gateway runs on: plain data. Built once per load by
+//! [`super::compile`]; it holds no connection pools and no metric handles, so `turnstile check`
+//! validates a file without building either. `server.rs` attaches those resources
+//! ([`crate::state::Live`]) and swaps the pair in atomically on reload; the hot path only reads it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,17 +14,11 @@ use http::{HeaderValue, StatusCode};
 
 use crate::keys::{self, ClientPrefix, KeyError, KeyPart, RequestView, TrustedProxies};
 use crate::limiter::Rule;
-use crate::metrics::{PolicyMetrics, RouteMetrics};
 use crate::route::RouteMatch;
 
-/// What to do with a request when the store cannot decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Admit it (counted as `failed_open`).
-    Open,
-    /// Answer 503 (counted as `failed_closed`).
-    Closed,
-}
+/// What to do with a request when the store cannot decide: a route admits it (`Open`, counted as
+/// `failed_open`) or answers 503 (`Closed`, counted as `failed_closed`); routes never use `Error`.
+pub use crate::limiter::FailureMode;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreSettings {
@@ -74,8 +70,6 @@ pub struct Upstream {
     pub max_connections: usize,
     /// How long a request waits for one of `max_connections` to be free; then 503.
     pub pool_timeout: Duration,
-    /// The connection pool to this upstream; rebuilt on reload, drained by in-flight requests.
-    pub client: crate::proxy::UpstreamClient,
 }
 
 /// A response the gateway gives itself, as Envoy's `direct_response`.
@@ -101,34 +95,23 @@ pub struct Policy {
     pub cost: u64,
     /// `route:policy:`, the start of every counter key of this policy.
     key_prefix: String,
-    pub metrics: PolicyMetrics,
 }
 
 impl Policy {
-    pub fn new(
-        route: &str,
-        name: &str,
-        key: Vec<KeyPart>,
-        rule: Rule,
-        cost: u64,
-        metrics: PolicyMetrics,
-    ) -> Self {
+    pub fn new(route: &str, name: &str, key: Vec<KeyPart>, rule: Rule, cost: u64) -> Self {
         Policy {
             name: name.into(),
             key,
             rule,
             cost,
             key_prefix: format!("{route}:{name}:"),
-            metrics,
         }
     }
 
-    /// The request's values within one of this policy's counter keys (`user42`, `10.0.0.7|GET`):
-    /// what an operator recognises, without the route and policy already shown beside it.
-    pub fn key_value<'k>(&self, counter_key: &'k str) -> &'k str {
-        counter_key
-            .strip_prefix(self.key_prefix.as_str())
-            .unwrap_or(counter_key)
+    /// `route:policy:`: stripped from a counter key, what is left are the request's values
+    /// (`user42`, `10.0.0.7|GET`), what an operator recognises in `/debug/top-limited`.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
     }
 
     /// This request's counter key, or `None` when a key part is absent (the policy does not
@@ -147,7 +130,6 @@ pub struct Route {
     pub action: Action,
     pub policies: Vec<Policy>,
     pub failure_mode: FailureMode,
-    pub metrics: RouteMetrics,
 }
 
 /// What the admin listener may reveal.

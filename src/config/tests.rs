@@ -3,7 +3,7 @@ use std::path::Path;
 use super::*;
 
 fn errors(yaml: &str) -> Vec<String> {
-    match parse(yaml, Path::new("p.yaml"), &Metrics::new()) {
+    match parse(yaml, Path::new("p.yaml")) {
         Ok(_) => panic!("expected errors for:\n{yaml}"),
         Err(e) => e.0.iter().map(ToString::to_string).collect(),
     }
@@ -16,7 +16,7 @@ const ROUTE: &str = "  - name: a\n    upstream: api\n";
 #[test]
 fn the_shipped_policies_file_loads() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies.yaml");
-    let snapshot = load(&path, &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert!(snapshot
         .routes
         .iter()
@@ -120,7 +120,7 @@ fn admin_listener_must_not_share_the_public_one() {
 #[test]
 fn a_valid_config_compiles_to_runtime_types() {
     let yaml = format!("{BASE}  - name: a\n    match: {{ path: \"/u/{{id}}\", methods: [get] }}\n    upstream: api\n    failure_mode: closed\n    policies:\n      - name: p\n        key: [path:id]\n        sliding_window: {{ limit: 5, window: 1m, buckets: 60 }}\n");
-    let s = parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap();
+    let s = parse(&yaml, Path::new("p.yaml")).unwrap();
     let route = &s.routes[0];
     assert_eq!(route.failure_mode, FailureMode::Closed);
     assert_eq!(
@@ -158,7 +158,7 @@ fn redis_settings_are_validated_without_echoing_the_url() {
 fn rediss_urls_are_accepted() {
     let yaml =
         format!("store:\n  type: redis\n  url: rediss://user:pw@127.0.0.1:6380\n{BASE}{ROUTE}");
-    parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -166,8 +166,7 @@ fn a_redis_store_compiles() {
     let yaml = format!(
         "store:\n  type: redis\n  url: redis://:pw@127.0.0.1:6390/2\n  pool_size: 8\n  timeout: 20ms\n  failure_mode: closed\n  key_prefix: \"gw:\"\n{BASE}{ROUTE}"
     );
-    let snapshot =
-        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         snapshot.store,
         StoreSettings::Redis {
@@ -220,7 +219,7 @@ fn the_envoy_service_alone_needs_no_routes() {
     .expect("write rls config");
     let path = dir.path().join("p.yaml");
     std::fs::write(&path, "rls:\n  listen: 127.0.0.1:0\n  config: ./rls\n").expect("write");
-    match load(&path, &Metrics::new()) {
+    match load(&path) {
         Ok(s) => assert!(s.routes.is_empty() && s.rls.is_some()),
         Err(e) => panic!("{e}"),
     }
@@ -332,12 +331,11 @@ fn overlong_durations_and_sizes_are_rejected_everywhere() {
 #[test]
 fn admin_settings_default_to_hiding_key_values() {
     let yaml = format!("{BASE}  - name: a\n    upstream: api\n");
-    let s = parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let s = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
     assert!(!s.admin.show_key_values);
     let s = parse(
         &format!("admin:\n  show_key_values: true\n{yaml}"),
         Path::new("p.yaml"),
-        &Metrics::new(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(s.admin.show_key_values);
@@ -347,7 +345,7 @@ fn policy_ok(policy: &str) {
     let yaml = format!(
         "{BASE}  - name: a\n    upstream: api\n    policies:\n      - name: p\n        key: [client_ip]\n{policy}"
     );
-    parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
 }
 
 const ONE_ROUTE: &str = "routes:\n  - name: a\n    upstream: api\n";
@@ -355,8 +353,7 @@ const ONE_ROUTE: &str = "routes:\n  - name: a\n    upstream: api\n";
 #[test]
 fn listener_and_upstream_bounds_have_safe_defaults() {
     let yaml = format!("{BASE}{}", &ONE_ROUTE["routes:\n".len()..]);
-    let snapshot =
-        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let server = &snapshot.server;
     assert_eq!(server.body_read_timeout, std::time::Duration::from_secs(30));
     assert_eq!(server.max_connections, 4096);
@@ -397,8 +394,7 @@ fn cluster_and_sentinel_stores_compile() {
     let yaml = format!(
         "store:\n  type: redis\n  cluster: [10.0.0.1:6379, \"[::1]:7000\"]\n  password: pw\n{BASE}{ROUTE}"
     );
-    let snapshot =
-        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let StoreSettings::Redis { target, .. } = snapshot.store else {
         panic!("not redis");
     };
@@ -415,8 +411,7 @@ fn cluster_and_sentinel_stores_compile() {
     let yaml = format!(
         "store:\n  type: redis\n  sentinel: {{ service: mymaster, nodes: [10.0.0.5:26379] }}\n{BASE}{ROUTE}"
     );
-    let snapshot =
-        parse(&yaml, Path::new("p.yaml"), &Metrics::new()).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let StoreSettings::Redis { target, .. } = snapshot.store else {
         panic!("not redis");
     };

@@ -1,8 +1,11 @@
 //! The algorithm spec in Rust: pure functions from (state, now, rule, cost) to an outcome.
 //!
 //! `docs/algorithms.md` is the normative text; `scripts/decide.lua` implements the same formulas in
-//! the same order for Redis. Nothing here reads a clock or takes a lock, so every branch is testable
-//! with hand-picked timestamps.
+//! the same order for Redis, function for function: each algorithm has `eval` (read the state,
+//! check the cost), `outcome` (given whether the decision consumed it) and `commit` (write it),
+//! as the script's `*_eval`, `*_outcome` and `*_commit`; both clamp durations at [`MAX_US`].
+//! Nothing here reads a clock or takes a lock, so every branch is testable with hand-picked
+//! timestamps.
 
 use std::collections::VecDeque;
 
@@ -17,6 +20,16 @@ pub struct BucketState {
     pub ts: u64,
 }
 
+/// What [`BucketState::eval`] learned (decide.lua's `tb_eval`): the state refilled to `now`, and
+/// whether `cost` fits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketPlan {
+    pub tokens: f64,
+    pub ts: u64,
+    pub cost: u64,
+    pub allowed: bool,
+}
+
 impl BucketState {
     /// A bucket nobody has touched is full.
     pub fn full(rule: &TokenBucket, now: u64) -> Self {
@@ -26,32 +39,27 @@ impl BucketState {
         }
     }
 
-    /// Refills to `now` and evaluates `cost` without consuming. Returns the refilled state.
-    pub fn evaluate(&self, rule: &TokenBucket, now: u64, cost: u64) -> (BucketState, Outcome) {
+    /// Refills to `now` and checks `cost`, changing nothing.
+    pub fn eval(&self, rule: &TokenBucket, now: u64, cost: u64) -> BucketPlan {
         let burst = rule.burst as f64;
         let elapsed = now.saturating_sub(self.ts) as f64;
         let tokens = burst.min(self.tokens + elapsed * rule.rate / MICROS);
-        let cost_f = cost as f64;
-        let allowed = tokens >= cost_f;
-        let after = if allowed { tokens - cost_f } else { tokens };
-        let reset_us = ceil_us((burst - after) * MICROS / rule.rate);
-        let retry_after_us = if allowed {
-            0
-        } else if cost_f > burst {
-            reset_us
-        } else {
-            ceil_us((cost_f - tokens) * MICROS / rule.rate)
-        };
-        let state = BucketState {
+        BucketPlan {
             tokens,
             ts: now.max(self.ts),
-        };
-        let outcome = Outcome {
-            allowed,
-            limit: rule.burst,
-            remaining: after.floor() as u64,
-            reset_us,
-            retry_after_us,
+            cost,
+            allowed: tokens >= cost as f64,
+        }
+    }
+
+    /// [`BucketState::eval`] and the outcome of a request decided alone (consumed if allowed).
+    /// Returns the refilled state, to [`BucketState::consume`] from.
+    pub fn evaluate(&self, rule: &TokenBucket, now: u64, cost: u64) -> (BucketState, Outcome) {
+        let plan = self.eval(rule, now, cost);
+        let outcome = plan.outcome(rule, plan.allowed);
+        let state = BucketState {
+            tokens: plan.tokens,
+            ts: plan.ts,
         };
         (state, outcome)
     }
@@ -59,6 +67,12 @@ impl BucketState {
     /// Consumes `cost` from a state returned by [`BucketState::evaluate`] that allowed it.
     pub fn consume(&mut self, cost: u64) {
         self.tokens -= cost as f64;
+    }
+
+    /// Writes a plan that was consumed (decide.lua's `tb_commit`).
+    pub fn commit(&mut self, plan: &BucketPlan) {
+        self.tokens = plan.tokens - plan.cost as f64;
+        self.ts = plan.ts;
     }
 
     /// A full bucket holds no information: the store may forget it.
@@ -76,16 +90,54 @@ impl BucketState {
     }
 }
 
+impl BucketPlan {
+    /// The outcome, `consumed` or not (decide.lua's `tb_outcome`): a request the decision
+    /// rejected reports the bucket as it stays.
+    pub fn outcome(&self, rule: &TokenBucket, consumed: bool) -> Outcome {
+        let burst = rule.burst as f64;
+        let cost = self.cost as f64;
+        let after = if consumed {
+            self.tokens - cost
+        } else {
+            self.tokens
+        };
+        let reset_us = ceil_us((burst - after) * MICROS / rule.rate);
+        let retry_after_us = if self.allowed {
+            0
+        } else if cost > burst {
+            reset_us
+        } else {
+            ceil_us((cost - self.tokens) * MICROS / rule.rate)
+        };
+        Outcome {
+            allowed: self.allowed,
+            limit: rule.burst,
+            remaining: after.floor() as u64,
+            reset_us,
+            retry_after_us,
+        }
+    }
+}
+
 /// Exact sliding log: one timestamp per admitted unit, oldest first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowLog {
     entries: VecDeque<u64>,
 }
 
+/// What [`WindowLog::eval`] learned (decide.lua's `sw_eval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPlan {
+    /// The time the log runs on, which never goes backwards.
+    pub now: u64,
+    pub count: u64,
+    pub cost: u64,
+    pub allowed: bool,
+}
+
 impl WindowLog {
-    /// Drops expired entries and evaluates `cost` at `now` without consuming. Returns the time the
-    /// log runs on, which never goes backwards.
-    pub fn evaluate(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> (u64, Outcome) {
+    /// Drops expired entries and checks `cost` at `now`, consuming nothing.
+    pub fn eval(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> LogPlan {
         let now = self.entries.back().map_or(now, |&newest| now.max(newest));
         if let Some(cutoff) = now.checked_sub(rule.window_us) {
             while self.entries.front().is_some_and(|&ts| ts <= cutoff) {
@@ -93,15 +145,27 @@ impl WindowLog {
             }
         }
         let count = self.entries.len() as u64;
-        let allowed = count + cost <= rule.limit;
-        let after = if allowed { count + cost } else { count };
-        let newest = if allowed && cost > 0 {
+        LogPlan {
+            now,
+            count,
+            cost,
+            allowed: count + cost <= rule.limit,
+        }
+    }
+
+    /// The outcome of `plan`, `consumed` or not (decide.lua's `sw_outcome`).
+    pub fn outcome(&self, rule: &SlidingWindow, plan: &LogPlan, consumed: bool) -> Outcome {
+        let LogPlan {
+            now, count, cost, ..
+        } = *plan;
+        let after = if consumed { count + cost } else { count };
+        let newest = if consumed && cost > 0 {
             Some(now)
         } else {
             self.entries.back().copied()
         };
         let reset_us = newest.map_or(0, |ts| ts + rule.window_us - now);
-        let retry_after_us = if allowed {
+        let retry_after_us = if plan.allowed {
             0
         } else if cost > rule.limit {
             rule.window_us
@@ -111,19 +175,30 @@ impl WindowLog {
                 .get(index)
                 .map_or(rule.window_us, |&ts| ts + rule.window_us - now)
         };
-        let outcome = Outcome {
-            allowed,
+        Outcome {
+            allowed: plan.allowed,
             limit: rule.limit,
             remaining: rule.limit.saturating_sub(after),
             reset_us,
             retry_after_us,
-        };
-        (now, outcome)
+        }
+    }
+
+    /// [`WindowLog::eval`] and the outcome of a request decided alone (consumed if allowed).
+    /// Returns the time to [`WindowLog::consume`] at.
+    pub fn evaluate(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> (u64, Outcome) {
+        let plan = self.eval(rule, now, cost);
+        (plan.now, self.outcome(rule, &plan, plan.allowed))
     }
 
     /// Records `cost` units admitted at `now` (the time returned by [`WindowLog::evaluate`]).
     pub fn consume(&mut self, now: u64, cost: u64) {
         self.entries.extend(std::iter::repeat_n(now, cost as usize));
+    }
+
+    /// Writes a plan that was consumed (decide.lua's `sw_commit`).
+    pub fn commit(&mut self, plan: &LogPlan) {
+        self.consume(plan.now, plan.cost);
     }
 
     /// An empty window holds no information: the store may forget it.
@@ -149,10 +224,20 @@ pub struct WindowBuckets {
     counts: VecDeque<(u64, u64)>,
 }
 
+/// What [`WindowBuckets::eval`] learned (decide.lua's `swb_eval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketsPlan {
+    pub now: u64,
+    /// The current bucket index, which never goes backwards.
+    pub current: u64,
+    pub count: u64,
+    pub cost: u64,
+    pub allowed: bool,
+}
+
 impl WindowBuckets {
-    /// Drops buckets older than the window and evaluates `cost` without consuming. Returns the
-    /// current bucket index.
-    pub fn evaluate(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> (u64, Outcome) {
+    /// Drops buckets older than the window and checks `cost`, consuming nothing.
+    pub fn eval(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> BucketsPlan {
         let n = u64::from(rule.buckets);
         let width = rule.window_us / n;
         let current = (now / width).max(self.counts.back().map_or(0, |&(j, _)| j));
@@ -161,16 +246,35 @@ impl WindowBuckets {
             self.counts.pop_front();
         }
         let count: u64 = self.counts.iter().map(|&(_, c)| c).sum();
-        let allowed = count + cost <= rule.limit;
-        let after = if allowed { count + cost } else { count };
+        BucketsPlan {
+            now,
+            current,
+            count,
+            cost,
+            allowed: count + cost <= rule.limit,
+        }
+    }
+
+    /// The outcome of `plan`, `consumed` or not (decide.lua's `swb_outcome`).
+    pub fn outcome(&self, rule: &SlidingWindow, plan: &BucketsPlan, consumed: bool) -> Outcome {
+        let BucketsPlan {
+            now,
+            current,
+            count,
+            cost,
+            ..
+        } = *plan;
+        let n = u64::from(rule.buckets);
+        let width = rule.window_us / n;
+        let after = if consumed { count + cost } else { count };
         let until_gone = |j: u64| ((j + n + 1) * width).saturating_sub(now);
-        let newest = if allowed && cost > 0 {
+        let newest = if consumed && cost > 0 {
             Some(current)
         } else {
             self.counts.back().map(|&(j, _)| j)
         };
         let reset_us = newest.map_or(0, until_gone);
-        let retry_after_us = if allowed {
+        let retry_after_us = if plan.allowed {
             0
         } else if cost > rule.limit {
             rule.window_us
@@ -187,14 +291,20 @@ impl WindowBuckets {
             }
             retry
         };
-        let outcome = Outcome {
-            allowed,
+        Outcome {
+            allowed: plan.allowed,
             limit: rule.limit,
             remaining: rule.limit.saturating_sub(after),
             reset_us,
             retry_after_us,
-        };
-        (current, outcome)
+        }
+    }
+
+    /// [`WindowBuckets::eval`] and the outcome of a request decided alone (consumed if allowed).
+    /// Returns the current bucket index, to [`WindowBuckets::consume`] into.
+    pub fn evaluate(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> (u64, Outcome) {
+        let plan = self.eval(rule, now, cost);
+        (plan.current, self.outcome(rule, &plan, plan.allowed))
     }
 
     /// Records `cost` units in bucket `current` (as returned by [`WindowBuckets::evaluate`]).
@@ -203,6 +313,11 @@ impl WindowBuckets {
             Some((j, c)) if *j == current => *c += cost,
             _ => self.counts.push_back((current, cost)),
         }
+    }
+
+    /// Writes a plan that was consumed (decide.lua's `swb_commit`).
+    pub fn commit(&mut self, plan: &BucketsPlan) {
+        self.consume(plan.current, plan.cost);
     }
 
     pub fn is_idle(&self, rule: &SlidingWindow, now: u64) -> bool {
@@ -218,11 +333,22 @@ impl WindowBuckets {
     }
 }
 
+/// The largest duration either engine reports, in microseconds (2^62, about 146,000 years):
+/// decide.lua's `MAX_US`, which keeps a Lua number in range of the Redis integer it becomes. An
+/// absurd rule (a rate near zero) gives the same answer from both engines.
+pub const MAX_US: u64 = 1 << 62;
+
+/// Whole microseconds, rounded up, at most [`MAX_US`] (decide.lua's `ceil_us`).
 fn ceil_us(us: f64) -> u64 {
     if us <= 0.0 {
         0
     } else {
-        us.ceil() as u64
+        let c = us.ceil();
+        if c > MAX_US as f64 {
+            MAX_US
+        } else {
+            c as u64
+        }
     }
 }
 

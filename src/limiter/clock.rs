@@ -1,8 +1,9 @@
-//! Time as the in-process store sees it. Injected, so algorithm tests advance it by hand instead of
-//! sleeping. (The Redis store never uses it: its scripts read Redis `TIME`.)
+//! Time as the in-process store and the engine see it. Injected, so algorithm tests advance it by
+//! hand instead of sleeping. (The Redis store never uses it: its scripts read Redis `TIME`.) The
+//! wall clock ([`SystemClock`]) is only for the Envoy service's calendar-aligned fixed windows.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// A source of microsecond timestamps that never go backwards.
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -61,5 +62,21 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_us(&self) -> u64 {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// Wall-clock microseconds since the Unix epoch, never going backwards: fixed windows are
+/// calendar-aligned, as in envoyproxy/ratelimit (a minute resets at :00).
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    last: AtomicU64,
+}
+
+impl Clock for SystemClock {
+    fn now_us(&self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.last.fetch_max(now, Ordering::Relaxed).max(now)
     }
 }

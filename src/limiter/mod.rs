@@ -1,18 +1,23 @@
-//! The decision engine: rules, the outcome of checking them, and the stores that keep the counters.
+//! The decision core: rules, the outcome of checking them, the stores that keep the counters, and
+//! the [`Engine`] every door decides through.
 //!
 //! Every door (the inline gateway, the Envoy rate limit service, forward-auth) reduces a request to
-//! a list of [`Check`]s and asks a [`Store`] for one all-or-nothing [`Decision`]. The math is in
-//! [`algorithm`] (and, for Redis, in `scripts/decide.lua`); a store only adds state and atomicity.
+//! [`Checks`] and asks the [`Engine`] for a [`Verdict`]; the engine asks a [`Store`] for one
+//! all-or-nothing [`Decision`]. The math is in [`algorithm`] (and, for Redis, in
+//! `scripts/decide.lua`); a store only adds state and atomicity, and the engine the policy around
+//! it (merging keys, failure modes, metrics, the governing outcome).
 
 pub mod algorithm;
 pub mod breaker;
 pub mod clock;
+pub mod engine;
 pub mod memory;
 pub mod redis;
 
 use std::time::Duration;
 
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
+pub use engine::{Checks, Engine, FailureMode, Kind, Tally, Verdict};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -59,8 +64,8 @@ impl Rule {
     }
 }
 
-/// One counter to check within a decision. Keys within one decision must be distinct: callers
-/// that can ask for the same counter twice (Envoy descriptors) merge the costs first.
+/// One counter to check within a store decision. Keys within one decision must be distinct: the
+/// [`Engine`] merges repeated keys before a store sees them.
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
     /// The counter's identity, already bounded and escaped by [`crate::keys`].
@@ -129,24 +134,9 @@ impl Decision {
     pub fn commits(&self, i: usize) -> bool {
         self.allowed && self.outcomes.get(i).is_some_and(|o| o.allowed)
     }
-
-    /// The outcome that should speak for the request: on admission the one with the least
-    /// remaining, on rejection the one that will hold the request back longest. Ties go to the
-    /// first in config order.
-    pub fn governing(&self) -> Option<(usize, &Outcome)> {
-        let candidates = self.outcomes.iter().enumerate();
-        if self.allowed {
-            // `min_by_key` keeps the first of equal minimums.
-            candidates.min_by_key(|(_, o)| o.remaining)
-        } else {
-            candidates
-                .filter(|(_, o)| !o.allowed)
-                .max_by_key(|&(i, o)| (o.retry_after_us, std::cmp::Reverse(i)))
-        }
-    }
 }
 
-/// Why a store could not decide. The route's failure mode turns it into an answer.
+/// Why a store could not decide. The engine turns it into an answer by the caller's [`FailureMode`].
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store did not answer within {0:?}")]
@@ -176,6 +166,9 @@ impl StoreError {
 pub enum Store {
     Memory(MemoryStore),
     Redis(RedisStore),
+    /// The in-process store behind a switch that makes it fail on demand (engine unit tests).
+    #[cfg(test)]
+    Faulty(engine::tests::FaultyStore),
 }
 
 impl Store {
@@ -184,6 +177,8 @@ impl Store {
         match self {
             Store::Memory(store) => Ok(store.check(checks)),
             Store::Redis(store) => store.check(checks).await,
+            #[cfg(test)]
+            Store::Faulty(store) => store.check(checks),
         }
     }
 
@@ -192,6 +187,8 @@ impl Store {
         match self {
             Store::Memory(_) => "memory",
             Store::Redis(_) => "redis",
+            #[cfg(test)]
+            Store::Faulty(_) => "faulty",
         }
     }
 
@@ -202,6 +199,8 @@ impl Store {
                 store.sweep();
             }
             Store::Redis(_) => {}
+            #[cfg(test)]
+            Store::Faulty(_) => {}
         }
     }
 
@@ -210,49 +209,8 @@ impl Store {
         match self {
             Store::Memory(_) => true,
             Store::Redis(store) => store.is_ready(),
+            #[cfg(test)]
+            Store::Faulty(_) => true,
         }
-    }
-}
-
-/// The one entry point every door decides through: the store, timed and with its failures
-/// counted, so the gateway, the Envoy service and forward-auth behave identically.
-#[derive(Debug)]
-pub struct Limiter {
-    store: Store,
-    decision_seconds: prometheus::Histogram,
-    errors: [prometheus::IntCounter; 4],
-}
-
-impl Limiter {
-    pub fn new(store: Store, metrics: &crate::metrics::Metrics) -> Self {
-        let name = store.name();
-        let errors = ["timeout", "connection", "script", "circuit_open"]
-            .map(|kind| metrics.store_error(name, kind));
-        Limiter {
-            decision_seconds: metrics.decision_duration(name),
-            errors,
-            store,
-        }
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    /// Checks every counter, consuming from all of them only when all allow.
-    pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
-        let timer = self.decision_seconds.start_timer();
-        let result = self.store.check(checks).await;
-        timer.observe_duration();
-        if let Err(e) = &result {
-            let index = match e {
-                StoreError::Timeout(_) => 0,
-                StoreError::Connection(_) => 1,
-                StoreError::Script(_) => 2,
-                StoreError::CircuitOpen => 3,
-            };
-            self.errors[index].inc();
-        }
-        result
     }
 }

@@ -51,9 +51,10 @@ pub struct ClientSide {
     pub peer_trusted: bool,
 }
 
-/// Sends `req` to `upstream` and returns its response (body streaming).
+/// Sends `req` to `upstream` through its pool `client` and returns its response (body streaming).
 pub async fn forward(
     upstream: &Upstream,
+    client: &UpstreamClient,
     req: Request<Incoming>,
     client_side: ClientSide,
     server: &ServerSettings,
@@ -95,7 +96,7 @@ pub async fn forward(
         }
         // An HTTP/1.0 client may send none; the upstream gets its own authority.
         None => {
-            if let Some(default) = upstream.client.default_host() {
+            if let Some(default) = client.default_host() {
                 parts.headers.insert(http::header::HOST, default.clone());
             }
         }
@@ -109,12 +110,11 @@ pub async fn forward(
 
     let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);
     let outgoing = Request::from_parts(parts, body);
-    let response =
-        match tokio::time::timeout(upstream.timeout, upstream.client.send(outgoing)).await {
-            Err(_) => return Err(ForwardError::Timeout),
-            Ok(Err(e)) => return Err(classify(&e)),
-            Ok(Ok(response)) => response,
-        };
+    let response = match tokio::time::timeout(upstream.timeout, client.send(outgoing)).await {
+        Err(_) => return Err(ForwardError::Timeout),
+        Ok(Err(e)) => return Err(classify(&e)),
+        Ok(Ok(response)) => response,
+    };
 
     let (mut parts, mut body) = response.into_parts();
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {

@@ -9,7 +9,9 @@
 //! - `glob`: wildcard values, `*` anywhere;
 //! - `yaml`: a YAML tree that keeps line numbers for error messages;
 //! - `settings`: the `rls:` block of `policies.yaml` and the per-rule runtime state;
-//! - `decide`: `ShouldRateLimit` on the shared decision core (one store call per request);
+//! - `plan`: each descriptor's rule and counter (lookups, `replaces`, Envoy's override);
+//! - `decide`: `ShouldRateLimit` translated to engine checks and the verdict back (one store call
+//!   per request; no decision policy of its own);
 //! - `grpc`, `json`, `metrics`: the gRPC and health services, `POST /json`, per-rule counters.
 
 pub mod config;
@@ -18,6 +20,7 @@ pub mod glob;
 pub mod grpc;
 pub mod json;
 pub mod metrics;
+pub mod plan;
 mod read;
 pub mod rule;
 pub mod settings;
@@ -27,5 +30,5 @@ mod yaml;
 pub use config::RlsConfigError;
 pub use decide::{RlsError, RlsService};
 pub use rule::{Algorithm, Entry, Rule, Unit};
-pub use settings::{RawRls, RlsFailureMode, RlsSnapshot};
+pub use settings::{RawRls, RlsSnapshot};
 pub use tree::{LoadOptions, RlsConfig, RuleId};

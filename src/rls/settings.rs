@@ -1,6 +1,7 @@
 //! The `rls:` block of `policies.yaml`, and the runtime form of the Envoy service it enables:
-//! the descriptor tree plus, per rule, the decision-core rule and metric handles, all built once
-//! per (re)load and swapped with the rest of the snapshot.
+//! the descriptor tree plus, per rule, the decision-core rule (plain data, [`RlsSnapshot`]), and
+//! the metric handles attached beside it ([`RlsResources`]), all built once per (re)load and
+//! swapped with the rest of the snapshot.
 //!
 //! ```yaml
 //! rls:
@@ -18,7 +19,7 @@ use serde::Deserialize;
 use super::metrics::{RlsMetricVecs, RuleMetrics};
 use super::rule::Algorithm;
 use super::tree::{LoadOptions, RlsConfig, RuleId};
-use crate::limiter::{Rule as CoreRule, SlidingWindow, TokenBucket};
+use crate::limiter::{FailureMode, Rule as CoreRule, SlidingWindow, TokenBucket};
 use crate::metrics::Metrics;
 
 /// The `rls:` block as written.
@@ -32,17 +33,6 @@ pub struct RawRls {
     pub failure_mode: Option<String>,
 }
 
-/// What the service answers when the store cannot decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RlsFailureMode {
-    /// A gRPC `UNAVAILABLE`: Envoy's own `failure_mode_deny` decides (it admits by default).
-    Error,
-    /// `OK` for every descriptor.
-    Open,
-    /// `OVER_LIMIT` for every descriptor that has a limit.
-    Closed,
-}
-
 /// One rule of the tree, ready for the decision core.
 #[derive(Debug)]
 pub(crate) struct Enforced {
@@ -51,8 +41,6 @@ pub(crate) struct Enforced {
     /// `Some(window)` for `algorithm: fixed_window`: the counter key names the epoch-aligned
     /// window, and the core counts it with a one-bucket window (see `decide.rs`).
     pub(crate) fixed_window_us: Option<u64>,
-    /// Resolved at load when the metric label needs no request value.
-    pub(crate) metrics: Option<RuleMetrics>,
 }
 
 /// The Envoy rate limit service's part of a snapshot.
@@ -62,15 +50,45 @@ pub struct RlsSnapshot {
     /// The envoyproxy/ratelimit config it was read from, resolved against `policies.yaml`.
     pub config_path: PathBuf,
     pub response_headers: bool,
-    pub failure_mode: RlsFailureMode,
+    /// What the service answers when the store cannot decide: `Error` is a gRPC `UNAVAILABLE`
+    /// (Envoy's own `failure_mode_deny` decides, admitting by default); `Open` is `OK` for every
+    /// descriptor; `Closed` is `OVER_LIMIT` for every descriptor that has a limit.
+    pub failure_mode: FailureMode,
     pub tree: RlsConfig,
     pub(crate) enforced: Vec<Enforced>,
-    pub(crate) metrics: RlsMetricVecs,
 }
 
 impl RlsSnapshot {
     pub(crate) fn enforced(&self, id: RuleId) -> Option<&Enforced> {
         self.enforced.get(id.0 as usize)
+    }
+}
+
+/// The metric handles of an [`RlsSnapshot`], attached by `server.rs` at each (re)load.
+#[derive(Debug)]
+pub struct RlsResources {
+    pub(crate) vecs: RlsMetricVecs,
+    /// Per rule of the tree, resolved at load when its label needs no request value.
+    rules: Vec<Option<RuleMetrics>>,
+}
+
+impl RlsResources {
+    pub fn attach(rls: &RlsSnapshot, metrics: &Metrics) -> Self {
+        let vecs = metrics.rls().clone();
+        let rules = rls
+            .tree
+            .rules()
+            .iter()
+            .map(|rule| {
+                rule.static_metric()
+                    .map(|label| vecs.rule(&rule.domain, label))
+            })
+            .collect();
+        RlsResources { vecs, rules }
+    }
+
+    pub(crate) fn rule(&self, id: RuleId) -> Option<&RuleMetrics> {
+        self.rules.get(id.0 as usize).and_then(Option::as_ref)
     }
 }
 
@@ -112,11 +130,7 @@ pub(crate) fn core_rule(algorithm: &Algorithm) -> (Option<CoreRule>, Option<u64>
 
 /// Validates the block and loads the envoyproxy/ratelimit files it names. Errors are
 /// `(field path, message)` pairs in `policies.yaml`.
-pub fn compile(
-    raw: &RawRls,
-    source: &Path,
-    metrics: &Metrics,
-) -> Result<RlsSnapshot, Vec<(String, String)>> {
+pub fn compile(raw: &RawRls, source: &Path) -> Result<RlsSnapshot, Vec<(String, String)>> {
     let mut errors = Vec::new();
     let listen = raw.listen.parse::<SocketAddr>().map_err(|_| {
         let message = format!(
@@ -126,14 +140,14 @@ pub fn compile(
         errors.push(("rls.listen".to_owned(), message));
     });
     let failure_mode = match raw.failure_mode.as_deref().unwrap_or("error") {
-        "error" => RlsFailureMode::Error,
-        "open" => RlsFailureMode::Open,
-        "closed" => RlsFailureMode::Closed,
+        "error" => FailureMode::Error,
+        "open" => FailureMode::Open,
+        "closed" => FailureMode::Closed,
         other => {
             let message =
                 format!("`{other}` is not a failure mode; expected `error`, `open` or `closed`");
             errors.push(("rls.failure_mode".to_owned(), message));
-            RlsFailureMode::Error
+            FailureMode::Error
         }
     };
     let config_path = match source.parent() {
@@ -144,7 +158,6 @@ pub fn compile(
         .map_err(|e| errors.push(("rls.config".to_owned(), e.to_string())));
     match (listen, tree) {
         (Ok(listen), Ok(tree)) if errors.is_empty() => {
-            let vecs = metrics.rls().clone();
             let enforced = tree
                 .rules()
                 .iter()
@@ -153,9 +166,6 @@ pub fn compile(
                     Enforced {
                         core,
                         fixed_window_us,
-                        metrics: rule
-                            .static_metric()
-                            .map(|label| vecs.rule(&rule.domain, label)),
                     }
                 })
                 .collect();
@@ -166,7 +176,6 @@ pub fn compile(
                 failure_mode,
                 tree,
                 enforced,
-                metrics: vecs,
             })
         }
         _ => Err(errors),

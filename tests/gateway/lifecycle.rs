@@ -58,7 +58,7 @@ async fn reload_swaps_the_config_and_in_flight_requests_complete() {
         "upstream: up\n  - name: api",
         "respond: { body: gone }\n  - name: api",
     );
-    gw.reload_with(&next).expect("reload");
+    gw.reload_with(&next).await.expect("reload");
     assert_eq!(c.get(&gw.url("/held")).await.text(), "gone");
     // Same route and policy names: the counter carries over (still empty: a larger burst grants
     // no tokens), under the new rule.
@@ -66,7 +66,7 @@ async fn reload_swaps_the_config_and_in_flight_requests_complete() {
     assert_eq!(reply.status, 429);
     assert_eq!(reply.header_u64("x-ratelimit-limit"), 3);
     let renamed = next.replace("name: p,", "name: q,");
-    gw.reload_with(&renamed).expect("reload");
+    gw.reload_with(&renamed).await.expect("reload");
     assert_eq!(c.get(&gw.url("/")).await.text(), "v2");
 
     upstream.release(1);
@@ -143,6 +143,7 @@ async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
     let broken = version("v2", 2).replace("1/h", "1/x");
     let errors = gw
         .reload_with(&broken)
+        .await
         .expect_err("a bad rate must not load");
     let text = errors.to_string();
     let path = gw.config_path.display().to_string();
@@ -156,6 +157,7 @@ async fn a_bad_file_keeps_the_running_config_and_names_file_and_line() {
 
     let syntax = gw
         .reload_with("routes:\n  - name: [unclosed\n")
+        .await
         .expect_err("bad YAML");
     assert!(
         syntax.to_string().starts_with(&format!("{path}:")),
@@ -412,6 +414,35 @@ async fn a_signal_right_after_the_listening_line_is_handled() {
     gw.signal("TERM");
     let status = gw.wait().await;
     assert_eq!(status.code(), Some(0), "{status:?}; log:\n{}", gw.log());
+}
+
+/// Regression: a reload that changed `server.header_read_timeout` (read once, by the connection
+/// builder) said nothing about it needing a restart, and `reload_from` skipped the reload counter.
+#[tokio::test]
+async fn a_reload_names_each_changed_setting_that_needs_a_restart_and_counts_every_result() {
+    let routes = "routes:\n  - name: api\n    respond: { body: ok }\n";
+    let gw = TestGateway::start(routes).await;
+    let changed = format!(
+        "server:\n  header_read_timeout: 7s\n  max_body_size: 1KiB\n  max_connections: 77\nstore:\n  type: memory\n  max_keys: 999\n{routes}"
+    );
+    let pending = gw.reload_with(&changed).await.expect("reload");
+    // max_body_size is read per request: it needs no restart.
+    assert_eq!(
+        pending,
+        [
+            "store",
+            "server.header_read_timeout",
+            "server.max_connections"
+        ]
+    );
+    let same = gw.reload_with(&changed).await.expect("reload");
+    assert!(same.is_empty(), "{same:?}");
+    gw.reload_with("routes: [")
+        .await
+        .expect_err("bad YAML keeps the running config");
+    let name = "turnstile_config_reloads_total";
+    assert_eq!(gw.metric(name, &[("result", "ok")]).await, 2.0);
+    assert_eq!(gw.metric(name, &[("result", "error")]).await, 1.0);
 }
 
 /// Regression (issue 9, item 7): an empty or comment-only file, as a truncated non-atomic write

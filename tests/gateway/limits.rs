@@ -1,19 +1,19 @@
 //! The limits themselves: token bucket, sliding window, all-or-nothing, and what admitted and
-//! rejected responses say. Rates of one per hour make refill negligible within a test, so counts
+//! rejected responses say, on both stores (`memory::` and `redis::`, see `support::stores`). Rates of one per hour make refill negligible within a test, so counts
 //! are exact; where refill is the point, bounds are computed from the measured elapsed time.
 
 use std::time::{Duration, Instant};
 
 use crate::support::gateway::one_route;
+use crate::support::stores::TestStore;
 use crate::support::{Client, TestGateway, Upstream};
 
-#[tokio::test]
-async fn a_token_bucket_admits_its_burst_then_rejects_before_the_upstream() {
+async fn a_token_bucket_admits_its_burst_then_rejects_before_the_upstream(store: TestStore) {
     let upstream = Upstream::start().await;
     let yaml = one_route(
         "      - { name: per_ip, key: [client_ip], token_bucket: { rate: 1/h, burst: 3 } }",
     );
-    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let gw = TestGateway::with_upstream(&store.config(&yaml), upstream.addr).await;
     let c = Client::new();
     for remaining in [2, 1, 0] {
         let reply = c.get(&gw.url("/")).await;
@@ -31,9 +31,8 @@ async fn a_token_bucket_admits_its_burst_then_rejects_before_the_upstream() {
     );
 }
 
-#[tokio::test]
-async fn cost_consumes_several_units() {
-    let gw = TestGateway::start(
+async fn cost_consumes_several_units(store: TestStore) {
+    let gw = TestGateway::start(&store.config(
         r#"
 routes:
   - name: api
@@ -41,7 +40,7 @@ routes:
     policies:
       - { name: heavy, key: [client_ip], cost: 2, token_bucket: { rate: 1/h, burst: 5 } }
 "#,
-    )
+    ))
     .await;
     let c = Client::new();
     let first = c.get(&gw.url("/")).await;
@@ -52,9 +51,8 @@ routes:
     assert_eq!(c.get(&gw.url("/")).await.status, 429);
 }
 
-#[tokio::test]
-async fn a_token_bucket_refills_at_its_rate_and_never_faster() {
-    let gw = TestGateway::start(
+async fn a_token_bucket_refills_at_its_rate_and_never_faster(store: TestStore) {
+    let gw = TestGateway::start(&store.config(
         r#"
 routes:
   - name: api
@@ -62,7 +60,7 @@ routes:
     policies:
       - { name: p, key: [client_ip], token_bucket: { rate: 10/s, burst: 2 } }
 "#,
-    )
+    ))
     .await;
     let c = Client::new();
     let start = Instant::now();
@@ -118,11 +116,10 @@ async fn admissions(c: &Client, url: &str, want: usize) -> Vec<(Instant, Instant
     admitted
 }
 
-#[tokio::test]
-async fn a_sliding_window_admits_at_most_limit_in_any_interval_of_one_window() {
+async fn a_sliding_window_admits_at_most_limit_in_any_interval_of_one_window(store: TestStore) {
     let window = Duration::from_millis(400);
     for (name, extra) in [("exact", ""), ("bucketed", ", buckets: 4")] {
-        let gw = TestGateway::start(&format!(
+        let gw = TestGateway::start(&store.config(&format!(
             r#"
 routes:
   - name: api
@@ -130,7 +127,7 @@ routes:
     policies:
       - {{ name: p, key: [client_ip], sliding_window: {{ limit: 2, window: 400ms{extra} }} }}
 "#
-        ))
+        )))
         .await;
         let c = Client::new();
         let admitted = admissions(&c, &gw.url("/"), 7).await;
@@ -149,14 +146,13 @@ routes:
     }
 }
 
-#[tokio::test]
-async fn a_rejected_request_consumes_nothing_from_the_other_policies() {
+async fn a_rejected_request_consumes_nothing_from_the_other_policies(store: TestStore) {
     let upstream = Upstream::start().await;
     let yaml = one_route(
         r#"      - { name: per_ip, key: [client_ip], token_bucket: { rate: 1/h, burst: 3 } }
       - { name: per_user, key: ["header:x-user"], sliding_window: { limit: 1, window: 1h } }"#,
     );
-    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let gw = TestGateway::with_upstream(&store.config(&yaml), upstream.addr).await;
     let c = Client::new();
     let user = |u: &'static str| [("x-user", u)];
     assert_eq!(c.get_with(&gw.url("/"), &user("u1")).await.status, 200);
@@ -175,14 +171,13 @@ async fn a_rejected_request_consumes_nothing_from_the_other_policies() {
     assert_eq!(upstream.requests(), 3);
 }
 
-#[tokio::test]
-async fn allowed_responses_carry_the_strictest_policy() {
+async fn allowed_responses_carry_the_strictest_policy(store: TestStore) {
     let yaml = one_route(
         r#"      - { name: loose, key: [client_ip], token_bucket: { rate: 1/h, burst: 5 } }
       - { name: tight, key: [client_ip], sliding_window: { limit: 3, window: 1h } }"#,
     );
     let upstream = Upstream::start().await;
-    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let gw = TestGateway::with_upstream(&store.config(&yaml), upstream.addr).await;
     let c = Client::new();
     for remaining in [2, 1, 0] {
         let reply = c.get(&gw.url("/")).await;
@@ -200,9 +195,8 @@ async fn allowed_responses_carry_the_strictest_policy() {
     assert_eq!(reply.json()["policy"], "tight");
 }
 
-#[tokio::test]
-async fn on_a_tie_the_first_policy_in_config_order_sets_the_headers() {
-    let gw = TestGateway::start(
+async fn on_a_tie_the_first_policy_in_config_order_sets_the_headers(store: TestStore) {
+    let gw = TestGateway::start(&store.config(
         r#"
 routes:
   - name: minute-first
@@ -218,7 +212,7 @@ routes:
       - { name: hour, key: [client_ip], sliding_window: { limit: 2, window: 1h } }
       - { name: minute, key: [client_ip], sliding_window: { limit: 2, window: 1m } }
 "#,
-    )
+    ))
     .await;
     let c = Client::new();
     // Both have 1 remaining after the first request; the reset tells which one spoke.
@@ -232,13 +226,12 @@ routes:
     );
 }
 
-#[tokio::test]
-async fn a_rejection_is_a_json_429_saying_when_to_retry() {
+async fn a_rejection_is_a_json_429_saying_when_to_retry(store: TestStore) {
     let upstream = Upstream::start().await;
     let yaml = one_route(
         "      - { name: per_ip, key: [client_ip], sliding_window: { limit: 1, window: 1m } }",
     );
-    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let gw = TestGateway::with_upstream(&store.config(&yaml), upstream.addr).await;
     let c = Client::new();
     let start = Instant::now();
     assert_eq!(c.get(&gw.url("/")).await.status, 200);
@@ -265,9 +258,8 @@ async fn a_rejection_is_a_json_429_saying_when_to_retry() {
     assert_eq!(upstream.requests(), 1);
 }
 
-#[tokio::test]
-async fn retry_after_is_at_least_one_second() {
-    let gw = TestGateway::start(
+async fn retry_after_is_at_least_one_second(store: TestStore) {
+    let gw = TestGateway::start(&store.config(
         r#"
 routes:
   - name: api
@@ -275,7 +267,7 @@ routes:
     policies:
       - { name: fast, key: [client_ip], token_bucket: { rate: 20/s, burst: 1 } }
 "#,
-    )
+    ))
     .await;
     let c = Client::new();
     // A token comes back every 50 ms; ask until one request lands inside a gap.
@@ -291,9 +283,21 @@ routes:
     panic!("1000 requests and not one rejected at 20/s");
 }
 
+crate::store_matrix!(
+    a_token_bucket_admits_its_burst_then_rejects_before_the_upstream,
+    cost_consumes_several_units,
+    a_token_bucket_refills_at_its_rate_and_never_faster,
+    a_sliding_window_admits_at_most_limit_in_any_interval_of_one_window,
+    a_rejected_request_consumes_nothing_from_the_other_policies,
+    allowed_responses_carry_the_strictest_policy,
+    on_a_tie_the_first_policy_in_config_order_sets_the_headers,
+    a_rejection_is_a_json_429_saying_when_to_retry,
+    retry_after_is_at_least_one_second,
+);
+
 /// The in-process store's live counters, read through the running gateway.
 fn store_len(gw: &TestGateway) -> (usize, u64) {
-    match gw.running().gateway.limiter.store() {
+    match gw.running().state.engine.store() {
         turnstile::limiter::Store::Memory(store) => (store.len(), store.overflowed()),
         #[allow(unreachable_patterns)]
         _ => panic!("not the memory store"),

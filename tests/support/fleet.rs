@@ -1,5 +1,5 @@
-//! Driving several gateway processes at once: readiness, concurrent bursts, counting answers,
-//! reading their metrics. Shared by the tests that run instances on one store.
+//! Driving several gateway processes at once: readiness, concurrent bursts, counting answers.
+//! Shared by the tests that run instances on one store.
 
 use std::time::{Duration, Instant};
 
@@ -54,10 +54,4 @@ pub async fn burst_with(
 
 pub fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
-}
-
-/// A sample of the gateway's metrics (exact label set), 0 when absent.
-pub async fn metric(gw: &GatewayProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let reply = Client::new().get(&gw.admin_url("/metrics")).await;
-    super::metric(&String::from_utf8_lossy(&reply.body), name, labels).unwrap_or(0.0)
 }

@@ -4,8 +4,10 @@
 //! [`TestGateway`]: the YAML is used as written (the listen addresses it may name are replaced by
 //! the test's own listeners), `$UPSTREAM` in it is replaced by the address of the upstream given to
 //! [`TestGateway::with_upstream`], and `reload_with` rewrites the file and re-reads it exactly as
-//! SIGHUP does. Dropping it stops the gateway (the shutdown channel closes with it) and deletes the
-//! file.
+//! SIGHUP does. Files the config refers to (an `rls:` block's directory) can be written beside it
+//! ([`TestGateway::with_files`]). A store that connects in the background (Redis) is waited for
+//! until `/readyz` says so. Dropping it stops the gateway (the shutdown channel closes with it) and
+//! deletes the files.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,8 @@ use turnstile::config::ConfigErrors;
 use turnstile::metrics::Metrics;
 use turnstile::Running;
 
+use super::LIVENESS;
+
 use super::client::Client;
 
 /// A running in-process gateway.
@@ -23,6 +27,8 @@ use super::client::Client;
 pub struct TestGateway {
     pub public: SocketAddr,
     pub admin: SocketAddr,
+    /// The Envoy rate limit service's gRPC listener, when the config has an `rls:` block.
+    pub rls: Option<SocketAddr>,
     pub config_path: PathBuf,
     upstream: Option<SocketAddr>,
     running: Option<Running>,
@@ -64,25 +70,67 @@ impl TestGateway {
         Self::launch(yaml, Some(upstream)).await
     }
 
+    /// A gateway whose config refers to `files` (relative paths, written beside `policies.yaml`;
+    /// directories are created).
+    pub async fn with_files(yaml: &str, files: &[(&str, &str)]) -> TestGateway {
+        Self::try_launch(yaml, None, files)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     async fn launch(yaml: &str, upstream: Option<SocketAddr>) -> TestGateway {
+        Self::try_launch(yaml, upstream, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`TestGateway::with_files`], but a config that does not load or a gateway that does
+    /// not start is an `Err` with the message.
+    pub async fn try_launch(
+        yaml: &str,
+        upstream: Option<SocketAddr>,
+        files: &[(&str, &str)],
+    ) -> Result<TestGateway, String> {
         let dir = tempfile::tempdir().expect("tempdir");
+        for (name, text) in files {
+            let path = dir.path().join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("mkdir");
+            }
+            std::fs::write(path, text).expect("write file");
+        }
         let config_path = dir.path().join("policies.yaml");
         std::fs::write(&config_path, substitute(yaml, upstream)).expect("write config");
-        let metrics = Metrics::new();
-        let snapshot = turnstile::config::load(&config_path, &metrics)
-            .unwrap_or_else(|e| panic!("test config does not load:\n{e}"));
+        let snapshot = turnstile::config::load(&config_path)
+            .map_err(|e| format!("test config does not load:\n{e}"))?;
         let public = TcpListener::bind("127.0.0.1:0").await.expect("bind public");
         let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
-        let running = turnstile::start(snapshot, metrics, Some((public, admin)))
+        let running = turnstile::start(snapshot, Metrics::new(), Some((public, admin)))
             .await
-            .expect("gateway starts");
-        TestGateway {
+            .map_err(|e| format!("gateway does not start: {e}"))?;
+        let gw = TestGateway {
             public: running.public_addr,
             admin: running.admin_addr,
+            rls: running.rls_addr,
             config_path,
             upstream,
             running: Some(running),
             _dir: dir,
+        };
+        gw.wait_ready().await;
+        Ok(gw)
+    }
+
+    /// Waits (for at most [`LIVENESS`]) until `/readyz` answers 200: a Redis store connects in
+    /// the background.
+    pub async fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + LIVENESS;
+        while self.admin_get("/readyz").await.0 != 200 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the gateway never became ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 
@@ -101,9 +149,10 @@ impl TestGateway {
     }
 
     /// Rewrites the config file (with `$UPSTREAM` substituted) and reloads it, as SIGHUP does.
-    pub fn reload_with(&self, yaml: &str) -> Result<(), ConfigErrors> {
+    /// `Ok` holds the changed settings that need a restart.
+    pub async fn reload_with(&self, yaml: &str) -> Result<Vec<&'static str>, ConfigErrors> {
         write_config(&self.config_path, &substitute(yaml, self.upstream));
-        self.running().reload()
+        self.running().reload().await
     }
 
     /// Stops accepting and drains in-flight requests, as on SIGTERM.
@@ -122,6 +171,11 @@ impl TestGateway {
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
         let reply = one_shot(&self.admin_url(path)).await;
         (reply.status, reply.text())
+    }
+
+    /// The value of the sample `name{labels}` on the admin listener's `/metrics`, 0 when absent.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        super::metric(&self.metrics().await, name, labels).unwrap_or(0.0)
     }
 
     /// The admin listener's `/metrics` text.

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: the gateway under test (in-process or as the real
-//! binary), an in-process upstream, a client, real NGINX, Prometheus and Redis servers, the
-//! external tools, and a Prometheus text reader.
+//! binary), the Envoy rate limit service under test and a real Envoy, an in-process upstream, a
+//! client, real NGINX, Prometheus and Redis servers, the store matrix, the external tools, and the
+//! one Prometheus text reader ([`metric`]).
 //!
 //! Every helper owns what it starts and stops it on drop, also when the test panics. Timeouts here
 //! are for liveness only (a hung test fails instead of hanging CI); they are generous because the
@@ -14,12 +15,15 @@
 
 pub mod client;
 pub mod dashboard;
+pub mod envoy;
 pub mod fleet;
 pub mod gateway;
 pub mod nginx;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
+pub mod rls;
+pub mod stores;
 pub mod tools;
 pub mod upstream;
 

@@ -134,6 +134,12 @@ impl GatewayProcess {
         format!("http://{}{path}", self.admin)
     }
 
+    /// The value of the sample `name{labels}` on the admin listener's `/metrics`, 0 when absent.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let reply = super::Client::new().get(&self.admin_url("/metrics")).await;
+        super::metric(&reply.text(), name, labels).unwrap_or(0.0)
+    }
+
     /// Sends `signal` (e.g. "TERM", "HUP") to the child with `kill`, by PID.
     pub fn signal(&self, signal: &str) {
         let status = std::process::Command::new("kill")

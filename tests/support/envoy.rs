@@ -197,7 +197,7 @@ static_resources:
 
 /// A GET on Envoy's admin listener: (status, body).
 async fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
-    let reply = crate::support::Client::new()
+    let reply = super::Client::new()
         .get(&format!("http://{admin}{path}"))
         .await;
     (reply.status, reply.text())

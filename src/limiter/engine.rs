@@ -1,0 +1,398 @@
+//! The decision engine: the one function every door calls.
+//!
+//! A door (the inline gateway, the Envoy rate limit service, forward-auth) turns its protocol into
+//! [`Checks`], calls [`Engine::decide`], and renders the [`Verdict`] in its own protocol. Everything
+//! that is policy rather than protocol happens here, once:
+//!
+//! - duplicate keys are merged into one check, costs summed (a counter is checked once);
+//! - the store is asked for one all-or-nothing decision (one Redis round trip), timed, and its
+//!   failures counted by kind;
+//! - a store failure becomes failed open, failed closed or an error by the caller's
+//!   [`FailureMode`], and is logged at most once a second;
+//! - each check's decision is counted (`turnstile_decisions_total` for gateway policies,
+//!   envoyproxy/ratelimit's statistics for Envoy descriptors) and limited keys feed the
+//!   top-limited sketch;
+//! - one rule picks the governing outcome (see `docs/algorithms.md`, "The governing outcome").
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::{Check, Clock, Decision, Outcome, Rule, Store, StoreError};
+use crate::metrics::{DecisionLabel, Metrics, PolicyMetrics};
+use crate::rls::metrics::RuleMetrics;
+use crate::top_limited::{TopLimited, DEFAULT_CAPACITY, DEFAULT_PERIOD_US};
+
+/// What a door wants when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Admit the request (counted as `failed_open`).
+    Open,
+    /// Refuse it (counted as `failed_closed`).
+    Closed,
+    /// Neither: hand the error to the caller (the Envoy service's `failure_mode: error`, where
+    /// Envoy's own `failure_mode_deny` decides).
+    Error,
+}
+
+/// Whom a check's result is counted for.
+#[derive(Debug, Clone, Copy)]
+pub enum Tally<'a> {
+    /// A gateway policy: `turnstile_decisions_total{route, policy, decision}`, and the
+    /// top-limited sketch (route, policy, the key without `prefix`) when it limits.
+    Policy {
+        metrics: &'a PolicyMetrics,
+        route: &'a str,
+        policy: &'a str,
+        prefix: &'a str,
+    },
+    /// An Envoy descriptor: envoyproxy/ratelimit's per-rule statistics (never on failure).
+    Descriptor(&'a RuleMetrics),
+}
+
+/// One check as a door asks for it.
+#[derive(Debug)]
+struct Item<'a> {
+    key: Cow<'a, str>,
+    rule: &'a Rule,
+    /// This item's own cost and shadow flag (a merged check sums the costs).
+    cost: u64,
+    shadow: bool,
+    tally: Tally<'a>,
+    /// The item that carries the merged check: itself, or an earlier item with the same key.
+    leader: usize,
+    /// The index of the merged check in the store's decision.
+    check: usize,
+    /// For a leader: the merged cost and whether every merged item is shadow.
+    total_cost: u64,
+    all_shadow: bool,
+}
+
+/// The checks of one request, in the door's order. Pushing a key already asked for merges it
+/// into the earlier check (the first rule stands, costs are summed, shadow only if all are).
+#[derive(Debug, Default)]
+pub struct Checks<'a> {
+    items: Vec<Item<'a>>,
+    distinct: usize,
+    /// Room to reserve at the first push: a request none of whose checks apply allocates nothing.
+    capacity: usize,
+}
+
+impl<'a> Checks<'a> {
+    /// Room for `n` checks, reserved only once the first one is pushed.
+    pub fn with_capacity(n: usize) -> Self {
+        Checks {
+            items: Vec::new(),
+            distinct: 0,
+            capacity: n,
+        }
+    }
+
+    /// Adds a check; returns its index, by which the verdict reports its outcome.
+    pub fn push(
+        &mut self,
+        key: impl Into<Cow<'a, str>>,
+        rule: &'a Rule,
+        cost: u64,
+        shadow: bool,
+        tally: Tally<'a>,
+    ) -> usize {
+        let key = key.into();
+        if self.items.capacity() == 0 {
+            self.items.reserve_exact(self.capacity.max(1));
+        }
+        let index = self.items.len();
+        let earlier = self
+            .items
+            .iter_mut()
+            .enumerate()
+            .find(|(i, item)| item.leader == *i && item.key == key);
+        let (leader, check) = match earlier {
+            Some((j, first)) => {
+                first.total_cost = first.total_cost.saturating_add(cost);
+                first.all_shadow &= shadow;
+                (j, first.check)
+            }
+            None => {
+                self.distinct += 1;
+                (index, self.distinct - 1)
+            }
+        };
+        self.items.push(Item {
+            key,
+            rule,
+            cost,
+            shadow,
+            tally,
+            leader,
+            check,
+            total_cost: cost,
+            all_shadow: shadow,
+        });
+        index
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The store's view: one check per distinct key, in order of first appearance.
+    fn store_checks(&self) -> Vec<Check<'_>> {
+        let mut checks = Vec::with_capacity(self.distinct);
+        for (i, item) in self.items.iter().enumerate() {
+            if item.leader == i {
+                checks.push(Check {
+                    key: &item.key,
+                    rule: item.rule,
+                    cost: item.total_cost,
+                    shadow: item.all_shadow,
+                });
+            }
+        }
+        checks
+    }
+}
+
+/// How a request's decision ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Every enforced check allowed (also when there was nothing to check).
+    Allowed,
+    /// An enforced check refused: nothing was consumed.
+    Limited,
+    /// The store failed and the failure mode admits.
+    FailedOpen,
+    /// The store failed and the failure mode refuses.
+    FailedClosed,
+    /// The store failed and the failure mode hands the error to the caller.
+    Failed,
+}
+
+/// The engine's answer, rendered by each door in its own protocol.
+#[derive(Debug)]
+pub struct Verdict<'a> {
+    pub kind: Kind,
+    checks: Checks<'a>,
+    /// One outcome per distinct check; empty when the store failed.
+    decision: Decision,
+    error: Option<StoreError>,
+}
+
+impl<'a> Verdict<'a> {
+    /// Whether the request may proceed (allowed, or failed open).
+    pub fn admits(&self) -> bool {
+        matches!(self.kind, Kind::Allowed | Kind::FailedOpen)
+    }
+
+    /// The outcome of the check pushed at `index` (shared by merged checks); `None` when the
+    /// store failed.
+    pub fn outcome(&self, index: usize) -> Option<&Outcome> {
+        let item = self.checks.items.get(index)?;
+        self.decision.outcomes.get(item.check)
+    }
+
+    /// Whom the check pushed at `index` is counted for.
+    pub fn tally(&self, index: usize) -> Option<Tally<'a>> {
+        self.checks.items.get(index).map(|i| i.tally)
+    }
+
+    /// The key of the check pushed at `index`.
+    pub fn key(&self, index: usize) -> &str {
+        self.checks.items.get(index).map_or("", |i| &i.key)
+    }
+
+    /// The store's error, when it failed.
+    pub fn error(&self) -> Option<&StoreError> {
+        self.error.as_ref()
+    }
+
+    pub fn into_error(self) -> Option<StoreError> {
+        self.error
+    }
+
+    /// The check that speaks for the request, as the index it was pushed at, with its outcome.
+    ///
+    /// Admitted: the check with the least `remaining`. Limited: among the enforced checks that
+    /// refused, the one with the longest `retry_after_us`, since the request cannot succeed before
+    /// it does. Ties go to the first pushed. `None` when nothing was checked or the store failed.
+    pub fn governing(&self) -> Option<(usize, &Outcome)> {
+        let leaders = self
+            .checks
+            .items
+            .iter()
+            .enumerate()
+            .filter(|(i, item)| item.leader == *i)
+            .filter_map(|(i, item)| Some((i, item, self.decision.outcomes.get(item.check)?)));
+        let best = if self.kind == Kind::Limited {
+            leaders
+                .filter(|(_, item, o)| !o.allowed && !item.all_shadow)
+                // The largest wait; on a tie, the first (`Reverse` of the index).
+                .max_by_key(|&(i, _, o)| (o.retry_after_us, std::cmp::Reverse(i)))
+        } else {
+            // `min_by_key` keeps the first of equal minimums.
+            leaders.min_by_key(|(_, _, o)| o.remaining)
+        };
+        best.map(|(i, _, o)| (i, o))
+    }
+}
+
+/// Seconds between two logged store failures.
+const LOG_EVERY_US: u64 = 1_000_000;
+
+/// The decision engine shared by every door: the store, and what is counted about its answers.
+#[derive(Debug)]
+pub struct Engine {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    decision_seconds: prometheus::Histogram,
+    errors: [prometheus::IntCounter; 4],
+    /// Who is being limited, in bounded memory: `/debug/top-limited` on the admin listener.
+    top_limited: TopLimited,
+    /// When a store failure was last logged, in `clock` microseconds plus one (0: never).
+    last_logged_us: AtomicU64,
+    logged: AtomicU64,
+}
+
+impl Engine {
+    /// `clock` times the top-limited periods and the throttle of failure logs.
+    pub fn new(store: Store, clock: Arc<dyn Clock>, metrics: &Metrics) -> Self {
+        let name = store.name();
+        let errors = ["timeout", "connection", "script", "circuit_open"]
+            .map(|kind| metrics.store_error(name, kind));
+        Engine {
+            decision_seconds: metrics.decision_duration(name),
+            errors,
+            store,
+            top_limited: TopLimited::new(clock.clone(), DEFAULT_CAPACITY, DEFAULT_PERIOD_US),
+            clock,
+            last_logged_us: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn top_limited(&self) -> &TopLimited {
+        &self.top_limited
+    }
+
+    /// Store failures logged so far (at most one a second).
+    pub fn failures_logged(&self) -> u64 {
+        self.logged.load(Ordering::Relaxed)
+    }
+
+    /// Decides a request: checks every counter in one all-or-nothing store call, applies
+    /// `failure_mode` if the store cannot answer, and counts the result.
+    pub async fn decide<'a>(&self, checks: Checks<'a>, failure_mode: FailureMode) -> Verdict<'a> {
+        if checks.is_empty() {
+            return Verdict {
+                kind: Kind::Allowed,
+                checks,
+                decision: Decision::from_outcomes(Vec::new()),
+                error: None,
+            };
+        }
+        let result = {
+            let store_checks = checks.store_checks();
+            let timer = self.decision_seconds.start_timer();
+            let result = self.store.check(&store_checks).await;
+            timer.observe_duration();
+            result
+        };
+        let verdict = match result {
+            Ok(decision) => Verdict {
+                kind: if decision.allowed {
+                    Kind::Allowed
+                } else {
+                    Kind::Limited
+                },
+                checks,
+                decision,
+                error: None,
+            },
+            Err(error) => {
+                self.store_failed(&error, failure_mode);
+                Verdict {
+                    kind: match failure_mode {
+                        FailureMode::Open => Kind::FailedOpen,
+                        FailureMode::Closed => Kind::FailedClosed,
+                        FailureMode::Error => Kind::Failed,
+                    },
+                    checks,
+                    decision: Decision::from_outcomes(Vec::new()),
+                    error: Some(error),
+                }
+            }
+        };
+        self.count(&verdict);
+        verdict
+    }
+
+    fn store_failed(&self, error: &StoreError, failure_mode: FailureMode) {
+        let index = match error {
+            StoreError::Timeout(_) => 0,
+            StoreError::Connection(_) => 1,
+            StoreError::Script(_) => 2,
+            StoreError::CircuitOpen => 3,
+        };
+        self.errors[index].inc();
+        // At most one line a second, so an outage does not flood the logs.
+        let now = self.clock.now_us().saturating_add(1);
+        let last = self.last_logged_us.load(Ordering::Relaxed);
+        if (last == 0 || now >= last.saturating_add(LOG_EVERY_US))
+            && self
+                .last_logged_us
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.logged.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%error, ?failure_mode, "rate-limit store failed; applying the failure mode");
+        }
+    }
+
+    /// Counts each check's part in the verdict.
+    fn count(&self, verdict: &Verdict<'_>) {
+        for item in &verdict.checks.items {
+            let outcome = verdict.decision.outcomes.get(item.check);
+            match (item.tally, outcome) {
+                (Tally::Policy { metrics, .. }, None) => match verdict.kind {
+                    Kind::FailedOpen => metrics.record(DecisionLabel::FailedOpen),
+                    Kind::FailedClosed => metrics.record(DecisionLabel::FailedClosed),
+                    _ => {}
+                },
+                (
+                    Tally::Policy {
+                        metrics,
+                        route,
+                        policy,
+                        prefix,
+                    },
+                    Some(o),
+                ) => {
+                    if verdict.decision.allowed || o.allowed {
+                        metrics.record(DecisionLabel::Allowed);
+                    } else {
+                        metrics.record(DecisionLabel::Limited);
+                        let value = item.key.strip_prefix(prefix).unwrap_or(&item.key);
+                        self.top_limited.record(route, policy, value);
+                    }
+                }
+                (Tally::Descriptor(stats), Some(o)) => {
+                    let used_after = o.limit.saturating_sub(o.remaining);
+                    stats.record(item.cost, o.limit, used_after, !o.allowed, item.shadow);
+                }
+                (Tally::Descriptor(_), None) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+pub(crate) mod tests;

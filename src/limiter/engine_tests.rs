@@ -1,0 +1,331 @@
+//! The engine on an injected clock, over the in-process store behind a switch that makes it fail
+//! on demand: failure modes, key merging, the governing outcome, what is counted and logged.
+
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+use crate::limiter::{ManualClock, MemoryStore, SlidingWindow, TokenBucket};
+
+const T: u64 = 1_000_000_000;
+const S: u64 = 1_000_000;
+
+/// The in-process store, or a store that answers `Connection` errors while `failing` is set.
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: MemoryStore,
+    failing: AtomicBool,
+}
+
+impl FaultyStore {
+    pub fn check(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(StoreError::Connection("failing on demand".into()));
+        }
+        Ok(self.inner.check(checks))
+    }
+}
+
+struct Fixture {
+    clock: Arc<ManualClock>,
+    metrics: Metrics,
+    engine: Engine,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let clock = Arc::new(ManualClock::new(T));
+        let metrics = Metrics::new();
+        let store = Store::Faulty(FaultyStore {
+            inner: MemoryStore::new(clock.clone(), 1_000),
+            failing: AtomicBool::new(false),
+        });
+        let engine = Engine::new(store, clock.clone(), &metrics);
+        Fixture {
+            clock,
+            metrics,
+            engine,
+        }
+    }
+
+    fn fail(&self, failing: bool) {
+        let Store::Faulty(store) = self.engine.store() else {
+            unreachable!("the fixture's store is the faulty one")
+        };
+        store.failing.store(failing, Ordering::Relaxed);
+    }
+
+    /// `turnstile_decisions_total{route="r", policy, decision}`.
+    fn decisions(&self, policy: &str, decision: &str) -> f64 {
+        let series = format!(
+            "turnstile_decisions_total{{decision=\"{decision}\",policy=\"{policy}\",route=\"r\"}} "
+        );
+        let text = self.metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0.0, |v| v.parse().unwrap_or(f64::NAN))
+    }
+
+    fn store_errors(&self) -> f64 {
+        let series = "turnstile_store_errors_total{kind=\"connection\",store=\"faulty\"} ";
+        let text = self.metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .map_or(0.0, |v| v.parse().unwrap_or(f64::NAN))
+    }
+}
+
+fn tb(rate: f64, burst: u64) -> Rule {
+    Rule::TokenBucket(TokenBucket { rate, burst })
+}
+
+fn sw(limit: u64, window_us: u64) -> Rule {
+    Rule::SlidingWindow(SlidingWindow {
+        limit,
+        window_us,
+        buckets: 0,
+    })
+}
+
+fn policy<'a>(metrics: &'a PolicyMetrics, name: &'a str) -> Tally<'a> {
+    Tally::Policy {
+        metrics,
+        route: "r",
+        policy: name,
+        prefix: "r:",
+    }
+}
+
+#[tokio::test]
+async fn failure_mode_open_admits_without_outcomes_and_counts_failed_open() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(1.0, 5);
+    f.fail(true);
+    let mut checks = Checks::with_capacity(1);
+    checks.push("r:a", &rule, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::FailedOpen);
+    assert!(verdict.admits());
+    assert!(verdict.outcome(0).is_none());
+    assert!(verdict.governing().is_none());
+    assert!(verdict.error().is_some());
+    assert_eq!(f.decisions("p", "failed_open"), 1.0);
+    assert_eq!(f.decisions("p", "failed_closed"), 0.0);
+    assert_eq!(f.store_errors(), 1.0);
+}
+
+#[tokio::test]
+async fn failure_mode_closed_refuses_and_counts_failed_closed() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(1.0, 5);
+    f.fail(true);
+    let mut checks = Checks::with_capacity(1);
+    checks.push("r:a", &rule, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Closed).await;
+    assert_eq!(verdict.kind, Kind::FailedClosed);
+    assert!(!verdict.admits());
+    assert_eq!(f.decisions("p", "failed_closed"), 1.0);
+    assert_eq!(f.decisions("p", "failed_open"), 0.0);
+}
+
+#[tokio::test]
+async fn failure_mode_error_hands_the_store_error_back_uncounted_as_a_decision() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(1.0, 5);
+    f.fail(true);
+    let mut checks = Checks::with_capacity(1);
+    checks.push("r:a", &rule, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Error).await;
+    assert_eq!(verdict.kind, Kind::Failed);
+    assert!(!verdict.admits());
+    assert!(matches!(
+        verdict.into_error(),
+        Some(StoreError::Connection(_))
+    ));
+    for label in ["allowed", "limited", "failed_open", "failed_closed"] {
+        assert_eq!(f.decisions("p", label), 0.0, "{label}");
+    }
+    assert_eq!(f.store_errors(), 1.0, "the store error itself is counted");
+}
+
+#[tokio::test]
+async fn the_store_recovering_ends_the_failure_mode() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(1.0, 5);
+    for failing in [true, false] {
+        f.fail(failing);
+        let mut checks = Checks::with_capacity(1);
+        checks.push("r:a", &rule, 1, false, policy(&m, "p"));
+        let verdict = f.engine.decide(checks, FailureMode::Closed).await;
+        let want = if failing {
+            Kind::FailedClosed
+        } else {
+            Kind::Allowed
+        };
+        assert_eq!(verdict.kind, want);
+    }
+    assert_eq!(f.decisions("p", "allowed"), 1.0);
+}
+
+#[tokio::test]
+async fn store_failures_are_logged_at_most_once_a_second_on_the_engine_clock() {
+    let f = Fixture::new();
+    let rule = tb(1.0, 5);
+    let m = f.metrics.policy("r", "p");
+    f.fail(true);
+    let decide = || async {
+        let mut checks = Checks::with_capacity(1);
+        checks.push("r:a", &rule, 1, false, policy(&m, "p"));
+        f.engine.decide(checks, FailureMode::Open).await;
+    };
+    for _ in 0..5 {
+        decide().await;
+    }
+    assert_eq!(f.engine.failures_logged(), 1);
+    f.clock.advance_us(S - 1);
+    decide().await;
+    assert_eq!(f.engine.failures_logged(), 1, "not yet a second later");
+    f.clock.advance_us(1);
+    decide().await;
+    decide().await;
+    assert_eq!(f.engine.failures_logged(), 2);
+    assert_eq!(f.store_errors(), 8.0, "every failure is counted");
+}
+
+#[tokio::test]
+async fn duplicate_keys_merge_into_one_check_with_costs_summed() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = sw(5, 60 * S);
+    let mut checks = Checks::with_capacity(3);
+    let a = checks.push("r:k", &rule, 2, false, policy(&m, "p"));
+    let b = checks.push("r:other", &rule, 1, false, policy(&m, "p"));
+    let c = checks.push(String::from("r:k"), &rule, 2, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Allowed);
+    // One counter took both costs: 5 - 4.
+    assert_eq!(verdict.outcome(a).map(|o| o.remaining), Some(1));
+    assert_eq!(verdict.outcome(c), verdict.outcome(a));
+    assert_eq!(verdict.outcome(b).map(|o| o.remaining), Some(4));
+
+    // Together they ask for 4 more of the 1 left: refused, and nothing consumed.
+    let mut checks = Checks::with_capacity(2);
+    checks.push("r:k", &rule, 2, false, policy(&m, "p"));
+    checks.push("r:k", &rule, 2, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Limited);
+    let mut checks = Checks::with_capacity(1);
+    checks.push("r:k", &rule, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.outcome(0).map(|o| o.remaining), Some(0));
+}
+
+#[tokio::test]
+async fn a_merged_check_is_shadow_only_when_every_part_is() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = sw(1, 60 * S);
+    let mut checks = Checks::with_capacity(2);
+    checks.push("r:k", &rule, 1, true, policy(&m, "p"));
+    checks.push("r:k", &rule, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Limited, "2 units of a limit of 1");
+    let mut checks = Checks::with_capacity(2);
+    checks.push("r:k", &rule, 1, true, policy(&m, "p"));
+    checks.push("r:k", &rule, 1, true, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Allowed, "all shadow: never rejects");
+}
+
+#[tokio::test]
+async fn admitted_the_least_remaining_governs_and_ties_go_to_the_first() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let roomy = tb(1.0, 10);
+    let tight = tb(1.0, 3);
+    let mut checks = Checks::with_capacity(4);
+    checks.push("r:a", &roomy, 1, false, policy(&m, "p"));
+    checks.push("r:b", &tight, 1, false, policy(&m, "p"));
+    checks.push("r:c", &tight, 1, false, policy(&m, "p"));
+    checks.push("r:d", &roomy, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Allowed);
+    let (i, o) = verdict.governing().expect("a governing outcome");
+    assert_eq!((i, o.remaining, o.limit), (1, 2, 3));
+    assert_eq!(verdict.key(i), "r:b");
+}
+
+#[tokio::test]
+async fn rejected_the_longest_wait_among_enforced_refusals_governs() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let short = sw(1, 10 * S);
+    let long = sw(1, 60 * S);
+    let longest = sw(1, 600 * S);
+    // Fill all four counters at T.
+    for key in ["r:s", "r:l", "r:l2", "r:shadow"] {
+        let rule = if key == "r:s" {
+            &short
+        } else if key == "r:shadow" {
+            &longest
+        } else {
+            &long
+        };
+        let mut checks = Checks::with_capacity(1);
+        checks.push(key, rule, 1, false, policy(&m, "p"));
+        assert_eq!(
+            f.engine.decide(checks, FailureMode::Open).await.kind,
+            Kind::Allowed
+        );
+    }
+    f.clock.advance_us(S);
+    let mut checks = Checks::with_capacity(4);
+    checks.push("r:s", &short, 1, false, policy(&m, "p"));
+    // A shadow refusal waits longest but never speaks for a rejection.
+    checks.push("r:shadow", &longest, 1, true, policy(&m, "p"));
+    checks.push("r:l", &long, 1, false, policy(&m, "p"));
+    checks.push("r:l2", &long, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Limited);
+    let (i, o) = verdict.governing().expect("a governing outcome");
+    assert_eq!(i, 2, "the first of the two longest enforced waits");
+    assert_eq!(o.retry_after_us, 59 * S);
+}
+
+#[tokio::test]
+async fn limited_policies_are_counted_and_reach_the_top_limited_sketch() {
+    let f = Fixture::new();
+    let roomy_m = f.metrics.policy("r", "roomy");
+    let tight_m = f.metrics.policy("r", "tight");
+    let roomy = tb(0.001, 10);
+    let tight = tb(0.001, 1);
+    for _ in 0..3 {
+        let mut checks = Checks::with_capacity(2);
+        checks.push("r:roomy:u1", &roomy, 1, false, policy(&roomy_m, "roomy"));
+        checks.push("r:tight:u1", &tight, 1, false, policy(&tight_m, "tight"));
+        f.engine.decide(checks, FailureMode::Open).await;
+    }
+    assert_eq!(f.decisions("roomy", "allowed"), 3.0);
+    assert_eq!(f.decisions("tight", "allowed"), 1.0);
+    assert_eq!(f.decisions("tight", "limited"), 2.0);
+    let report = serde_json::to_value(f.engine.top_limited().report(10)).expect("json");
+    let text = report.to_string();
+    assert!(text.contains("\"tight:u1\""), "{text}");
+    assert!(!text.contains("roomy:u1"), "{text}");
+}
+
+#[tokio::test]
+async fn nothing_to_check_is_allowed_without_asking_the_store() {
+    let f = Fixture::new();
+    f.fail(true);
+    let verdict = f
+        .engine
+        .decide(Checks::default(), FailureMode::Closed)
+        .await;
+    assert_eq!(verdict.kind, Kind::Allowed);
+    assert!(verdict.governing().is_none());
+    assert_eq!(f.store_errors(), 0.0);
+}

@@ -1,0 +1,109 @@
+//! What every listener shares: the config with its runtime resources attached, the decision
+//! engine, and the metrics registry. The public listener, the admin listener and the Envoy service
+//! all hold an `Arc<AppState>`; none reaches another door's type.
+
+use std::collections::HashMap;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Action, ReloadStatus, Snapshot};
+use crate::limiter::Engine;
+use crate::metrics::{Metrics, PolicyMetrics, RouteMetrics};
+use crate::proxy::UpstreamClient;
+use crate::rls::settings::RlsResources;
+
+/// Shared by every connection of every listener.
+#[derive(Debug)]
+pub struct AppState {
+    /// The running config and its resources, swapped whole on reload.
+    pub live: ArcSwap<Live>,
+    pub engine: Engine,
+    pub metrics: Metrics,
+    /// The last reload attempt's outcome, for `/config` on the admin listener.
+    pub reload_status: std::sync::Mutex<ReloadStatus>,
+}
+
+impl AppState {
+    pub fn new(live: Live, engine: Engine, metrics: Metrics) -> Self {
+        AppState {
+            live: ArcSwap::from_pointee(live),
+            engine,
+            metrics,
+            reload_status: std::sync::Mutex::default(),
+        }
+    }
+}
+
+/// A config snapshot (plain data) and the resources it needs to run: connection pools and metric
+/// handles, resolved once per load so the hot path never builds a label or a pool.
+#[derive(Debug)]
+pub struct Live {
+    pub config: Snapshot,
+    /// One per route of `config.routes`, in the same order.
+    pub routes: Vec<RouteResources>,
+    /// Requests that matched no route.
+    pub unmatched: RouteMetrics,
+    /// Present exactly when `config.rls` is.
+    pub rls: Option<RlsResources>,
+}
+
+/// The resources of one route.
+#[derive(Debug)]
+pub struct RouteResources {
+    pub metrics: RouteMetrics,
+    /// One per policy of the route, in the same order.
+    pub policies: Vec<PolicyMetrics>,
+    /// The pool of the route's upstream (shared with every route forwarding there); `None` for a
+    /// `respond:` route.
+    pub client: Option<UpstreamClient>,
+}
+
+impl Live {
+    /// Attaches the resources `config` needs: one connection pool per upstream (rebuilt on every
+    /// load; in-flight requests drain the old ones) and every metric series, at 0 from the start.
+    pub fn attach(config: Snapshot, metrics: &Metrics) -> Live {
+        let mut clients: HashMap<&str, UpstreamClient> = HashMap::new();
+        let routes = config
+            .routes
+            .iter()
+            .map(|route| {
+                let client = match &route.action {
+                    Action::Forward(up) => Some(
+                        clients
+                            .entry(up.name.as_str())
+                            .or_insert_with(|| {
+                                let limits = crate::proxy::pool::Limits {
+                                    connect_timeout: up.connect_timeout,
+                                    max_connections: up.max_connections,
+                                    pool_timeout: up.pool_timeout,
+                                };
+                                crate::proxy::client(&up.authority, limits)
+                            })
+                            .clone(),
+                    ),
+                    Action::Respond(_) => None,
+                };
+                RouteResources {
+                    metrics: metrics.route(&route.name),
+                    policies: route
+                        .policies
+                        .iter()
+                        .map(|p| metrics.policy(&route.name, &p.name))
+                        .collect(),
+                    client,
+                }
+            })
+            .collect();
+        drop(clients);
+        let rls = config
+            .rls
+            .as_ref()
+            .map(|rls| RlsResources::attach(rls, metrics));
+        Live {
+            routes,
+            unmatched: metrics.route("unmatched"),
+            rls,
+            config,
+        }
+    }
+}
