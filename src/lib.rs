@@ -30,13 +30,15 @@
 //! - [`listener`]: the public listener and the bounds on each connection;
 //! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal;
-//! - [`probe`]: `turnstile healthcheck`, for images without a shell.
+//! - [`probe`]: `turnstile healthcheck`, for images without a shell;
+//! - [`import`]: `turnstile import ingress-nginx`, Ingress manifests to a policies file.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod config;
 pub mod gateway;
+pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod listener;

@@ -64,13 +64,10 @@ pub fn compile(raw: RawConfig, source: &Path) -> Result<Snapshot, Vec<FieldError
 
     let mut nets = Vec::new();
     for (i, text) in raw.client_ip.trusted_proxies.iter().enumerate() {
-        let net = text
-            .parse::<IpNet>()
-            .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
-            .map_err(|_| format!("`{text}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"));
-        nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), net));
+        nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), ip_net(text)));
     }
 
+    let global_exempt = exempt(e, "exempt", &raw.exempt);
     let client_prefix = client_prefix(e, &raw.client_ip);
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
@@ -95,7 +92,12 @@ pub fn compile(raw: RawConfig, source: &Path) -> Result<Snapshot, Vec<FieldError
                 ),
             );
         }
-        if let Some(route) = route(e, &path, raw_route, &upstreams, failure_mode) {
+        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode) {
+            let own = exempt(e, &format!("{path}.exempt"), &raw_route.exempt);
+            route.exempt = Exempt {
+                client_ips: [global_exempt.client_ips.clone(), own.client_ips].concat(),
+                headers: [global_exempt.headers.clone(), own.headers].concat(),
+            };
             routes.push(route);
         }
     }
@@ -136,6 +138,13 @@ pub fn compile(raw: RawConfig, source: &Path) -> Result<Snapshot, Vec<FieldError
         }),
         _ => Err(errors.0),
     }
+}
+
+/// A CIDR range, or a single IP as its own /32 or /128.
+fn ip_net(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("`{text}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"))
 }
 
 fn socket_addr(e: &mut Errors, path: &str, text: &str) -> Option<SocketAddr> {
@@ -612,7 +621,32 @@ fn route(
         action: action?,
         policies,
         failure_mode,
+        exempt: Exempt::default(),
     })
+}
+
+/// `exempt:` (global or a route's): CIDRs or single IPs, and exact header values.
+fn exempt(e: &mut Errors, path: &str, raw: &RawExempt) -> Exempt {
+    let mut out = Exempt::default();
+    for (i, text) in raw.client_ips.iter().enumerate() {
+        out.client_ips
+            .extend(e.take(format!("{path}.client_ips[{i}]"), ip_net(text)));
+    }
+    for (name, value) in &raw.headers {
+        let hpath = format!("{path}.headers.{name}");
+        let n = e.take(
+            &hpath,
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("`{name}` is not a header name")),
+        );
+        let v = e.take(
+            &hpath,
+            HeaderValue::from_str(value)
+                .map_err(|_| format!("`{value}` is not a valid header value")),
+        );
+        out.headers.extend(n.zip(v));
+    }
+    out
 }
 
 fn route_match(e: &mut Errors, path: &str, raw: &RawMatch) -> (Option<RouteMatch>, Vec<String>) {

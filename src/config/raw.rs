@@ -26,6 +26,20 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     /// The Envoy rate limit service (`crate::rls`).
     pub rls: Option<crate::rls::RawRls>,
+    /// Requests no policy of any route applies to.
+    #[serde(default)]
+    pub exempt: RawExempt,
+}
+
+/// Requests that skip every policy: a client IP in one of `client_ips`, or one of `headers` with
+/// exactly its value (ingress-nginx's `limit-whitelist`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExempt {
+    #[serde(default)]
+    pub client_ips: Vec<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -122,6 +136,9 @@ pub struct RawRoute {
     #[serde(default)]
     pub policies: Vec<RawPolicy>,
     pub failure_mode: Option<String>,
+    /// Added to the global `exempt` for this route.
+    #[serde(default)]
+    pub exempt: RawExempt,
 }
 
 #[derive(Debug, Default, Deserialize)]

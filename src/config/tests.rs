@@ -179,6 +179,40 @@ fn a_redis_store_compiles() {
     assert_eq!(snapshot.failure_mode, FailureMode::Closed);
 }
 
+#[test]
+fn exempt_merges_the_global_list_into_each_route_and_locates_bad_entries() {
+    let yaml = format!(
+        "exempt:\n  client_ips: [10.0.0.0/8]\n{BASE}  - name: a\n    upstream: api\n    exempt:\n      client_ips: [192.0.2.7]\n      headers: {{ x-internal: \"yes\" }}\n  - name: b\n    upstream: api\n"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let ips = |r: &Route| {
+        r.exempt
+            .client_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ips(&snapshot.routes[0]), ["10.0.0.0/8", "192.0.2.7/32"]);
+    assert_eq!(snapshot.routes[0].exempt.headers.len(), 1);
+    assert_eq!(ips(&snapshot.routes[1]), ["10.0.0.0/8"]);
+    assert!(snapshot.routes[1].exempt.headers.is_empty());
+
+    let bad = format!("exempt:\n  client_ips: [10.0.0.0/33]\n{BASE}  - name: a\n    upstream: api\n    exempt:\n      headers: {{ \"bad name\": x }}\n");
+    let e = errors(&bad);
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(e[0].starts_with("p.yaml:2:"), "{}", e[0]);
+    assert!(
+        e[0].contains("exempt.client_ips[0]: `10.0.0.0/33` is not an IP address"),
+        "{}",
+        e[0]
+    );
+    assert!(
+        e[1].contains("routes[0].exempt.headers.bad name: `bad name` is not a header name"),
+        "{}",
+        e[1]
+    );
+}
+
 /// One route with one policy whose body (indented eight spaces) is `policy`; the errors it gives.
 fn policy_errors(policy: &str) -> Vec<String> {
     errors(&format!(
