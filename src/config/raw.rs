@@ -67,12 +67,28 @@ pub struct RawStore {
     pub kind: Option<String>,
     /// memory: the most counters kept at once.
     pub max_keys: Option<u64>,
-    /// redis
+    /// redis: one server...
     pub url: Option<String>,
+    /// ...or Redis Cluster seed nodes (`host:port`)...
+    pub cluster: Option<Vec<String>>,
+    /// ...or the master Sentinel names.
+    pub sentinel: Option<RawSentinel>,
+    /// Credentials of the data nodes, for `cluster` and `sentinel` (a `url` carries its own).
+    pub username: Option<String>,
+    pub password: Option<String>,
     pub pool_size: Option<u32>,
     pub timeout: Option<String>,
     pub failure_mode: Option<String>,
     pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    /// The master's name in Sentinel (`sentinel monitor NAME ...`).
+    pub service: String,
+    /// Sentinel addresses, `host:port`.
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -26,7 +26,8 @@ pub enum StoreSettings {
         max_keys: usize,
     },
     Redis {
-        url: String,
+        /// One server, a Cluster, or Sentinel's master.
+        target: crate::limiter::redis::Target,
         pool_size: usize,
         timeout: Duration,
         key_prefix: String,

@@ -170,7 +170,7 @@ fn a_redis_store_compiles() {
     assert_eq!(
         snapshot.store,
         StoreSettings::Redis {
-            url: "redis://:pw@127.0.0.1:6390/2".to_string(),
+            target: crate::limiter::redis::Target::Url("redis://:pw@127.0.0.1:6390/2".to_string()),
             pool_size: 8,
             timeout: std::time::Duration::from_millis(20),
             key_prefix: "gw:".to_string(),
@@ -420,4 +420,74 @@ fn listener_and_upstream_bounds_out_of_range_are_errors() {
     for want in expected {
         assert!(e.iter().any(|line| line.contains(want)), "{want} in {e:#?}");
     }
+}
+
+#[test]
+fn cluster_and_sentinel_stores_compile() {
+    use crate::limiter::redis::{Auth, Target};
+    let yaml = format!(
+        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, \"[::1]:7000\"]\n  password: pw\n{BASE}{ROUTE}"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let StoreSettings::Redis { target, .. } = snapshot.store else {
+        panic!("not redis");
+    };
+    assert_eq!(
+        target,
+        Target::Cluster {
+            nodes: vec!["10.0.0.1:6379".into(), "[::1]:7000".into()],
+            auth: Auth {
+                username: None,
+                password: Some("pw".into())
+            },
+        }
+    );
+    let yaml = format!(
+        "store:\n  type: redis\n  sentinel: {{ service: mymaster, nodes: [10.0.0.5:26379] }}\n{BASE}{ROUTE}"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let StoreSettings::Redis { target, .. } = snapshot.store else {
+        panic!("not redis");
+    };
+    assert!(
+        matches!(target, Target::Sentinel { ref service, ref nodes, .. }
+        if service == "mymaster" && nodes == &["10.0.0.5:26379".to_string()])
+    );
+}
+
+#[test]
+fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
+    let e = errors(&format!(
+        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, nope]\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("store.cluster[1]") && e.contains("host:port")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "store:\n  type: redis\n  url: redis://a\n  cluster: [a:1]\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("store.cluster") && e.contains("only one")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "store:\n  type: redis\n  sentinel: {{ service: \"\", nodes: [] }}\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e.iter().any(|e| e.contains("store.sentinel.service")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|e| e.contains("store.sentinel.nodes")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "store:\n  type: redis\n  password: pw\n{BASE}{ROUTE}"
+    ));
+    assert!(e.iter().any(|e| e.contains("store.password")), "{e:?}");
+    let e = errors(&format!("store:\n  cluster: [a:1]\n{BASE}{ROUTE}"));
+    assert!(e.iter().any(|e| e.contains("store.cluster")), "{e:?}");
 }

@@ -16,6 +16,7 @@
 pub mod client;
 pub mod dashboard;
 pub mod envoy;
+pub mod fleet;
 pub mod gateway;
 pub mod nginx;
 pub mod process;
