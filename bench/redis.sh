@@ -12,8 +12,13 @@
 #   redis-benchmark-evalsha-p16  the same with 16 calls pipelined per connection (for scale)
 #   turnstile-decisions       examples/redis_decisions: RedisStore::check in a loop, one tokio
 #                             worker, $CONNECTIONS concurrent tasks on one pool
+#   turnstile-decisions-multi          the same with two policies per decision (one EVALSHA)
+#   turnstile-decisions-cluster        the same on a 3-master Redis Cluster (no replicas, the
+#                                      three masters on the load CPU like the single Redis)
+#   turnstile-decisions-cluster-multi  two policies in two slots: two concurrent calls
 # Targets (issue 3): turnstile-redis >= 1.0x nginx-lua and >= 0.5x nginx-proxy;
-# turnstile-decisions >= 0.7x redis-benchmark-evalsha.
+# turnstile-decisions >= 0.7x redis-benchmark-evalsha. The cluster rows have no target: they show
+# what sharding costs one client worker (issue 11).
 
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 REDIS_CLI=${REDIS_CLI:-redis-cli}
@@ -37,6 +42,34 @@ start_redis() {
     done
     SHA=$("$REDIS_CLI" -p "$REDIS_PORT" script load "$(cat "$REPO_DIR/scripts/decide.lua")")
     [[ "$SHA" =~ ^[0-9a-f]{40}$ ]] || { echo "error: SCRIPT LOAD failed: $SHA" >&2; return 1; }
+}
+
+# start_redis_cluster: three throwaway cluster masters on free ports (bus ports set explicitly:
+# port + 10000 overflows for high ports), joined with redis-cli --cluster create. Sets
+# CLUSTER_SEEDS (host:port,...) and CLUSTER_PIDS.
+start_redis_cluster() {
+    local dir="$WORK/redis-cluster" i port nodes=()
+    CLUSTER_PIDS=()
+    for i in 1 2 3; do
+        mkdir -p "$dir/$i"
+        port=$(free_port)
+        spawn "$CPU_LOAD" "$dir/$i/redis.log" "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 \
+            --save '' --appendonly no --dir "$dir/$i" --cluster-enabled yes \
+            --cluster-port "$(free_port)" --cluster-node-timeout 1000
+        CLUSTER_PIDS+=("$LAST_PID")
+        nodes+=("127.0.0.1:$port")
+        local j
+        for j in $(seq 1 100); do
+            "$REDIS_CLI" -p "$port" ping 2>/dev/null | grep -q PONG && break
+            sleep 0.1
+        done
+    done
+    "$REDIS_CLI" --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log"
+    for i in $(seq 1 100); do
+        "$REDIS_CLI" -p "${nodes[0]##*:}" cluster info | grep -q 'cluster_state:ok' && break
+        sleep 0.1
+    done
+    CLUSTER_SEEDS=$(IFS=,; echo "${nodes[*]}")
 }
 
 # measured RAW CMD...: like run_wrk's loop for a command that is not wrk: wait for a quiet machine,
@@ -99,13 +132,17 @@ run_redis_benchmark() {
     add_row "$name" "${rps:-0}" "${p50:-nan}" "${p99:-nan}" 0
 }
 
+# run_decisions [NAME TARGET POLICIES]: examples/redis_decisions on one worker; by default the
+# single Redis with one policy.
 run_decisions() {
-    local raw="$OUT/raw/round$ROUND-turnstile-decisions.txt"
+    local name=${1:-turnstile-decisions} target=${2:-redis://127.0.0.1:$REDIS_PORT} policies=${3:-1}
+    local raw="$OUT/raw/round$ROUND-$name.txt"
     measured "$raw" env TURNSTILE_WORKERS=1 taskset -c "$CPU_PROXY" timeout $((DURATION + 30)) \
-        "$DECISIONS_BIN" "redis://127.0.0.1:$REDIS_PORT" "$CONNECTIONS" "$DURATION" "$REDIS_POOL"
-    local rps p50 p99 errors
-    read -r rps p50 p99 errors < <(awk '{ print $2, $4, $6, $8 }' "$raw")
-    add_row turnstile-decisions "${rps:-0}" "${p50:-nan}" "${p99:-nan}" "${errors:-1}"
+        "$DECISIONS_BIN" "$target" "$CONNECTIONS" "$DURATION" "$REDIS_POOL" "$policies"
+    local rps p50 p99 errors slots
+    read -r rps p50 p99 errors slots < <(awk '{ print $2, $4, $6, $8, $10 }' "$raw")
+    add_row "$name" "${rps:-0}" "${p50:-nan}" "${p99:-nan}" "${errors:-1}"
+    echo "    ($name: each decision touches ${slots:-?} slot(s))"
 }
 
 section_redis_setup() {
@@ -124,6 +161,8 @@ section_redis_setup() {
     start_redis
     echo "redis: $("$REDIS_SERVER" --version | cut -d' ' -f3) on port $REDIS_PORT (CPU $CPU_LOAD)," \
         "pool_size $REDIS_POOL, decide.lua $SHA" | tee -a "$OUT/setup.txt"
+    start_redis_cluster
+    echo "redis cluster: 3 masters at $CLUSTER_SEEDS (CPU $CPU_LOAD)" | tee -a "$OUT/setup.txt"
     local w
     for w in $WORKERS_LIST; do
         add_comparison "Turnstile redis / NGINX + ngx_lua, $w worker(s)" \
@@ -159,6 +198,11 @@ section_redis() {
     done
     run_redis_benchmark redis-benchmark-evalsha 1
     run_decisions
+    run_decisions turnstile-decisions-multi "redis://127.0.0.1:$REDIS_PORT" 2
+    # The redis cpu column of the cluster rows is the first master's (one of three).
+    local REDIS_PID=${CLUSTER_PIDS[0]}
+    run_decisions turnstile-decisions-cluster "cluster:$CLUSTER_SEEDS" 1
+    run_decisions turnstile-decisions-cluster-multi "cluster:$CLUSTER_SEEDS" 2
     # For scale only (no target): what Redis sustains when every connection pipelines 16 calls.
     run_redis_benchmark redis-benchmark-evalsha-p16 16
 }

@@ -15,7 +15,14 @@
 --          shadow: "1" for report only (Envoy's shadow_mode): its refusal never rejects the
 --                  request, and it consumes only when it allows and the request is admitted
 --
--- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us}.
+-- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us,
+--         then per policy a refund stamp of two integers (meaningful when it consumed):
+--         tb: 0, 0; sw: the score written, the count before; swb: the bucket index, 0}.
+--
+-- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
+-- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
+-- exactly what one admitted call consumed from KEYS[i] (tokens capped at the burst; the window
+-- entries it wrote). Reply: {1}.
 --
 -- Every policy is evaluated from the stored state first; only if all allow (shadow policies aside)
 -- is anything written, so a rejected request consumes nothing anywhere. Every written key gets a
@@ -275,6 +282,58 @@ local function swb_commit(p)
 end
 
 ---------------------------------------------------------------------------------------------------
+-- Refund: undo one consumption, identified by its stamp.
+
+local function refund(key, kind, cost, burst, s1, s2)
+  if kind == 'tb' then
+    local t = redis.call('HGET', key, 't')
+    -- An expired bucket is full again: nothing to give back.
+    if t then
+      local tokens = math.min(burst, tonumber(t) + cost)
+      redis.call('HSET', key, 't', string.format('%.17g', tokens))
+    end
+  elseif kind == 'sw' then
+    local members = {}
+    for j = 1, cost do
+      members[#members + 1] = int(s1) .. ':' .. int(s2 + j)
+      if #members >= 1000 or j == cost then
+        redis.call('ZREM', key, unpack(members))
+        members = {}
+      end
+    end
+  elseif kind == 'swb' then
+    local field = int(s1)
+    local units = tonumber(redis.call('HGET', key, field) or '0')
+    if units <= cost then
+      redis.call('HDEL', key, field)
+    else
+      redis.call('HINCRBY', key, field, -cost)
+    end
+  else
+    return false
+  end
+  return true
+end
+
+if ARGV[1] == 'refund' then
+  if #ARGV ~= 1 + 5 * #KEYS then
+    return redis.error_reply('decide.lua: expected 1 + 5 ARGV per key to refund')
+  end
+  for i = 1, #KEYS do
+    local a = 2 + 5 * (i - 1)
+    local cost, burst, s1, s2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                                tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+    if not (cost and burst and s1 and s2) or cost < 0 then
+      return redis.error_reply('decide.lua: bad refund for key ' .. i)
+    end
+    if cost > 0 and not refund(KEYS[i], ARGV[a], cost, burst, s1, s2) then
+      return redis.error_reply('decide.lua: unknown kind to refund for key ' .. i)
+    end
+  end
+  return { 1 }
+end
+
+---------------------------------------------------------------------------------------------------
 
 local policies = #KEYS
 if #ARGV ~= 1 + 6 * policies then
@@ -328,6 +387,7 @@ for i = 1, policies do
 end
 
 local reply = { all_allowed and 1 or 0 }
+local stamps = {}
 for i = 1, policies do
   local p = plans[i]
   -- Consumed only when the request is admitted and this policy allows it; otherwise the outcome
@@ -341,5 +401,15 @@ for i = 1, policies do
   if consumed and p.cost > 0 then
     p.commit(p)
   end
+  local s1, s2 = 0, 0
+  if p.t then
+    s1, s2 = p.t, p.count
+  elseif p.current then
+    s1 = p.current
+  end
+  stamps[2 * i - 1], stamps[2 * i] = s1, s2
+end
+for _, v in ipairs(stamps) do
+  reply[#reply + 1] = v
 end
 return reply

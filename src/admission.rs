@@ -41,6 +41,14 @@ pub async fn admit<'l>(
     resources: &'l RouteResources,
     view: &RequestView<'_>,
 ) -> Result<Admitted, Refusal<'l>> {
+    // An exempt request skips every policy and consumes nothing (`exempt:`).
+    if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
+        resources.metrics.record_exempt();
+        return Ok(Admitted {
+            governing: None,
+            kind: Kind::Allowed,
+        });
+    }
     let mut checks = Checks::with_capacity(route.policies.len());
     for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
         // A key header or query parameter sent twice is ambiguous: 400.

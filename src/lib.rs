@@ -31,7 +31,8 @@
 //! - [`listener`]: the public listener and the bounds on each connection;
 //! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal;
-//! - [`probe`]: `turnstile healthcheck`, for images without a shell.
+//! - [`probe`]: `turnstile healthcheck`, for images without a shell;
+//! - [`import`]: `turnstile import ingress-nginx`, Ingress manifests to a policies file.
 
 #![forbid(unsafe_code)]
 
@@ -40,6 +41,7 @@ pub mod admission;
 pub mod config;
 pub mod forward_auth;
 pub mod gateway;
+pub mod import;
 pub mod keys;
 pub mod limiter;
 pub mod listener;

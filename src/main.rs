@@ -1,8 +1,8 @@
 //! The `turnstile` binary: parse arguments, set up logging, start the gateway, wire signals.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -43,6 +43,23 @@ enum Command {
         #[arg(long, default_value = "2s", value_parser = parse_timeout)]
         timeout: std::time::Duration,
     },
+    /// Translate another gateway's configuration into a policies file (docs/migration.md).
+    #[command(subcommand)]
+    Import(Import),
+}
+
+#[derive(Subcommand)]
+enum Import {
+    /// Kubernetes Ingress manifests with ingress-nginx annotations: the policies file on stdout
+    /// (or -o), a report of everything not mapped exactly on stderr.
+    IngressNginx {
+        /// Manifest files (multi-document YAML; `-` reads stdin).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Write the policies file here instead of stdout.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
 }
 
 fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
@@ -69,6 +86,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Import(Import::IngressNginx { files, output }) => {
+            match import_ingress_nginx(&files, output.as_deref()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("turnstile import: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Healthcheck { url, timeout } => match turnstile::probe::ready(&url, timeout) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -107,6 +133,35 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Reads the manifests, checks the generated config with the same loader as `check` (a failure
+/// there is a bug of the importer, never written out), then writes it and the report.
+fn import_ingress_nginx(files: &[PathBuf], output: Option<&Path>) -> anyhow::Result<()> {
+    let mut inputs = Vec::with_capacity(files.len());
+    for file in files {
+        let text = if file.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin()).context("cannot read stdin")?
+        } else {
+            std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?
+        };
+        inputs.push((file.display().to_string(), text));
+    }
+    let imported = turnstile::import::ingress_nginx(&inputs)?;
+    let name = output.unwrap_or(Path::new("policies.yaml"));
+    config::parse(&imported.yaml, name).map_err(|e| {
+        anyhow::anyhow!("the generated config does not pass check (an importer bug):\n{e}")
+    })?;
+    match output {
+        Some(path) => std::fs::write(path, &imported.yaml)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => std::io::stdout()
+            .write_all(imported.yaml.as_bytes())
+            .context("cannot write stdout")?,
+    }
+    eprint!("{}", imported.report());
+    Ok(())
 }
 
 /// One worker gets tokio's single-threaded scheduler: with no other worker to steal from, the

@@ -19,6 +19,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
+    exempt: IntCounterVec,
     requests: IntCounterVec,
     request_duration: HistogramVec,
     decision_duration: HistogramVec,
@@ -126,6 +127,7 @@ pub struct RouteMetrics {
     upstream_connect: IntCounter,
     upstream_timeout: IntCounter,
     upstream_other: IntCounter,
+    exempt: IntCounter,
 }
 
 /// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
@@ -147,6 +149,11 @@ impl RouteMetrics {
         };
         self.by_code[class].inc();
         self.duration.observe(seconds);
+    }
+
+    /// A request that skipped every policy (`exempt:`).
+    pub fn record_exempt(&self) {
+        self.exempt.inc();
     }
 
     pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
@@ -184,6 +191,11 @@ impl Metrics {
                 "turnstile_decisions_total",
                 "Rate-limit decisions per route and policy.",
                 &["route", "policy", "decision"],
+            ),
+            exempt: counter(
+                "turnstile_exempt_total",
+                "Requests that skipped every policy of their route (`exempt:`).",
+                &["route"],
             ),
             requests: counter(
                 "turnstile_requests_total",
@@ -274,6 +286,7 @@ impl Metrics {
             upstream_connect: upstream("connect"),
             upstream_timeout: upstream("timeout"),
             upstream_other: upstream("other"),
+            exempt: self.exempt.with_label_values(&[route]),
         }
     }
 

@@ -50,13 +50,19 @@ pub async fn build_store(settings: &StoreSettings) -> Result<Store, String> {
             *max_keys,
         ))),
         StoreSettings::Redis {
-            url,
+            target,
             pool_size,
             timeout,
             key_prefix,
-        } => RedisStore::connect(url, *pool_size, *timeout, key_prefix)
-            .map(Store::Redis)
-            .map_err(|e| format!("redis store: {e}")),
+        } => {
+            let store = RedisStore::connect_to(target, *pool_size, *timeout, key_prefix)
+                .map_err(|e| format!("redis store: {e}"))?;
+            // Before any listener serves: the first requests are decided by Redis, not by the
+            // failure mode. When Redis is really down, serve anyway after the bounded wait (the
+            // store's probe then logs it as unreachable, and `/readyz` answers 503).
+            store.wait_ready(crate::limiter::redis::STARTUP_WAIT).await;
+            Ok(Store::Redis(store))
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::fleet::{burst, count, wait_ready};
 use support::process::{config_file, with_free_ports};
 use support::{Client, GatewayProcess, RedisServer, Reply};
 
@@ -22,43 +23,6 @@ fn route(name: &str, extra: &str, policy: &str) -> String {
         "  - name: {name}\n    match: {{ path: /{name} }}\n    respond: {{ status: 200, body: \"ok\\n\" }}\n\
          {extra}    policies:\n      - name: shared\n        key: [method]\n        {policy}\n"
     )
-}
-
-async fn wait_ready(gw: &GatewayProcess, want: u16, limit: Duration) {
-    let client = Client::new();
-    let deadline = Instant::now() + limit;
-    loop {
-        let status = client.get(&gw.admin_url("/readyz")).await.status;
-        if status == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz never answered {want} (last: {status}); log:\n{}",
-            gw.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Fires `total` requests at once, round-robin over `urls`; returns the status of each.
-async fn burst(urls: &[String], total: usize) -> Vec<u16> {
-    let client = Client::new();
-    let tasks: Vec<_> = (0..total)
-        .map(|i| {
-            let (client, url) = (client.clone(), urls[i % urls.len()].clone());
-            tokio::spawn(async move { client.get(&url).await.status })
-        })
-        .collect();
-    let mut statuses = Vec::with_capacity(total);
-    for task in tasks {
-        statuses.push(task.await.expect("request task"));
-    }
-    statuses
-}
-
-fn count(statuses: &[u16], status: u16) -> usize {
-    statuses.iter().filter(|&&s| s == status).count()
 }
 
 fn decisions(route: &str, decision: &str) -> [(&'static str, String); 3] {
@@ -365,4 +329,52 @@ async fn a_stalled_redis_on(workers: usize) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Regression: right after start the store was still connecting, and the gateway took
+/// `failed_open` decisions (no rate-limit headers, 8 admitted on a burst of 5) and logged a false
+/// `redis store is unreachable`. Requests sent the moment the gateway says it listens must be
+/// decided by Redis, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn startup_while_redis_connects_admits_no_more_than_the_burst() {
+    let redis = RedisServer::start();
+    let config = format!(
+        "{}routes:\n{}",
+        store(&redis, "2s", "open"),
+        route("startup", "", "token_bucket: { rate: 1/d, burst: 5 }"),
+    );
+    let gw = GatewayProcess::spawn(&config).await;
+    // No wait for /readyz: the requests go out the moment the port is announced.
+    let client = Client::new();
+    let url = gw.url("/startup");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { client.get(&url).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.expect("request task"));
+    }
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(
+        (count(&statuses, 200), count(&statuses, 429)),
+        (5, 3),
+        "burst 5 at startup: {statuses:?}; log:\n{}",
+        gw.log()
+    );
+    for reply in &replies {
+        assert!(
+            header(reply, "x-ratelimit-limit") == Some("5"),
+            "every decision came from Redis: {reply:?}"
+        );
+    }
+    assert_eq!(decided(&gw, "startup", "failed_open").await, 0.0);
+    assert_eq!(decided(&gw, "startup", "allowed").await, 5.0);
+    let log = gw.log();
+    assert!(
+        !log.contains("unreachable"),
+        "no false unreachable warning at a normal start:\n{log}"
+    );
 }

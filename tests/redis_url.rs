@@ -59,6 +59,7 @@ async fn rediss_with_a_password() {
     let redis = RedisServer::start_with(RedisOptions {
         tls: true,
         password: Some("s3cret".to_string()),
+        ..RedisOptions::default()
     });
     assert!(redis.url().starts_with("rediss://:s3cret@"));
     let ca = redis.ca_file();
@@ -77,6 +78,7 @@ async fn a_wrong_password_is_not_ready_and_fails_closed() {
     let redis = RedisServer::start_with(RedisOptions {
         tls: false,
         password: Some("c0rrect-h0rse".to_string()),
+        ..RedisOptions::default()
     });
     let url = format!("redis://:wr0ng-h0rse@127.0.0.1:{}", redis.port);
     let gw = spawn(&config(&url), &[]).await;

@@ -15,6 +15,7 @@ use super::raw::*;
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
 use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
+use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
@@ -75,13 +76,10 @@ pub fn compile(
 
     let mut nets = Vec::new();
     for (i, text) in raw.client_ip.trusted_proxies.iter().enumerate() {
-        let net = text
-            .parse::<IpNet>()
-            .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
-            .map_err(|_| format!("`{text}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"));
-        nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), net));
+        nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), ip_net(text)));
     }
 
+    let global_exempt = exempt(e, "exempt", &raw.exempt);
     let client_prefix = client_prefix(e, &raw.client_ip);
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
@@ -106,7 +104,12 @@ pub fn compile(
                 ),
             );
         }
-        if let Some(route) = route(e, &path, raw_route, &upstreams, failure_mode) {
+        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode) {
+            let own = exempt(e, &format!("{path}.exempt"), &raw_route.exempt);
+            route.exempt = Exempt {
+                client_ips: [global_exempt.client_ips.clone(), own.client_ips].concat(),
+                headers: [global_exempt.headers.clone(), own.headers].concat(),
+            };
             routes.push(route);
         }
     }
@@ -219,6 +222,13 @@ pub fn deny_status(code: u16) -> Result<StatusCode, String> {
         .ok_or_else(|| format!("`{code}` is not a 4xx or 5xx status (e.g. 429, or 403 for nginx)"))
 }
 
+/// A CIDR range, or a single IP as its own /32 or /128.
+fn ip_net(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("`{text}` is not an IP address or CIDR range (e.g. 10.0.0.0/8)"))
+}
+
 fn socket_addr(e: &mut Errors, path: &str, text: &str) -> Option<SocketAddr> {
     e.take(
         path,
@@ -285,6 +295,10 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
     let settings = match raw.kind.as_deref().unwrap_or("memory") {
         "memory" => {
             memory_only(e, "url", raw.url.is_some());
+            memory_only(e, "cluster", raw.cluster.is_some());
+            memory_only(e, "sentinel", raw.sentinel.is_some());
+            memory_only(e, "username", raw.username.is_some());
+            memory_only(e, "password", raw.password.is_some());
             memory_only(e, "pool_size", raw.pool_size.is_some());
             memory_only(e, "timeout", raw.timeout.is_some());
             memory_only(e, "key_prefix", raw.key_prefix.is_some());
@@ -306,25 +320,7 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
                     "applies to `type: memory` only; Redis bounds memory itself (maxmemory)",
                 );
             }
-            let from_env = std::env::var("TURNSTILE_REDIS_URL").ok();
-            let url = from_env
-                .clone()
-                .or_else(|| raw.url.clone())
-                .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string());
-            // Never echo the URL: it may carry a password.
-            let source = if from_env.is_some() {
-                " (from TURNSTILE_REDIS_URL)"
-            } else {
-                ""
-            };
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                e.add(
-                    "store.url",
-                    format!("must start with redis:// or rediss://{source}"),
-                );
-            } else if let Err(why) = crate::limiter::redis::check_url(&url) {
-                e.add("store.url", format!("{why}{source}"));
-            }
+            let target = redis_target(e, raw);
             let pool_size = raw.pool_size.unwrap_or(4);
             if !(1..=64).contains(&pool_size) {
                 e.add("store.pool_size", "must be between 1 and 64");
@@ -336,7 +332,7 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
                 Duration::from_millis(50),
             );
             StoreSettings::Redis {
-                url,
+                target,
                 pool_size: pool_size as usize,
                 timeout,
                 key_prefix: match raw.key_prefix.clone() {
@@ -362,6 +358,81 @@ fn store_settings(e: &mut Errors, raw: &RawStore) -> (StoreSettings, FailureMode
         }
     };
     (settings, mode)
+}
+
+/// One of `url` (or `TURNSTILE_REDIS_URL`), `cluster` and `sentinel`; `url` by default.
+fn redis_target(e: &mut Errors, raw: &RawStore) -> Target {
+    let auth = Auth {
+        username: raw.username.clone(),
+        password: raw.password.clone(),
+    };
+    let named = [
+        ("url", raw.url.is_some()),
+        ("cluster", raw.cluster.is_some()),
+        ("sentinel", raw.sentinel.is_some()),
+    ];
+    if named.iter().filter(|(_, set)| *set).count() > 1 {
+        let field = if raw.cluster.is_some() && raw.url.is_some() {
+            "store.cluster"
+        } else {
+            "store.sentinel"
+        };
+        e.add(field, "set only one of `url`, `cluster` and `sentinel`");
+    }
+    let nodes = |e: &mut Errors, field: &str, nodes: &[String]| {
+        if nodes.is_empty() {
+            e.add(field, "needs at least one host:port");
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            if let Err(why) = parse_node(node) {
+                e.add(format!("{field}[{i}]"), why);
+            }
+        }
+        nodes.to_vec()
+    };
+    if let Some(cluster) = &raw.cluster {
+        return Target::Cluster {
+            nodes: nodes(e, "store.cluster", cluster),
+            auth,
+        };
+    }
+    if let Some(sentinel) = &raw.sentinel {
+        if sentinel.service.is_empty() {
+            e.add("store.sentinel.service", "must not be empty");
+        }
+        return Target::Sentinel {
+            service: sentinel.service.clone(),
+            nodes: nodes(e, "store.sentinel.nodes", &sentinel.nodes),
+            auth,
+        };
+    }
+    for (field, set) in [
+        ("username", raw.username.is_some()),
+        ("password", raw.password.is_some()),
+    ] {
+        if set {
+            e.add(
+                format!("store.{field}"),
+                "applies to `cluster` and `sentinel`; a `url` carries its own credentials",
+            );
+        }
+    }
+    let from_env = std::env::var("TURNSTILE_REDIS_URL").ok();
+    let url = from_env
+        .clone()
+        .or_else(|| raw.url.clone())
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_string());
+    // Never echo the URL: it may carry a password.
+    let source = if from_env.is_some() {
+        " (from TURNSTILE_REDIS_URL)"
+    } else {
+        ""
+    };
+    let target = Target::Url(url);
+    if let Err(why) = check_target(&target) {
+        e.add("store.url", format!("{why}{source}"));
+    }
+    target
 }
 
 fn client_prefix(e: &mut Errors, raw: &RawClientIp) -> ClientPrefix {
@@ -639,7 +710,45 @@ fn route(
         action: action?,
         policies,
         failure_mode,
+        exempt: Exempt::default(),
     })
+}
+
+/// `exempt:` (global or a route's): CIDRs or single IPs, and exact header values.
+fn exempt(e: &mut Errors, path: &str, raw: &RawExempt) -> Exempt {
+    let mut out = Exempt::default();
+    for (i, text) in raw.client_ips.iter().enumerate() {
+        out.client_ips
+            .extend(e.take(format!("{path}.client_ips[{i}]"), ip_net(text)));
+    }
+    for (name, value) in &raw.headers {
+        out.headers.extend(header_pair(
+            e,
+            &format!("{path}.headers.{name}"),
+            name,
+            value,
+        ));
+    }
+    out
+}
+
+/// A configured `NAME: VALUE` header condition, both halves checked (each error at `path`).
+fn header_pair(
+    e: &mut Errors,
+    path: &str,
+    name: &str,
+    value: &str,
+) -> Option<(HeaderName, HeaderValue)> {
+    let n = e.take(
+        path,
+        HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("`{name}` is not a header name")),
+    );
+    let v = e.take(
+        path,
+        HeaderValue::from_str(value).map_err(|_| format!("`{value}` is not a valid header value")),
+    );
+    n.zip(v)
 }
 
 fn route_match(e: &mut Errors, path: &str, raw: &RawMatch) -> (Option<RouteMatch>, Vec<String>) {
@@ -688,17 +797,7 @@ fn route_match(e: &mut Errors, path: &str, raw: &RawMatch) -> (Option<RouteMatch
         }
         for (name, value) in &raw.headers {
             let hpath = format!("{path}.match.headers.{name}");
-            let n = e.take(
-                &hpath,
-                HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("`{name}` is not a header name")),
-            );
-            let v = e.take(
-                &hpath,
-                HeaderValue::from_str(value)
-                    .map_err(|_| format!("`{value}` is not a valid header value")),
-            );
-            if let (Some(n), Some(v)) = (n, v) {
+            if let Some((n, v)) = header_pair(e, &hpath, name, value) {
                 m.add_header(n, v);
             }
         }

@@ -28,6 +28,9 @@ pub struct RawConfig {
     pub rls: Option<crate::rls::RawRls>,
     /// The ingress door (`crate::forward_auth`): forward-auth over HTTP, Envoy ext_authz.
     pub forward_auth: Option<RawForwardAuth>,
+    /// Requests no policy of any route applies to.
+    #[serde(default)]
+    pub exempt: RawExempt,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,6 +42,17 @@ pub struct RawForwardAuth {
     pub grpc_listen: Option<String>,
     /// The status of a refusal (default 429).
     pub deny_status: Option<u16>,
+}
+
+/// Requests that skip every policy: a client IP in one of `client_ips`, or one of `headers` with
+/// exactly its value (ingress-nginx's `limit-whitelist`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExempt {
+    #[serde(default)]
+    pub client_ips: Vec<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -66,12 +80,28 @@ pub struct RawStore {
     pub kind: Option<String>,
     /// memory: the most counters kept at once.
     pub max_keys: Option<u64>,
-    /// redis
+    /// redis: one server...
     pub url: Option<String>,
+    /// ...or Redis Cluster seed nodes (`host:port`)...
+    pub cluster: Option<Vec<String>>,
+    /// ...or the master Sentinel names.
+    pub sentinel: Option<RawSentinel>,
+    /// Credentials of the data nodes, for `cluster` and `sentinel` (a `url` carries its own).
+    pub username: Option<String>,
+    pub password: Option<String>,
     pub pool_size: Option<u32>,
     pub timeout: Option<String>,
     pub failure_mode: Option<String>,
     pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    /// The master's name in Sentinel (`sentinel monitor NAME ...`).
+    pub service: String,
+    /// Sentinel addresses, `host:port`.
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,6 +149,9 @@ pub struct RawRoute {
     #[serde(default)]
     pub policies: Vec<RawPolicy>,
     pub failure_mode: Option<String>,
+    /// Added to the global `exempt` for this route.
+    #[serde(default)]
+    pub exempt: RawExempt,
 }
 
 #[derive(Debug, Default, Deserialize)]

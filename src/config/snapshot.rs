@@ -26,7 +26,8 @@ pub enum StoreSettings {
         max_keys: usize,
     },
     Redis {
-        url: String,
+        /// One server, a Cluster, or Sentinel's master.
+        target: crate::limiter::redis::Target,
         pool_size: usize,
         timeout: Duration,
         key_prefix: String,
@@ -132,6 +133,31 @@ pub struct Route {
     pub action: Action,
     pub policies: Vec<Policy>,
     pub failure_mode: FailureMode,
+    /// The global `exempt` and the route's own, merged at load.
+    pub exempt: Exempt,
+}
+
+/// Requests no policy applies to: they consume nothing and are counted as exempt. Either
+/// condition suffices: the client IP (after `trusted_proxies`) in one of `client_ips`, or one of
+/// `headers` present with exactly its value.
+#[derive(Debug, Clone, Default)]
+pub struct Exempt {
+    pub client_ips: Vec<ipnet::IpNet>,
+    pub headers: Vec<(http::HeaderName, HeaderValue)>,
+}
+
+impl Exempt {
+    pub fn is_empty(&self) -> bool {
+        self.client_ips.is_empty() && self.headers.is_empty()
+    }
+
+    pub fn matches(&self, client_ip: std::net::IpAddr, headers: &http::HeaderMap) -> bool {
+        self.client_ips.iter().any(|net| net.contains(&client_ip))
+            || self
+                .headers
+                .iter()
+                .any(|(name, value)| headers.get_all(name).iter().any(|v| v == value))
+    }
 }
 
 /// What the admin listener may reveal.

@@ -170,13 +170,47 @@ fn a_redis_store_compiles() {
     assert_eq!(
         snapshot.store,
         StoreSettings::Redis {
-            url: "redis://:pw@127.0.0.1:6390/2".to_string(),
+            target: crate::limiter::redis::Target::Url("redis://:pw@127.0.0.1:6390/2".to_string()),
             pool_size: 8,
             timeout: std::time::Duration::from_millis(20),
             key_prefix: "gw:".to_string(),
         }
     );
     assert_eq!(snapshot.failure_mode, FailureMode::Closed);
+}
+
+#[test]
+fn exempt_merges_the_global_list_into_each_route_and_locates_bad_entries() {
+    let yaml = format!(
+        "exempt:\n  client_ips: [10.0.0.0/8]\n{BASE}  - name: a\n    upstream: api\n    exempt:\n      client_ips: [192.0.2.7]\n      headers: {{ x-internal: \"yes\" }}\n  - name: b\n    upstream: api\n"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let ips = |r: &Route| {
+        r.exempt
+            .client_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ips(&snapshot.routes[0]), ["10.0.0.0/8", "192.0.2.7/32"]);
+    assert_eq!(snapshot.routes[0].exempt.headers.len(), 1);
+    assert_eq!(ips(&snapshot.routes[1]), ["10.0.0.0/8"]);
+    assert!(snapshot.routes[1].exempt.headers.is_empty());
+
+    let bad = format!("exempt:\n  client_ips: [10.0.0.0/33]\n{BASE}  - name: a\n    upstream: api\n    exempt:\n      headers: {{ \"bad name\": x }}\n");
+    let e = errors(&bad);
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(e[0].starts_with("p.yaml:2:"), "{}", e[0]);
+    assert!(
+        e[0].contains("exempt.client_ips[0]: `10.0.0.0/33` is not an IP address"),
+        "{}",
+        e[0]
+    );
+    assert!(
+        e[1].contains("routes[0].exempt.headers.bad name: `bad name` is not a header name"),
+        "{}",
+        e[1]
+    );
 }
 
 /// One route with one policy whose body (indented eight spaces) is `policy`; the errors it gives.
@@ -386,4 +420,74 @@ fn listener_and_upstream_bounds_out_of_range_are_errors() {
     for want in expected {
         assert!(e.iter().any(|line| line.contains(want)), "{want} in {e:#?}");
     }
+}
+
+#[test]
+fn cluster_and_sentinel_stores_compile() {
+    use crate::limiter::redis::{Auth, Target};
+    let yaml = format!(
+        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, \"[::1]:7000\"]\n  password: pw\n{BASE}{ROUTE}"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let StoreSettings::Redis { target, .. } = snapshot.store else {
+        panic!("not redis");
+    };
+    assert_eq!(
+        target,
+        Target::Cluster {
+            nodes: vec!["10.0.0.1:6379".into(), "[::1]:7000".into()],
+            auth: Auth {
+                username: None,
+                password: Some("pw".into())
+            },
+        }
+    );
+    let yaml = format!(
+        "store:\n  type: redis\n  sentinel: {{ service: mymaster, nodes: [10.0.0.5:26379] }}\n{BASE}{ROUTE}"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let StoreSettings::Redis { target, .. } = snapshot.store else {
+        panic!("not redis");
+    };
+    assert!(
+        matches!(target, Target::Sentinel { ref service, ref nodes, .. }
+        if service == "mymaster" && nodes == &["10.0.0.5:26379".to_string()])
+    );
+}
+
+#[test]
+fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
+    let e = errors(&format!(
+        "store:\n  type: redis\n  cluster: [10.0.0.1:6379, nope]\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("store.cluster[1]") && e.contains("host:port")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "store:\n  type: redis\n  url: redis://a\n  cluster: [a:1]\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("store.cluster") && e.contains("only one")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "store:\n  type: redis\n  sentinel: {{ service: \"\", nodes: [] }}\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e.iter().any(|e| e.contains("store.sentinel.service")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|e| e.contains("store.sentinel.nodes")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "store:\n  type: redis\n  password: pw\n{BASE}{ROUTE}"
+    ));
+    assert!(e.iter().any(|e| e.contains("store.password")), "{e:?}");
+    let e = errors(&format!("store:\n  cluster: [a:1]\n{BASE}{ROUTE}"));
+    assert!(e.iter().any(|e| e.contains("store.cluster")), "{e:?}");
 }

@@ -8,6 +8,7 @@ mod support;
 
 mod admin;
 mod concurrency;
+mod exempt;
 mod flood;
 mod hardening;
 mod keys;

@@ -27,6 +27,11 @@ pub struct RedisOptions {
     pub tls: bool,
     /// `requirepass`.
     pub password: Option<String>,
+    /// A Redis Cluster node (`--cluster-enabled yes`, its bus on a free port of its own: the
+    /// default port + 10000 overflows for high ports), with a 1 s node timeout.
+    pub cluster: bool,
+    /// More `redis-server` arguments (e.g. `--replicaof`).
+    pub args: Vec<String>,
 }
 
 pub struct RedisServer {
@@ -160,6 +165,20 @@ impl RedisServer {
         if let Some(password) = &self.options.password {
             command.args(["--requirepass", password]);
         }
+        if self.options.cluster {
+            let bus = free_port().to_string();
+            command.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus,
+                "--cluster-node-timeout",
+                "1000",
+            ]);
+        }
+        command
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args(&self.options.args);
         let child = command
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -194,6 +213,311 @@ impl RedisServer {
             .arg("ping")
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+    }
+}
+
+/// Polls `done` every 50 ms for at most `limit`; panics with `what` when it never holds.
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `field:value` of `INFO`/`CLUSTER INFO` output.
+pub fn info_field(lines: &[String], field: &str) -> Option<String> {
+    let prefix = format!("{field}:");
+    lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix(&prefix).map(str::to_string))
+}
+
+/// A Redis Cluster of 3 masters and 3 replicas on free loopback ports
+/// (`redis-cli --cluster create ... --cluster-replicas 1`), ready when every node says
+/// `cluster_state:ok` and every replica's link to its master is up.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let options = RedisOptions {
+            cluster: true,
+            ..RedisOptions::default()
+        };
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| RedisServer::start_with(options.clone()))
+            .collect();
+        let mut create = vec!["--cluster".to_string(), "create".to_string()];
+        create.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+        create.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let args: Vec<&str> = create.iter().map(String::as_str).collect();
+        nodes[0].cli(&args);
+        let cluster = RedisCluster { nodes };
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Waits until every live node sees `cluster_state:ok` and every live replica is in sync.
+    pub fn wait_healthy(&self, limit: Duration) {
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            wait_until(
+                &format!("node {} sees cluster_state:ok", node.port),
+                limit,
+                || {
+                    info_field(&node.cli(&["cluster", "info"]), "cluster_state").as_deref()
+                        == Some("ok")
+                },
+            );
+        }
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            wait_until(
+                &format!("node {} is a master or an in-sync replica", node.port),
+                limit,
+                || {
+                    let info = node.cli(&["info", "replication"]);
+                    info_field(&info, "role").as_deref() == Some("master")
+                        || info_field(&info, "master_link_status").as_deref() == Some("up")
+                },
+            );
+        }
+    }
+
+    /// The seed list for `store.cluster`.
+    pub fn seeds(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("[{}]", nodes.join(", "))
+    }
+
+    /// Any live node, to ask about the cluster.
+    pub fn any(&self) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.pid().is_some())
+            .expect("a live node")
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.any().cli(&["cluster", "keyslot", key])[0]
+            .parse()
+            .expect("keyslot")
+    }
+
+    /// The index in `nodes` of the master serving `key`'s slot now.
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot = self.slot(key);
+        for line in self.any().cli(&["cluster", "nodes"]) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let port: u16 = fields[1]
+                .split(['@', ':'])
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .expect("host:port@bus");
+            let serves = fields[8..].iter().any(|range| match range.split_once('-') {
+                Some((a, b)) => {
+                    (a.parse().unwrap_or(u16::MAX)..=b.parse().unwrap_or(0)).contains(&slot)
+                }
+                None => range.parse() == Ok(slot),
+            });
+            if serves {
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port == port)
+                    .expect("a node of ours");
+            }
+        }
+        panic!("no master serves slot {slot}");
+    }
+
+    /// Starts moving `key`'s slot to another master, as a resharding does: the target imports,
+    /// the source migrates, and the slot's keys are moved (`MIGRATE`). Until
+    /// [`RedisCluster::finish_move`], the source answers `ASK` for them.
+    pub fn begin_move(&self, key: &str) -> SlotMove {
+        let slot = self.slot(key).to_string();
+        let from = self.master_of(key);
+        let to = (0..self.nodes.len())
+            .find(|&i| {
+                i != from
+                    && self.nodes[i].pid().is_some()
+                    && info_field(&self.nodes[i].cli(&["info", "replication"]), "role").as_deref()
+                        == Some("master")
+            })
+            .expect("another master");
+        let id = |i: usize| self.nodes[i].cli(&["cluster", "myid"])[0].clone();
+        let (from_id, to_id) = (id(from), id(to));
+        self.nodes[to].cli(&["cluster", "setslot", &slot, "importing", &from_id]);
+        self.nodes[from].cli(&["cluster", "setslot", &slot, "migrating", &to_id]);
+        let keys = self.nodes[from].cli(&["cluster", "getkeysinslot", &slot, "1000"]);
+        if !keys.is_empty() {
+            let port = self.nodes[to].port.to_string();
+            let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+            migrate.extend(keys.iter().map(String::as_str));
+            self.nodes[from].cli(&migrate);
+        }
+        SlotMove {
+            slot,
+            from,
+            to,
+            to_id,
+        }
+    }
+
+    /// Ends a move: every master learns the slot's new owner (`MOVED` from now on).
+    pub fn finish_move(&self, moving: &SlotMove) {
+        for i in [moving.to, moving.from] {
+            self.nodes[i].cli(&["cluster", "setslot", &moving.slot, "node", &moving.to_id]);
+        }
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            let _ = node
+                .cli_command()
+                .args(["cluster", "setslot", &moving.slot, "node", &moving.to_id])
+                .output();
+        }
+    }
+
+    /// Every key on every live master.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            let role = info_field(&node.cli(&["info", "replication"]), "role");
+            if role.as_deref() == Some("master") {
+                keys.extend(node.keys());
+            }
+        }
+        keys
+    }
+
+    /// A command about one key, sent to whichever master serves it (`redis-cli -c`).
+    pub fn key_cli(&self, args: &[&str]) -> Vec<String> {
+        let mut all = vec!["-c"];
+        all.extend_from_slice(args);
+        self.any().cli(&all)
+    }
+}
+
+/// A slot being moved between two masters (indexes in [`RedisCluster::nodes`]).
+pub struct SlotMove {
+    pub slot: String,
+    pub from: usize,
+    pub to: usize,
+    to_id: String,
+}
+
+/// A master, one replica and one Sentinel (`redis-server FILE --sentinel`, Sentinel's own mode of
+/// the Debian binary) watching it as `mymaster`, with a 1 s down-after and quorum 1.
+pub struct RedisSentinelSetup {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinel: RedisServer,
+}
+
+impl RedisSentinelSetup {
+    pub const SERVICE: &'static str = "mymaster";
+
+    pub fn start() -> RedisSentinelSetup {
+        let master = RedisServer::start();
+        let replica = RedisServer::start_with(RedisOptions {
+            args: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master.port.to_string(),
+            ],
+            ..RedisOptions::default()
+        });
+        wait_until("the replica syncs", Duration::from_secs(20), || {
+            info_field(&replica.cli(&["info", "replication"]), "master_link_status").as_deref()
+                == Some("up")
+        });
+        let sentinel = RedisServer::start_sentinel(master.port);
+        let setup = RedisSentinelSetup {
+            master,
+            replica,
+            sentinel,
+        };
+        wait_until("sentinel sees the replica", Duration::from_secs(20), || {
+            setup
+                .sentinel
+                .cli(&["sentinel", "replicas", Self::SERVICE])
+                .iter()
+                .any(|l| l == &setup.replica.port.to_string())
+        });
+        setup
+    }
+
+    /// The port of the master Sentinel names now.
+    pub fn master_port(&self) -> u16 {
+        let reply = self
+            .sentinel
+            .cli(&["sentinel", "get-master-addr-by-name", Self::SERVICE]);
+        reply[1].parse().expect("port")
+    }
+}
+
+impl RedisServer {
+    /// A Sentinel on a free port, monitoring the master at 127.0.0.1:`master`.
+    fn start_sentinel(master: u16) -> RedisServer {
+        let binary = require("redis-server");
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let port = free_port();
+            let conf = dir.path().join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {} 127.0.0.1 {master} 1\n\
+                     sentinel down-after-milliseconds {} 1000\n\
+                     sentinel failover-timeout {} 10000\n",
+                    dir.path().display(),
+                    RedisSentinelSetup::SERVICE,
+                    RedisSentinelSetup::SERVICE,
+                    RedisSentinelSetup::SERVICE,
+                ),
+            )
+            .expect("write sentinel.conf");
+            let child = Command::new(&binary)
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server --sentinel");
+            let mut server = RedisServer {
+                child: Some(child),
+                port,
+                dir,
+                binary: binary.clone(),
+                options: RedisOptions::default(),
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if server
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten())
+                    .is_some()
+                {
+                    server.child = None;
+                    break;
+                }
+                if server.ping() {
+                    return server;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            server.kill();
+        }
+        panic!("redis sentinel did not start on a free port after 5 attempts");
     }
 }
 

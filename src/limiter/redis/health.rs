@@ -4,7 +4,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use fred::prelude::{ClientLike, Error as FredError, EventInterface, LuaInterface};
+use fred::prelude::{
+    ClientLike, ClusterInterface, Error as FredError, EventInterface, LuaInterface,
+};
 
 use super::Shared;
 
@@ -13,29 +15,23 @@ const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often the background probe checks reachability and the script cache.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 
-/// Keeps `ready` current and the script loaded, until the store is dropped. Logs transitions only.
+/// Keeps `ready` current and the script loaded, until the store is dropped. Logs transitions only,
+/// and says nothing while the first connection is still within [`super::STARTUP_WAIT`]: a store
+/// that is merely connecting is not unreachable.
 pub(super) async fn probe(store: Weak<Shared>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The state last logged: the first probe always logs, so startup with Redis down is visible.
+    // The state last logged: the first settled probe always logs, so startup with Redis down is
+    // visible.
     let mut logged = None;
     loop {
         tick.tick().await;
         let Some(shared) = store.upgrade() else {
             return;
         };
-        let limit = shared.timeout.max(Duration::from_millis(250));
-        let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
-            && matches!(
-                tokio::time::timeout(limit, script_cached(&shared)).await,
-                Ok(Ok(()))
-            );
-        if reachable {
-            // Redis is back: stop skipping it now rather than after the next request probe.
-            shared.breaker.success();
-        }
-        shared.ready.store(reachable, Ordering::Relaxed);
-        if logged != Some(reachable) {
+        let reachable = check(&shared).await;
+        let settled = reachable || shared.started.elapsed() >= super::STARTUP_WAIT;
+        if settled && logged != Some(reachable) {
             logged = Some(reachable);
             if reachable {
                 tracing::info!("redis store is reachable");
@@ -44,6 +40,28 @@ pub(super) async fn probe(store: Weak<Shared>) {
             }
         }
     }
+}
+
+/// One readiness check: connected, the script cached, and on a Cluster every slot served
+/// (`cluster_state:ok`: no shard without a master). Updates `ready` (and closes the breaker when
+/// Redis is back, rather than after the next request probe).
+pub(super) async fn check(shared: &Shared) -> bool {
+    let limit = shared.timeout.max(Duration::from_millis(250));
+    let answers = async {
+        script_cached(shared).await?;
+        if shared.cluster {
+            let info: String = shared.pool.next_connected().cluster_info().await?;
+            return Ok(info.contains("cluster_state:ok"));
+        }
+        Ok::<_, FredError>(true)
+    };
+    let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
+        && matches!(tokio::time::timeout(limit, answers).await, Ok(Ok(true)));
+    if reachable {
+        shared.breaker.success();
+    }
+    shared.ready.store(reachable, Ordering::Relaxed);
+    reachable
 }
 
 /// Logs why connections fail (refused, wrong password, TLS), at most once per

@@ -16,13 +16,17 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    Builder, ClientLike, Config, ConnectionConfig, Error as FredError, ErrorKind, Key,
-    LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, TcpConfig, Value,
+    Builder, ClientLike, ConnectionConfig, Error as FredError, ErrorKind, Key, LuaInterface,
+    PerformanceConfig, Pool, ReconnectPolicy, TcpConfig, Value,
 };
 use fred::types::config::UnresponsiveConfig;
 
+mod cluster;
 mod health;
+mod target;
 mod wire;
+
+pub use target::{parse_node, Auth, Target};
 
 use super::breaker::{Admission, Breaker};
 use super::{Check, Clock, Decision, StoreError};
@@ -32,6 +36,11 @@ pub const DECIDE_LUA: &str = include_str!("../../../scripts/decide.lua");
 
 /// How long a connection attempt may take (fred's default is 10 s).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long the gateway waits at startup for the store's first connection before it serves
+/// anyway (under the routes' failure modes): a store that is merely connecting must not turn
+/// the first requests into fail-open or fail-closed decisions.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(5);
 
 /// Counters in Redis, for many gateway instances.
 pub struct RedisStore {
@@ -43,6 +52,8 @@ struct Shared {
     /// The script's SHA1, as Redis reported it when the script was first loaded.
     sha: OnceLock<fred::bytes_utils::Str>,
     key_prefix: String,
+    /// Redis Cluster: a request whose counters span slots takes one call per slot (`cluster.rs`).
+    cluster: bool,
     timeout: Duration,
     breaker: Breaker,
     /// Set by the background probe: Redis answered and holds the script.
@@ -75,7 +86,23 @@ impl RedisStore {
         timeout: Duration,
         key_prefix: &str,
     ) -> Result<Self, StoreError> {
-        Self::start(url, pool_size, timeout, key_prefix, None)
+        Self::start(
+            &Target::Url(url.to_string()),
+            pool_size,
+            timeout,
+            key_prefix,
+            None,
+        )
+    }
+
+    /// [`RedisStore::connect`] to any [`Target`]: one server, a Cluster, or Sentinel's master.
+    pub fn connect_to(
+        target: &Target,
+        pool_size: usize,
+        timeout: Duration,
+        key_prefix: &str,
+    ) -> Result<Self, StoreError> {
+        Self::start(target, pool_size, timeout, key_prefix, None)
     }
 
     /// For the conformance suite only: the script uses `clock` instead of Redis `TIME`, so a test
@@ -86,25 +113,43 @@ impl RedisStore {
         key_prefix: &str,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        Self::start(url, 1, timeout, key_prefix, Some(clock))
+        Self::start(
+            &Target::Url(url.to_string()),
+            1,
+            timeout,
+            key_prefix,
+            Some(clock),
+        )
+    }
+
+    /// [`RedisStore::connect_with_test_clock`] on any [`Target`] (the cluster tests).
+    pub fn connect_to_with_test_clock(
+        target: &Target,
+        timeout: Duration,
+        key_prefix: &str,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        Self::start(target, 1, timeout, key_prefix, Some(clock))
     }
 
     fn start(
-        url: &str,
+        target: &Target,
         pool_size: usize,
         timeout: Duration,
         key_prefix: &str,
         test_clock: Option<Arc<dyn Clock>>,
     ) -> Result<Self, StoreError> {
-        let mut config =
-            Config::from_url(url).map_err(|e| StoreError::Connection(e.details().to_string()))?;
+        let mut config = target.config().map_err(StoreError::Connection)?;
         // Retry the first connection like any other instead of failing startup.
         config.fail_fast = false;
         let connection = ConnectionConfig {
             connection_timeout: CONNECT_TIMEOUT,
             internal_command_timeout: CONNECT_TIMEOUT,
-            // A command that fails mid-reconnect is the caller's failure mode, not a retry.
-            max_command_attempts: 1,
+            // A command that fails mid-reconnect is the caller's failure mode, not a retry. On a
+            // Cluster, fred counts every write of a command as an attempt, the rewrite after
+            // `MOVED` too: allow a chain of redirections, still within `timeout`. A retry after a
+            // broken connection can then consume twice: fewer admissions, never more.
+            max_command_attempts: if target.is_cluster() { 3 } else { 1 },
             // A stalled server (SIGSTOP, a full network buffer) looks connected; drop it.
             unresponsive: UnresponsiveConfig {
                 max_timeout: Some(CONNECT_TIMEOUT.max(timeout * 4)),
@@ -135,6 +180,7 @@ impl RedisStore {
             pool,
             sha: OnceLock::new(),
             key_prefix: key_prefix.to_string(),
+            cluster: target.is_cluster(),
             timeout,
             breaker: Breaker::default(),
             ready: AtomicBool::new(false),
@@ -152,16 +198,23 @@ impl RedisStore {
         self.shared.ready.load(Ordering::Relaxed)
     }
 
-    /// Waits until the store is ready, for tests and startup logs.
+    /// Waits (checking actively, not at the probe's pace) until the store can decide, at most
+    /// `limit`: the gateway calls it before it accepts requests, tests before they count.
     pub async fn wait_ready(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
-        while !self.is_ready() {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, health::check(&self.shared))
+                .await
+                .unwrap_or(false)
+            {
+                return true;
+            }
             if Instant::now() >= deadline {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        true
     }
 
     /// The Redis key of a check: see [`wire::key`].
@@ -191,10 +244,12 @@ impl RedisStore {
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
-        let result = if shared.pool.clients().iter().any(|c| c.is_connected()) {
-            self.evaluate(checks).await
-        } else {
+        let result = if !shared.pool.clients().iter().any(|c| c.is_connected()) {
             Err(StoreError::Connection("not connected".to_string()))
+        } else if shared.cluster {
+            cluster::check(self, checks).await
+        } else {
+            self.evaluate(checks).await
         };
         match &result {
             Err(StoreError::Timeout(_) | StoreError::Connection(_)) => {
@@ -213,20 +268,45 @@ impl RedisStore {
         result
     }
 
-    /// At most `timeout`: the usual single `EVALSHA` is bounded by fred's command timeout (which
-    /// also keeps a timed-out command from being written later), a reload and retry by what is
-    /// left of it.
+    /// One script call for all `checks` (which, on a Cluster, share a slot).
     async fn evaluate(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
-        let shared = &self.shared;
+        let reply = self
+            .shared
+            .run(|| (self.keys(checks), self.args(checks)))
+            .await?;
+        wire::decode(&reply, checks.len())
+    }
+}
+
+/// Answers that mean "not now" rather than "wrong": a server loading its dataset, a replica
+/// waiting for its master, a Cluster slot without a master or moving.
+const UNAVAILABLE: [&str; 7] = [
+    "LOADING",
+    "MASTERDOWN",
+    "READONLY",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+    "ASK",
+];
+
+impl Shared {
+    /// One call of the script, at most `timeout` in all: the usual single `EVALSHA` is bounded by
+    /// fred's command timeout (which also keeps a timed-out command from being written later).
+    /// When the server does not hold the script (a restart, a promoted replica, a Cluster node
+    /// that never saw it) the `NOSCRIPT` answer is followed by one `EVAL` of the full text, which
+    /// also caches it there, within what is left of the timeout. `call` builds the keys and
+    /// arguments, twice in that case.
+    async fn run(&self, call: impl Fn() -> (Vec<Key>, Vec<Value>)) -> Result<Vec<i64>, StoreError> {
         let started = Instant::now();
-        let first = match shared.sha.get() {
+        let first = match self.sha.get() {
             Some(sha) => {
-                let reply: Result<Vec<i64>, FredError> = shared
+                let (keys, args) = call();
+                match self
                     .pool
-                    .evalsha(sha.clone(), self.keys(checks), self.args(checks))
-                    .await;
-                match reply {
-                    // Redis restarted or failed over and lost its script cache.
+                    .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
+                    .await
+                {
                     Err(e) if e.details().starts_with("NOSCRIPT") => None,
                     other => Some(other),
                 }
@@ -236,35 +316,37 @@ impl RedisStore {
         let reply = match first {
             Some(reply) => reply,
             None => {
-                let left = shared.timeout.saturating_sub(started.elapsed());
-                let retry = async {
-                    let sha = shared.load_script().await?;
-                    shared
-                        .pool
-                        .evalsha(sha, self.keys(checks), self.args(checks))
-                        .await
-                };
-                match tokio::time::timeout(left, retry).await {
+                let left = self.timeout.saturating_sub(started.elapsed());
+                let (keys, args) = call();
+                match tokio::time::timeout(left, self.pool.eval(DECIDE_LUA, keys, args)).await {
                     Ok(reply) => reply,
-                    Err(_) => return Err(StoreError::Timeout(shared.timeout)),
+                    Err(_) => return Err(StoreError::Timeout(self.timeout)),
                 }
             }
         };
-        wire::decode(&reply.map_err(|e| shared.classify(e))?, checks.len())
+        reply.map_err(|e| self.classify(e))
     }
-}
 
-impl Shared {
     /// Which kind of failure a fred error is: only unavailability trips the breaker.
     fn classify(&self, e: FredError) -> StoreError {
         let details = e.details();
         match e.kind() {
             ErrorKind::Timeout => StoreError::Timeout(self.timeout),
-            ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::Routing => {
-                StoreError::Connection(details.to_string())
-            }
-            // A replica being promoted, a server loading its dataset: it will be back.
-            _ if details.starts_with("LOADING") || details.starts_with("MASTERDOWN") => {
+            ErrorKind::IO
+            | ErrorKind::Canceled
+            | ErrorKind::Backpressure
+            | ErrorKind::Routing
+            | ErrorKind::Cluster
+            | ErrorKind::Sentinel => StoreError::Connection(details.to_string()),
+            _ if UNAVAILABLE.iter().any(|p| details.starts_with(p)) => {
+                if details.starts_with("READONLY") {
+                    // Sentinel demoted the server we write to without closing our connections:
+                    // reconnect, which asks Sentinel for the master again.
+                    let pool = self.pool.clone();
+                    tokio::spawn(async move {
+                        let _ = pool.force_reconnection().await;
+                    });
+                }
                 StoreError::Connection(details.to_string())
             }
             _ => StoreError::Script(details.to_string()),
@@ -294,10 +376,8 @@ impl Drop for Shared {
     }
 }
 
-/// Whether `url` can be used, so a bad one is a config error (with its line) rather than a store
-/// that never connects. The message never repeats the URL, which may hold a password.
-pub fn check_url(url: &str) -> Result<(), String> {
-    Config::from_url(url)
-        .map(|_| ())
-        .map_err(|e| format!("is not a valid Redis URL: {}", e.details()))
+/// Whether `target` can be used, so a bad one is a config error (with its line) rather than a
+/// store that never connects. The message never repeats the URL, which may hold a password.
+pub fn check_target(target: &Target) -> Result<(), String> {
+    target.config().map(|_| ())
 }

@@ -73,8 +73,9 @@ fn escape_tag(identity: &str, out: &mut String) {
     }
 }
 
+/// The script's reply: `allowed_all`, five values per check, then a refund stamp per check.
 pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
-    if reply.len() != 1 + 5 * checks {
+    if reply.len() != 1 + 7 * checks {
         return Err(StoreError::Script(format!(
             "decide.lua answered {} values for {checks} checks",
             reply.len()
@@ -83,7 +84,7 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     let unsigned =
         |v: i64| u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")));
     let mut outcomes = Vec::with_capacity(checks);
-    for o in reply[1..].chunks_exact(5) {
+    for o in reply[1..1 + 5 * checks].chunks_exact(5) {
         outcomes.push(Outcome {
             allowed: o[0] != 0,
             limit: unsigned(o[1])?,
@@ -96,6 +97,31 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
         allowed: reply[0] != 0,
         outcomes,
     })
+}
+
+/// What identifies the consumption of check `i` for a refund (only after [`decode`] accepted the
+/// reply's length).
+pub fn stamp(reply: &[i64], checks: usize, i: usize) -> [i64; 2] {
+    let at = 1 + 5 * checks + 2 * i;
+    [reply[at], reply[at + 1]]
+}
+
+/// The refund's ARGV: `"refund"`, then `kind, cost, burst, stamp1, stamp2` per consumption.
+pub fn refund_args(entries: &[(Check<'_>, [i64; 2])]) -> Vec<Value> {
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let mut args = Vec::with_capacity(1 + 5 * entries.len());
+    args.push(Value::from_static_str("refund"));
+    for (check, stamp) in entries {
+        args.push(Value::from_static_str(check.rule.kind()));
+        args.push(int(check.cost));
+        args.push(match check.rule {
+            Rule::TokenBucket(tb) => int(tb.burst),
+            Rule::SlidingWindow(_) => Value::Integer(0),
+        });
+        args.push(Value::Integer(stamp[0]));
+        args.push(Value::Integer(stamp[1]));
+    }
+    args
 }
 
 #[cfg(test)]
@@ -116,10 +142,12 @@ mod tests {
     #[test]
     fn decode_rejects_a_short_reply() {
         assert!(matches!(
-            decode(&[1, 1, 5, 4], 1),
+            decode(&[1, 1, 5, 4, 0, 0], 1),
             Err(StoreError::Script(_))
         ));
-        let d = decode(&[0, 1, 5, 4, 1_000_000, 0], 1).unwrap();
+        let reply = [0, 1, 5, 4, 1_000_000, 0, 7, 3];
+        let d = decode(&reply, 1).unwrap();
+        assert_eq!(stamp(&reply, 1, 0), [7, 3]);
         assert!(!d.allowed);
         assert_eq!(d.outcomes[0].remaining, 4);
     }

@@ -1,0 +1,391 @@
+//! Gateway instances (real `turnstile` processes) on a real Redis Cluster of 3 masters and 3
+//! replicas: exact limits, multi-slot requests that never exceed a limit and refund what a
+//! rejection consumed, and a master killed under the gateways.
+//!
+//! The cluster is the heavy fixture: it is started once, and the scenarios run in sequence in one
+//! test (the failover last, since it changes the topology).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::fleet::{burst, burst_with, count, wait_ready};
+use support::redis::RedisCluster;
+use support::{Client, GatewayProcess};
+
+const READY: Duration = Duration::from_secs(20);
+
+fn store(cluster: &RedisCluster, timeout: &str) -> String {
+    format!(
+        "store:\n  type: redis\n  cluster: {}\n  pool_size: 2\n  timeout: {timeout}\n  \
+         failure_mode: closed\n  key_prefix: \"ct:\"\n",
+        cluster.seeds()
+    )
+}
+
+/// A route answering 200 by itself, with `policies` (YAML list items, 6 spaces in).
+fn route(name: &str, policies: &str) -> String {
+    format!(
+        "  - name: {name}\n    match: {{ path: /{name} }}\n    respond: {{ status: 200, body: \"ok\\n\" }}\n\
+         \x20   policies:\n{policies}"
+    )
+}
+
+fn policy(name: &str, key: &str, rule: &str) -> String {
+    format!("      - name: {name}\n        key: [{key}]\n        {rule}\n")
+}
+
+fn config(cluster: &RedisCluster, timeout: &str) -> String {
+    let bucket = "token_bucket: { rate: 1/d, burst: 50 }";
+    format!(
+        "{}routes:\n{}{}{}{}{}",
+        store(cluster, timeout),
+        route("bucket", &policy("shared", "method", bucket)),
+        route(
+            "window",
+            &policy(
+                "shared",
+                "method",
+                "sliding_window: { limit: 40, window: 1m }"
+            )
+        ),
+        // Two counters of one request, in two slots (asserted below).
+        route(
+            "pair",
+            &(policy("tight", "method", "token_bucket: { rate: 1/d, burst: 2 }")
+                + &policy("wide", "method", "token_bucket: { rate: 1/d, burst: 100 }"))
+        ),
+        route(
+            "multi",
+            &(policy(
+                "per_user",
+                "header:x-user",
+                "token_bucket: { rate: 1/d, burst: 15 }",
+            ) + &policy(
+                "shared",
+                "method",
+                "sliding_window: { limit: 40, window: 1m }",
+            ))
+        ),
+        route("fresh", &policy("shared", "header:x-run", bucket)),
+    )
+}
+
+/// The one key on the cluster whose name contains all of `parts`.
+fn key_with(cluster: &RedisCluster, parts: &[&str]) -> String {
+    let keys: Vec<String> = cluster
+        .keys()
+        .into_iter()
+        .filter(|k| parts.iter().all(|p| k.contains(p)))
+        .collect();
+    assert_eq!(keys.len(), 1, "one key with {parts:?}: {keys:?}");
+    keys[0].clone()
+}
+
+/// Tokens left in a token bucket key (the script stores them exactly, `%.17g`).
+fn tokens(cluster: &RedisCluster, key: &str) -> f64 {
+    cluster.key_cli(&["hget", key, "t"])[0]
+        .parse()
+        .expect("tokens")
+}
+
+/// Entries in an exact sliding window key.
+fn entries(cluster: &RedisCluster, key: &str) -> usize {
+    cluster.key_cli(&["zcard", key])[0].parse().expect("zcard")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleet_on_a_redis_cluster() {
+    let started = Instant::now();
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start);
+    eprintln!("cluster up in {:?}", started.elapsed());
+    let yaml = config(&cluster, "2s");
+    let mut gateways = Vec::new();
+    for workers in [1, 2, 2] {
+        gateways.push(GatewayProcess::spawn_with_workers(&yaml, workers).await);
+    }
+    for gw in &gateways {
+        wait_ready(gw, 200, READY).await;
+    }
+
+    for gw in &gateways {
+        assert!(
+            !gw.log().contains("unreachable"),
+            "no false unreachable warning at a normal start:\n{}",
+            gw.log()
+        );
+    }
+    exact_limits_across_three_instances(&gateways).await;
+    a_rejection_in_one_slot_consumes_nothing_in_another(&cluster, &gateways).await;
+    concurrent_multi_slot_requests_never_exceed_either_limit(&cluster, &gateways).await;
+    a_slot_moved_under_load_keeps_its_count(&cluster, &gateways).await;
+    killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
+    eprintln!("all scenarios in {:?}", started.elapsed());
+}
+
+async fn exact_limits_across_three_instances(gateways: &[GatewayProcess]) {
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/bucket")).collect();
+    let statuses = burst(&urls, 300).await;
+    assert_eq!(
+        (count(&statuses, 200), count(&statuses, 429)),
+        (50, 250),
+        "token bucket of burst 50 on a cluster: {statuses:?}"
+    );
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/window")).collect();
+    let statuses = burst(&urls, 300).await;
+    assert_eq!(
+        (count(&statuses, 200), count(&statuses, 429)),
+        (40, 260),
+        "sliding window of 40/min on a cluster: {statuses:?}"
+    );
+}
+
+async fn a_rejection_in_one_slot_consumes_nothing_in_another(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    let client = Client::new();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        statuses.push(client.get(&gateways[i % 3].url("/pair")).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+    let tight = key_with(cluster, &["{pair:tight"]);
+    let wide = key_with(cluster, &["{pair:wide"]);
+    assert_ne!(
+        cluster.slot(&tight),
+        cluster.slot(&wide),
+        "the test needs the two counters in two slots"
+    );
+    // The refund is part of the rejected request's decision: it has landed when the 429 is sent.
+    let left = tokens(cluster, &wide);
+    assert!(
+        (left - 98.0).abs() < 0.01,
+        "only the two admitted requests consumed from `wide`: {left} tokens left"
+    );
+}
+
+async fn concurrent_multi_slot_requests_never_exceed_either_limit(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    const USERS: usize = 4;
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/multi")).collect();
+    // 4 users of 15 each could take 60; the shared window stops them at 40.
+    let statuses = burst_with(&urls, 200, |i| vec![("x-user", format!("u{}", i % USERS))]).await;
+    let admitted = count(&statuses, 200);
+    assert_eq!(admitted + count(&statuses, 429), 200, "{statuses:?}");
+    assert!(
+        (1..=40).contains(&admitted),
+        "never over the shared limit: {admitted}"
+    );
+    let mut per_user_admitted = 0;
+    for user in 0..USERS {
+        let admitted_here = statuses
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| i % USERS == user && **s == 200)
+            .count();
+        assert!(admitted_here <= 15, "user {user}: {admitted_here} > 15");
+        // What is left is exactly what was admitted: every rejection's consumption came back.
+        let key = key_with(cluster, &["{multi:per_user", &format!("u{user}")]);
+        let left = tokens(cluster, &key);
+        assert!(
+            (left - (15 - admitted_here) as f64).abs() < 0.01,
+            "user {user}: {admitted_here} admitted, {left} tokens left"
+        );
+        per_user_admitted += admitted_here;
+    }
+    assert_eq!(per_user_admitted, admitted);
+    let shared = key_with(cluster, &["{multi:shared"]);
+    assert_eq!(
+        entries(cluster, &shared),
+        admitted,
+        "the shared window holds exactly the admitted requests"
+    );
+    eprintln!("multi-slot: {admitted} of 200 admitted (at most 40)");
+}
+
+/// Resharding: the slot of a counter moves to another master (its key migrated, then the move
+/// made final). The next requests get `MOVED`, the topology is refreshed, and the count carries
+/// over exactly.
+async fn a_slot_moved_under_load_keeps_its_count(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/fresh")).collect();
+    let run = || vec![("x-run", "moving".to_string())];
+    let first = burst_with(&urls, 20, |_| run()).await;
+    assert_eq!(count(&first, 200), 20, "{first:?}");
+    let key = key_with(cluster, &["{fresh:shared", "moving"]);
+    let moving = tokio::task::block_in_place(|| cluster.begin_move(&key));
+    tokio::task::block_in_place(|| cluster.finish_move(&moving));
+    assert_eq!(cluster.master_of(&key), moving.to);
+    let moved = burst_with(&urls, 60, |_| run()).await;
+    assert_eq!(
+        (count(&moved, 200), count(&moved, 429)),
+        (30, 30),
+        "after the move (MOVED): the count carried over: {moved:?}; log:\n{}",
+        gateways[0].log()
+    );
+}
+
+/// Known defect, kept as a reproduction: requests on a slot while it migrates get `ASK`. fred
+/// 10.1 sends `ASKING` to the importing node but writes the command to the slot's cached owner
+/// again, until its attempts run out, and the clustered client then stops deciding at all (40 s
+/// and more, also after the move is final). `docs/redis.md` says so. Run with `--ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "fred 10.1 wedges after ASK redirections (docs/redis.md, Resharding)"]
+async fn traffic_on_a_migrating_slot_keeps_deciding() {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let gw = GatewayProcess::spawn(&config(&cluster, "2s")).await;
+    wait_ready(&gw, 200, READY).await;
+    let url = [gw.url("/fresh")];
+    let run = |_| vec![("x-run", "migrating".to_string())];
+    assert_eq!(count(&burst_with(&url, 10, run).await, 200), 10);
+    let key = key_with(&cluster, &["{fresh:shared", "migrating"]);
+    let moving = tokio::task::block_in_place(|| cluster.begin_move(&key));
+    let asked = burst_with(&url, 10, run).await;
+    tokio::task::block_in_place(|| cluster.finish_move(&moving));
+    let admitted_while_asked = count(&asked, 200);
+    // Let the circuit breaker's cool-down pass, then the count must carry over.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let moved = burst_with(&url, 60, run).await;
+    assert_eq!(
+        count(&moved, 200),
+        40 - admitted_while_asked,
+        "after ASK during the migration: {asked:?}, then {moved:?}; log:\n{}",
+        gw.log()
+    );
+}
+
+async fn killing_a_master_fails_over_and_limiting_resumes(
+    cluster: &mut RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    // A gateway with a short timeout, to measure what an outage costs a request.
+    let quick = GatewayProcess::spawn(&config(cluster, "200ms")).await;
+    wait_ready(&quick, 200, READY).await;
+    let client = Client::new();
+    let before = [("x-run", "before")];
+    let reply = client.get_with(&quick.url("/fresh"), &before).await;
+    assert_eq!(reply.status, 200);
+    let key = key_with(cluster, &["{fresh:shared", "before"]);
+    let victim = cluster.master_of(&key);
+    let victim_port = cluster.nodes[victim].port;
+    cluster.nodes[victim].kill();
+    let killed = Instant::now();
+
+    // While the shard has no master: each decision fails within the timeout (plus slack for a
+    // loaded machine), the route's failure_mode (closed) answers, and the breaker keeps it cheap.
+    // Promotion takes more than the 1 s node timeout, so this whole loop is in the outage.
+    let mut failed = 0;
+    let mut slowest = Duration::ZERO;
+    let mut unready = false;
+    while killed.elapsed() < Duration::from_millis(1200) {
+        let sent = Instant::now();
+        let reply = client.get_with(&quick.url("/fresh"), &before).await;
+        slowest = slowest.max(sent.elapsed());
+        if reply.status == 503 {
+            failed += 1;
+        }
+        unready |= client.get(&quick.admin_url("/readyz")).await.status == 503;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        failed > 0,
+        "a shard without a master fails its decisions (closed: 503)"
+    );
+    assert!(unready, "/readyz says 503 while a shard has no master");
+    assert!(
+        slowest < Duration::from_millis(1200),
+        "a decision took {slowest:?} during the outage"
+    );
+
+    // The replica is promoted; limiting resumes by itself on every instance.
+    let promoted = Instant::now();
+    tokio::task::block_in_place(|| cluster.wait_healthy(Duration::from_secs(30)));
+    let new_master = cluster.nodes[cluster.master_of(&key)].port;
+    assert_ne!(new_master, victim_port);
+    eprintln!(
+        "failover: {failed} failed decisions, slowest {slowest:?}; promoted after {:?}",
+        killed.elapsed()
+    );
+    let everyone: Vec<&GatewayProcess> = gateways.iter().chain([&quick]).collect();
+    for (i, gw) in everyone.iter().enumerate() {
+        wait_ready(gw, 200, READY).await;
+        // Decided again (not 503) on the promoted shard, with a key of its own per instance.
+        let run = format!("probe-{i}");
+        let deadline = Instant::now() + READY;
+        loop {
+            let status = client
+                .get_with(&gw.url("/fresh"), &[("x-run", &run)])
+                .await
+                .status;
+            if status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "instance {i} never decided again (last {status}); log:\n{}",
+                gw.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eprintln!(
+        "limiting resumed {:?} after promotion began",
+        promoted.elapsed()
+    );
+    // Exact again, on fresh keys, in the slot that failed over and in others.
+    for run in ["before-2", "after", "after-2"] {
+        let urls: Vec<String> = gateways.iter().map(|g| g.url("/fresh")).collect();
+        let statuses = burst_with(&urls, 150, |_| vec![("x-run", run.to_string())]).await;
+        assert_eq!(
+            (count(&statuses, 200), count(&statuses, 429)),
+            (50, 100),
+            "burst 50 after the failover, x-run {run}: {statuses:?}"
+        );
+    }
+}
+
+/// The script's refund entry gives back exactly what one call consumed, for each kind of counter
+/// (a single server is enough: the entry is the same on every shard).
+#[test]
+fn the_refund_entry_undoes_one_consumption_of_each_kind() {
+    let redis = support::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let now = "1000000000000";
+    let eval = |args: &[&str]| {
+        let mut all = vec!["eval", script.as_str()];
+        all.extend_from_slice(args);
+        redis.cli(&all)
+    };
+    // One consumption of 3 units from each kind, then its refund from the reply's stamps.
+    let cases: [(&str, [&str; 4]); 3] = [
+        ("r{a}:tb", ["tb", "1", "10", "0"]),
+        ("r{b}:sw", ["sw", "10", "60000000", "0"]),
+        ("r{c}:swb", ["swb", "10", "60000000", "6"]),
+    ];
+    for (key, [kind, p1, p2, p3]) in cases {
+        let wire_kind = if kind == "swb" { "sw" } else { kind };
+        // A first request of 2 units stays; the second (3 units) is refunded.
+        for cost in ["2", "3"] {
+            let reply = eval(&["1", key, now, wire_kind, p1, p2, p3, cost, "0"]);
+            assert_eq!(reply[0], "1", "{key}: admitted: {reply:?}");
+        }
+        let reply = eval(&["1", key, now, wire_kind, p1, p2, p3, "3", "0"]);
+        let (s1, s2) = (reply[6].clone(), reply[7].clone());
+        let burst = if kind == "tb" { p2 } else { "0" };
+        let done = eval(&["1", key, "refund", kind, "3", burst, &s1, &s2]);
+        assert_eq!(done, ["1"], "{key}");
+        // What is left is what the first two requests (5 units) left.
+        let reply = eval(&["1", key, now, wire_kind, p1, p2, p3, "0", "0"]);
+        assert_eq!(
+            reply[3], "5",
+            "{key}: remaining after the refund: {reply:?}"
+        );
+    }
+}
