@@ -404,3 +404,31 @@ async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() 
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(body["route"], "users");
 }
+
+/// `exempt:` applies to the door as to the gateway: an exempt request is admitted without
+/// consuming anything or carrying rate-limit headers.
+#[tokio::test]
+async fn exempt_requests_pass_the_door_without_consuming() {
+    let yaml = format!(
+        "{}exempt:\n  headers:\n    x-internal: \"yes\"\n",
+        crate::CONFIG
+    );
+    let gw = TestGateway::start(&yaml).await;
+    let check = gw.running().forward_auth_addr.expect("check listener");
+    for _ in 0..5 {
+        let reply = call(
+            check,
+            "",
+            &[("x-forwarded-uri", "/api/users/ivy"), ("x-internal", "yes")],
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        assert!(!reply.headers.contains_key("x-ratelimit-remaining"));
+    }
+    let counted = call(check, "", &[("x-forwarded-uri", "/api/users/ivy")]).await;
+    assert_eq!(
+        header(&counted, "x-ratelimit-remaining"),
+        "2",
+        "nothing was consumed"
+    );
+}
