@@ -309,34 +309,39 @@ impl RedisCluster {
             .expect("keyslot")
     }
 
-    /// The index in `nodes` of the master serving `key`'s slot now.
+    /// The index in `nodes` of the master serving `key`'s slot now. Each master is asked about
+    /// itself (its `myself` line is authoritative; another node's view of a slot that just moved
+    /// lags by a gossip round), for up to [`LIVENESS`] while a slot is between owners.
     pub fn master_of(&self, key: &str) -> usize {
         let slot = self.slot(key);
-        for line in self.any().cli(&["cluster", "nodes"]) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
-                continue;
-            }
-            let port: u16 = fields[1]
-                .split(['@', ':'])
-                .nth(1)
-                .and_then(|p| p.parse().ok())
-                .expect("host:port@bus");
-            let serves = fields[8..].iter().any(|range| match range.split_once('-') {
-                Some((a, b)) => {
-                    (a.parse().unwrap_or(u16::MAX)..=b.parse().unwrap_or(0)).contains(&slot)
+        let deadline = std::time::Instant::now() + super::LIVENESS;
+        loop {
+            for (index, node) in self.nodes.iter().enumerate() {
+                if node.pid().is_none() {
+                    continue;
                 }
-                None => range.parse() == Ok(slot),
-            });
-            if serves {
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| n.port == port)
-                    .expect("a node of ours");
+                let serves = node.cli(&["cluster", "nodes"]).iter().any(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.len() >= 9
+                        && fields[2].contains("myself")
+                        && fields[2].contains("master")
+                        && fields[8..].iter().any(|range| match range.split_once('-') {
+                            Some((a, b)) => (a.parse().unwrap_or(u16::MAX)
+                                ..=b.parse().unwrap_or(0))
+                                .contains(&slot),
+                            None => range.parse() == Ok(slot),
+                        })
+                });
+                if serves {
+                    return index;
+                }
             }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no master serves slot {slot}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        panic!("no master serves slot {slot}");
     }
 
     /// Starts moving `key`'s slot to another master, as a resharding does: the target imports,
