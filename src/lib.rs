@@ -6,10 +6,10 @@
 //! - the inline gateway ([`gateway`], [`proxy`]): route a request, extract its keys, decide, then
 //!   forward it or answer `429`;
 //! - the Envoy rate limit service ([`rls`]), which reads envoyproxy/ratelimit's config files and
-//!   reduces `ShouldRateLimit` to the same checks.
-//!
-//! Forward-auth for ingress controllers and Envoy's ext_authz are not built yet; they are meant to
-//! be further doors of the same shape.
+//!   reduces `ShouldRateLimit` to the same checks;
+//! - the ingress door ([`forward_auth`]): nginx `auth_request`, ingress-nginx, Traefik and Caddy
+//!   forward-auth over HTTP, and Envoy ext_authz over gRPC, answered by the gateway's own
+//!   routing and keys ([`admission`]).
 //!
 //! The tree follows the data:
 //!
@@ -20,6 +20,7 @@
 //!   resources attached ([`state::Live`], swapped whole on reload), the engine and the metrics;
 //! - [`normalize`]: every request is rewritten into one canonical spelling (path, host) before
 //!   anything reads it;
+//! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load;
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
@@ -36,7 +37,9 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod config;
+pub mod forward_auth;
 pub mod gateway;
 pub mod import;
 pub mod keys;

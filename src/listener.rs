@@ -14,10 +14,14 @@
 //! Shutdown: each connection is told to finish gracefully, and the drain waits until every slot
 //! is back (or the grace period is over).
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -27,6 +31,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::log_throttle::Throttle;
 use crate::metrics::Metrics;
+use crate::proxy::body::ResponseBody;
 use crate::state::AppState;
 
 /// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
@@ -46,6 +51,24 @@ struct ListenerMetrics {
 }
 
 impl ListenerMetrics {
+    /// Counters that are kept but not exported.
+    fn unregistered() -> Self {
+        let gauge = |name: &str| IntGauge::new(name, "unexported").ok();
+        let counter = |name: &str| IntCounter::new(name, "unexported").ok();
+        match (
+            gauge("open"),
+            counter("goaway_cancelled"),
+            counter("goaway_resets"),
+        ) {
+            (Some(open), Some(goaway_cancelled), Some(goaway_resets)) => ListenerMetrics {
+                open,
+                goaway_cancelled,
+                goaway_resets,
+            },
+            _ => unreachable!("static metric names are valid"),
+        }
+    }
+
     fn register(metrics: &Metrics) -> Self {
         let open = IntGauge::new(
             "turnstile_open_connections",
@@ -117,13 +140,47 @@ impl Drop for Finished {
     }
 }
 
+/// The public listener: the inline gateway.
 pub(crate) async fn serve_public(
     listener: TcpListener,
     state: Arc<AppState>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let settings = state.live.load().config.server.clone();
     let metrics = ListenerMetrics::register(&state.metrics);
+    let app = state.clone();
+    serve_http(listener, state, shutdown, metrics, move |peer, req| {
+        crate::gateway::handle(app.clone(), peer, req)
+    })
+    .await;
+}
+
+/// The forward-auth check listener: the same bounds and drain as the public one, its own
+/// connection counters (not exported: `turnstile_open_connections` is the public listener's).
+pub(crate) async fn serve_check<H, F>(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: watch::Receiver<bool>,
+    handler: H,
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
+{
+    let metrics = ListenerMetrics::unregistered();
+    serve_http(listener, state, shutdown, metrics, handler).await;
+}
+
+/// Serves HTTP/1.1 and h2c on `listener` with `handler` until `shutdown`, then drains.
+async fn serve_http<H, F>(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    mut shutdown: watch::Receiver<bool>,
+    metrics: ListenerMetrics,
+    handler: H,
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
+{
+    let settings = state.live.load().config.server.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -169,7 +226,7 @@ pub(crate) async fn serve_public(
             _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        let st = state.clone();
+        let handler = handler.clone();
         let builder = builder.clone();
         let stopping = shutdown.clone();
         let metrics = metrics.clone();
@@ -178,7 +235,7 @@ pub(crate) async fn serve_public(
             serve_connection(
                 stream,
                 peer,
-                st,
+                handler,
                 &builder,
                 stopping,
                 header_read_timeout,
@@ -200,15 +257,18 @@ pub(crate) async fn serve_public(
     }
 }
 
-async fn serve_connection(
+async fn serve_connection<H, F>(
     stream: TcpStream,
     peer: SocketAddr,
-    app: Arc<AppState>,
+    handler: H,
     builder: &auto::Builder<TokioExecutor>,
     mut stopping: watch::Receiver<bool>,
     header_read_timeout: Duration,
     metrics: &ListenerMetrics,
-) {
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
+{
     // A connection that has not said a byte when shutdown begins has no request to finish: close
     // it rather than hold the drain until its detection times out.
     let known = tokio::select! {
@@ -228,7 +288,7 @@ async fn serve_connection(
             connection: state.clone(),
             done: false,
         };
-        let response = crate::gateway::handle(app.clone(), peer, req);
+        let response = handler(peer, req);
         async move {
             let response = response.await;
             finished.done();

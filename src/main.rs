@@ -71,6 +71,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => match config::load(&config) {
             Ok(snapshot) => {
+                for warning in &snapshot.warnings {
+                    eprintln!("warning: {warning}");
+                }
                 println!(
                     "{}: ok ({} routes)",
                     config.display(),
@@ -188,20 +191,27 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     let mut watcher = turnstile::watch::ConfigWatcher::new(&path);
     let metrics = Metrics::new();
     let snapshot = config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for warning in &snapshot.warnings {
+        tracing::warn!("{warning}");
+    }
     let running = turnstile::start(snapshot, metrics, None)
         .await
         .context("cannot start listeners")?;
     // One line, machine-readable: tests and scripts that bind port 0 read the real addresses here.
-    match running.rls_addr {
-        Some(rls) => println!(
-            "turnstile listening public={} admin={} rls={rls}",
-            running.public_addr, running.admin_addr
-        ),
-        None => println!(
-            "turnstile listening public={} admin={}",
-            running.public_addr, running.admin_addr
-        ),
+    let mut line = format!(
+        "turnstile listening public={} admin={}",
+        running.public_addr, running.admin_addr
+    );
+    for (name, addr) in [
+        ("rls", running.rls_addr),
+        ("forward_auth", running.forward_auth_addr),
+        ("ext_authz", running.ext_authz_addr),
+    ] {
+        if let Some(addr) = addr {
+            line.push_str(&format!(" {name}={addr}"));
+        }
     }
+    println!("{line}");
     tracing::info!(
         public = %running.public_addr,
         admin = %running.admin_addr,

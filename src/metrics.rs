@@ -26,7 +26,55 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     upstream_errors: IntCounterVec,
     config_reloads: IntCounterVec,
+    door_checks: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
+}
+
+/// How a deciding door (forward-auth, ext_authz) answered, as counted by
+/// `turnstile_door_checks_total{door, result}`. The policies' own decisions are counted in
+/// `turnstile_decisions_total`, as the gateway's are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckResult {
+    Allowed,
+    Limited,
+    FailedOpen,
+    FailedClosed,
+    NoRoute,
+    BadRequest,
+}
+
+impl CheckResult {
+    const ALL: [CheckResult; 6] = [
+        CheckResult::Allowed,
+        CheckResult::Limited,
+        CheckResult::FailedOpen,
+        CheckResult::FailedClosed,
+        CheckResult::NoRoute,
+        CheckResult::BadRequest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckResult::Allowed => "allowed",
+            CheckResult::Limited => "limited",
+            CheckResult::FailedOpen => "failed_open",
+            CheckResult::FailedClosed => "failed_closed",
+            CheckResult::NoRoute => "no_route",
+            CheckResult::BadRequest => "bad_request",
+        }
+    }
+}
+
+/// The answer counters of one door, resolved when its listener starts.
+#[derive(Debug, Clone)]
+pub struct DoorMetrics {
+    by_result: [IntCounter; 6],
+}
+
+impl DoorMetrics {
+    pub fn record(&self, result: CheckResult) {
+        self.by_result[result as usize].inc();
+    }
 }
 
 /// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`. Gateway
@@ -179,6 +227,11 @@ impl Metrics {
                 "Config reloads by result.",
                 &["result"],
             ),
+            door_checks: counter(
+                "turnstile_door_checks_total",
+                "Checks answered by a deciding door (forward_auth, ext_authz), by result.",
+                &["door", "result"],
+            ),
             rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
             registry,
         };
@@ -198,6 +251,14 @@ impl Metrics {
     pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) {
         if let Err(e) = self.registry.register(collector) {
             tracing::warn!(error = %e, "metric registration failed");
+        }
+    }
+
+    /// The answer counters of `door`, every series at 0 from the start.
+    pub fn door(&self, door: &str) -> DoorMetrics {
+        DoorMetrics {
+            by_result: CheckResult::ALL
+                .map(|r| self.door_checks.with_label_values(&[door, r.as_str()])),
         }
     }
 

@@ -117,6 +117,8 @@ pub enum Refusal<'a> {
     UpstreamUnreachable(&'a str),
     /// 504: no response head within the upstream's timeout.
     UpstreamTimeout(&'a str),
+    /// 500: a check-only route (no upstream, no respond) reached the inline gateway.
+    CheckOnly(&'a str),
     /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
     UpstreamBusy(&'a str),
 }
@@ -136,6 +138,14 @@ pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
         Refusal::StoreUnavailable(route) => store_unavailable(route, STORE_DOWN_RETRY_SECONDS),
         Refusal::UpstreamUnreachable(route) => bad_gateway(route),
         Refusal::UpstreamTimeout(route) => gateway_timeout(route),
+        Refusal::CheckOnly(route) => json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            serde_json::json!({
+                "error": "check_only_route",
+                "route": route,
+                "message": "this route has no upstream and no respond: only forward_auth decides it",
+            }),
+        ),
         Refusal::UpstreamBusy(route) => upstream_busy(route),
     }
 }

@@ -27,6 +27,10 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
     pub rls_addr: Option<SocketAddr>,
+    /// The forward-auth HTTP check listener, when `forward_auth.listen` is configured.
+    pub forward_auth_addr: Option<SocketAddr>,
+    /// The Envoy ext_authz gRPC listener, when `forward_auth.grpc_listen` is configured.
+    pub ext_authz_addr: Option<SocketAddr>,
     /// What every listener shares: the live config, the engine, the metrics.
     pub state: Arc<AppState>,
     /// Stops the public listener (and the sweeper).
@@ -131,6 +135,8 @@ pub async fn start(
             tracing::error!(error = %e, "admin listener failed");
         }
     });
+    let (forward_auth_addr, ext_authz_addr) =
+        start_forward_auth(&state, &shutdown_rx, &mut tasks).await?;
     tasks.push(tokio::spawn(crate::listener::serve_public(
         public,
         state.clone(),
@@ -141,6 +147,8 @@ pub async fn start(
         public_addr,
         admin_addr,
         rls_addr,
+        forward_auth_addr,
+        ext_authz_addr,
         state,
         shutdown,
         admin_shutdown,
@@ -148,6 +156,43 @@ pub async fn start(
         tasks,
         admin_task,
     })
+}
+
+/// Binds and serves the ingress door's listeners that `forward_auth:` names (read once, at
+/// start: a reload that changes them warns). Returns their bound addresses.
+async fn start_forward_auth(
+    state: &Arc<AppState>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> std::io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
+    let Some(settings) = state.live.load().config.forward_auth.clone() else {
+        return Ok((None, None));
+    };
+    let mut http_addr = None;
+    if let Some(listen) = settings.listen {
+        let listener = TcpListener::bind(listen).await?;
+        http_addr = Some(listener.local_addr()?);
+        let door = Arc::new(crate::forward_auth::http::HttpDoor::new(state.clone()));
+        tasks.push(tokio::spawn(crate::listener::serve_check(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+            move |peer, req| crate::forward_auth::http::handle(door.clone(), peer, req),
+        )));
+    }
+    let mut grpc_addr = None;
+    if let Some(listen) = settings.grpc_listen {
+        let listener = TcpListener::bind(listen).await?;
+        grpc_addr = Some(listener.local_addr()?);
+        let service = crate::forward_auth::grpc::ExtAuthz::new(state.clone());
+        let rx = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::forward_auth::grpc::serve(listener, service, rx).await {
+                tracing::error!(error = %e, "ext_authz listener failed");
+            }
+        }));
+    }
+    Ok((http_addr, grpc_addr))
 }
 
 impl Running {
@@ -226,10 +271,16 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
 /// between `current` and `next`.
 pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+    let forward_auth_listen =
+        |s: &Snapshot| s.forward_auth.as_ref().map(|f| (f.listen, f.grpc_listen));
     [
         ("listen", current.listen != next.listen),
         ("admin_listen", current.admin_listen != next.admin_listen),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
+        (
+            "forward_auth.listen",
+            forward_auth_listen(current) != forward_auth_listen(next),
+        ),
         ("store", current.store != next.store),
         (
             "server.header_read_timeout",

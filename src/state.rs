@@ -81,7 +81,7 @@ impl Live {
                             })
                             .clone(),
                     ),
-                    Action::Respond(_) => None,
+                    Action::Respond(_) | Action::CheckOnly => None,
                 };
                 RouteResources {
                     metrics: metrics.route(&route.name),

@@ -27,9 +27,17 @@ pub struct FieldError {
     pub message: String,
 }
 
-struct Errors(Vec<FieldError>);
+struct Errors(Vec<FieldError>, Vec<FieldError>);
 
 impl Errors {
+    /// Records a warning: valid, but probably not what was meant.
+    fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.1.push(FieldError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(FieldError {
             path: path.into(),
@@ -45,8 +53,12 @@ impl Errors {
 
 const NAME_HELP: &str = "names are 1-64 letters, digits, `_` or `-`";
 
-pub fn compile(raw: RawConfig, source: &Path) -> Result<Snapshot, Vec<FieldError>> {
-    let mut errors = Errors(Vec::new());
+/// A snapshot, and its warnings with their field paths (see [`Snapshot::warnings`]).
+pub fn compile(
+    raw: RawConfig,
+    source: &Path,
+) -> Result<(Snapshot, Vec<FieldError>), Vec<FieldError>> {
+    let mut errors = Errors(Vec::new(), Vec::new());
     let e = &mut errors;
 
     let listen = socket_addr(e, "listen", raw.listen.as_deref().unwrap_or("0.0.0.0:8080"));
@@ -119,25 +131,95 @@ pub fn compile(raw: RawConfig, source: &Path) -> Result<Snapshot, Vec<FieldError
             .ok()
     });
 
+    let forward_auth = raw
+        .forward_auth
+        .as_ref()
+        .and_then(|f| forward_auth(e, f, listen, admin_listen));
+
     match (listen, admin_listen, errors.0.is_empty()) {
-        (Some(listen), Some(admin_listen), true) => Ok(Snapshot {
-            source: source.to_path_buf(),
-            source_info: super::SourceInfo::default(),
-            listen,
-            admin_listen,
-            admin: AdminSettings {
-                show_key_values: raw.admin.show_key_values.unwrap_or(false),
+        (Some(listen), Some(admin_listen), true) => Ok((
+            Snapshot {
+                source: source.to_path_buf(),
+                source_info: super::SourceInfo::default(),
+                listen,
+                admin_listen,
+                admin: AdminSettings {
+                    show_key_values: raw.admin.show_key_values.unwrap_or(false),
+                },
+                trusted_proxies: TrustedProxies::new(nets),
+                client_prefix,
+                store,
+                failure_mode,
+                server,
+                routes,
+                rls,
+                forward_auth,
+                warnings: Vec::new(),
             },
-            trusted_proxies: TrustedProxies::new(nets),
-            client_prefix,
-            store,
-            failure_mode,
-            server,
-            routes,
-            rls,
-        }),
+            errors.1,
+        )),
         _ => Err(errors.0),
     }
+}
+
+fn forward_auth(
+    e: &mut Errors,
+    raw: &RawForwardAuth,
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+) -> Option<ForwardAuthSettings> {
+    let http = raw
+        .listen
+        .as_deref()
+        .map(|t| socket_addr(e, "forward_auth.listen", t));
+    let grpc = raw
+        .grpc_listen
+        .as_deref()
+        .map(|t| socket_addr(e, "forward_auth.grpc_listen", t));
+    if http.is_none() && grpc.is_none() {
+        e.add(
+            "forward_auth",
+            "needs `listen: IP:PORT` (the HTTP /check endpoint), `grpc_listen: IP:PORT` (Envoy \
+             ext_authz), or both",
+        );
+    }
+    let taken = [("listen", listen), ("admin_listen", admin_listen)];
+    for (field, addr) in [("listen", http.flatten()), ("grpc_listen", grpc.flatten())] {
+        let Some(addr) = addr.filter(|a| a.port() != 0) else {
+            continue;
+        };
+        if let Some((other, _)) = taken.iter().find(|(_, a)| *a == Some(addr)) {
+            e.add(
+                format!("forward_auth.{field}"),
+                format!("`{addr}` is already `{other}`: every door has its own listener"),
+            );
+        }
+    }
+    if let (Some(Some(a)), Some(Some(b))) = (http, grpc) {
+        if a == b && a.port() != 0 {
+            e.add(
+                "forward_auth.grpc_listen",
+                "must differ from `forward_auth.listen`",
+            );
+        }
+    }
+    let deny_status = match raw.deny_status {
+        None => Some(http::StatusCode::TOO_MANY_REQUESTS),
+        Some(code) => e.take("forward_auth.deny_status", deny_status(code)),
+    };
+    Some(ForwardAuthSettings {
+        listen: http.flatten(),
+        grpc_listen: grpc.flatten(),
+        deny_status: deny_status?,
+    })
+}
+
+/// A refusal's status: a 4xx or 5xx (nginx's `auth_request` passes on only 401 and 403).
+pub fn deny_status(code: u16) -> Result<StatusCode, String> {
+    StatusCode::from_u16(code)
+        .ok()
+        .filter(|s| s.is_client_error() || s.is_server_error())
+        .ok_or_else(|| format!("`{code}` is not a 4xx or 5xx status (e.g. 429, or 403 for nginx)"))
 }
 
 /// A CIDR range, or a single IP as its own /32 or /128.
@@ -588,8 +670,15 @@ fn route(
             None
         }
         (None, None) => {
-            e.add(path, "needs `upstream: NAME` or `respond: {status, body}`");
-            None
+            e.warn(
+                path,
+                format!(
+                    "route `{}` has neither `upstream` nor `respond`: a check-only route, decided \
+                     by `forward_auth` only; the inline gateway answers it with 500",
+                    raw.name
+                ),
+            );
+            Some(Action::CheckOnly)
         }
     };
     let failure_mode = raw

@@ -75,24 +75,27 @@ pub fn load(path: &Path) -> Result<Snapshot, ConfigErrors> {
 pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
     let raw: raw::RawConfig =
         serde_norway::from_str(source).map_err(|e| ConfigErrors(vec![serde_error(&e, path)]))?;
-    let mut snapshot = compile::compile(raw, path).map_err(|errors| {
+    let locate = |errors: Vec<compile::FieldError>| -> Vec<ConfigError> {
         let positions = Positions::index(source);
-        ConfigErrors(
-            errors
-                .into_iter()
-                .map(|e| {
-                    let pos = positions.find(&e.path);
-                    ConfigError {
-                        file: path.to_path_buf(),
-                        line: pos.map_or(1, |p| p.line),
-                        column: pos.map_or(1, |p| p.column),
-                        field: e.path,
-                        message: e.message,
-                    }
-                })
-                .collect(),
-        )
-    })?;
+        errors
+            .into_iter()
+            .map(|e| {
+                let pos = positions.find(&e.path);
+                ConfigError {
+                    file: path.to_path_buf(),
+                    line: pos.map_or(1, |p| p.line),
+                    column: pos.map_or(1, |p| p.column),
+                    field: e.path,
+                    message: e.message,
+                }
+            })
+            .collect()
+    };
+    let (mut snapshot, warnings) =
+        compile::compile(raw, path).map_err(|errors| ConfigErrors(locate(errors)))?;
+    if !warnings.is_empty() {
+        snapshot.warnings = locate(warnings);
+    }
     snapshot.source_info = SourceInfo::of(source);
     Ok(snapshot)
 }

@@ -26,9 +26,22 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     /// The Envoy rate limit service (`crate::rls`).
     pub rls: Option<crate::rls::RawRls>,
+    /// The ingress door (`crate::forward_auth`): forward-auth over HTTP, Envoy ext_authz.
+    pub forward_auth: Option<RawForwardAuth>,
     /// Requests no policy of any route applies to.
     #[serde(default)]
     pub exempt: RawExempt,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForwardAuth {
+    /// The HTTP check endpoint (`/check`).
+    pub listen: Option<String>,
+    /// Envoy ext_authz (`envoy.service.auth.v3.Authorization/Check`).
+    pub grpc_listen: Option<String>,
+    /// The status of a refusal (default 429).
+    pub deny_status: Option<u16>,
 }
 
 /// Requests that skip every policy: a client IP in one of `client_ips`, or one of `headers` with

@@ -84,6 +84,9 @@ pub struct DirectResponse {
 pub enum Action {
     Forward(Arc<Upstream>),
     Respond(DirectResponse),
+    /// Neither upstream nor respond: decided only by `forward_auth`; the inline gateway answers
+    /// it with an error, since it has nowhere to send the request.
+    CheckOnly,
 }
 
 /// One rate limit on a route.
@@ -186,4 +189,19 @@ pub struct Snapshot {
     pub routes: Vec<Route>,
     /// The Envoy rate limit service, when `rls:` is set.
     pub rls: Option<crate::rls::RlsSnapshot>,
+    /// The ingress door, when `forward_auth:` is set.
+    pub forward_auth: Option<ForwardAuthSettings>,
+    /// What is valid but probably not meant (a check-only route): `turnstile check` prints them.
+    pub warnings: Vec<super::ConfigError>,
+}
+
+/// `forward_auth:`: where the ingress door listens and how it refuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardAuthSettings {
+    /// The HTTP check endpoint (nginx `auth_request`, Traefik ForwardAuth, Caddy forward_auth).
+    pub listen: Option<SocketAddr>,
+    /// Envoy ext_authz over gRPC.
+    pub grpc_listen: Option<SocketAddr>,
+    /// The status of a refusal; a call may override it with `?deny_status=`.
+    pub deny_status: http::StatusCode,
 }

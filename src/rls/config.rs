@@ -98,6 +98,10 @@ pub(crate) struct RawDescriptor {
     pub(crate) value: Option<String>,
     pub(crate) limit: Option<RawLimit>,
     pub(crate) shadow_mode: bool,
+    /// Over its limit, the descriptor is OVER_LIMIT but the request is refused only when every
+    /// quota descriptor of it is (or a non-quota one is over).
+    pub(crate) quota_mode: bool,
+    pub(crate) metadata: Option<envoy_types::pb::google::protobuf::Struct>,
     pub(crate) detailed_metric: bool,
     pub(crate) share_threshold: bool,
     pub(crate) value_to_metric: bool,

@@ -88,7 +88,10 @@ impl RlsService {
         for plan in &plans {
             if let Plan::Limited(l) = plan {
                 let tally = Tally::Descriptor(&l.metrics);
-                checks.push(l.key.as_str(), &l.core, l.cost, l.shadow, tally);
+                // A quota descriptor over its limit does not stop the others: `respond` decides
+                // the overall code from all of them.
+                let shadow = l.shadow || quota_mode(l);
+                checks.push(l.key.as_str(), &l.core, l.cost, shadow, tally);
             }
         }
         let verdict = self.state.engine.decide(checks, rls.failure_mode).await;
@@ -125,8 +128,24 @@ impl RlsService {
             let error = verdict.into_error().unwrap_or(StoreError::CircuitOpen);
             return Err(RlsError::Store(error));
         }
-        Ok((respond(rls, statuses, governing_status), verdict.kind))
+        let quota: Vec<bool> = plans
+            .iter()
+            .map(|p| matches!(p, Plan::Limited(l) if quota_mode(l)))
+            .collect();
+        let mut response = respond(rls, statuses, &quota, governing_status);
+        if rls.response_dynamic_metadata {
+            response.dynamic_metadata = Some(super::metadata::response_metadata(
+                request,
+                &plans,
+                &response.statuses,
+            ));
+        }
+        Ok((response, verdict.kind))
     }
+}
+
+fn quota_mode(l: &Limited<'_>) -> bool {
+    l.rule.is_some_and(|r| r.quota_mode)
 }
 
 /// The status of a descriptor the engine did not check.
@@ -188,12 +207,23 @@ fn duration(us: u64) -> PbDuration {
 
 /// The overall code, and with `response_headers` the RateLimit-* headers of the status the engine
 /// chose to govern (`docs/algorithms.md`); none when the store failed.
+/// As envoyproxy/ratelimit: OVER_LIMIT when a descriptor not in `quota_mode` is over, or when
+/// there are quota descriptors and every one of them is over.
 fn respond(
     rls: &RlsSnapshot,
     statuses: Vec<DescriptorStatus>,
+    quota: &[bool],
     governing: Option<usize>,
 ) -> RateLimitResponse {
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    let is_over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+    let limit_over = statuses.iter().zip(quota).any(|(s, q)| !q && is_over(s));
+    let quotas = quota.iter().filter(|q| **q).count();
+    let quotas_over = statuses
+        .iter()
+        .zip(quota)
+        .filter(|(s, q)| **q && is_over(s))
+        .count();
+    let over = limit_over || (quotas > 0 && quotas_over == quotas);
     let mut response = RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         ..Default::default()

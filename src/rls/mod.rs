@@ -19,6 +19,7 @@ pub mod decide;
 pub mod glob;
 pub mod grpc;
 pub mod json;
+mod metadata;
 pub mod metrics;
 pub mod plan;
 mod read;

@@ -4,6 +4,9 @@
 
 use super::config::{invalid, join, RawDescriptor, RawKind, RawLimit, RlsConfigError, WindowKind};
 use super::rule::Unit;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{ListValue, Struct as ProtoStruct, Value as ProtoValue};
+
 use super::yaml::{Node, ScalarKind, Value};
 
 /// Reads nodes of one file, turning every mistake into an error that names the file.
@@ -163,6 +166,7 @@ impl Reader<'_> {
             "token_bucket",
             "descriptors",
             "shadow_mode",
+            "quota_mode",
             "detailed_metric",
             "share_threshold",
             "value_to_metric",
@@ -175,6 +179,8 @@ impl Reader<'_> {
             value: None,
             limit: None,
             shadow_mode: false,
+            quota_mode: false,
+            metadata: None,
             detailed_metric: false,
             share_threshold: false,
             value_to_metric: false,
@@ -191,10 +197,20 @@ impl Reader<'_> {
                 "token_bucket" => token_bucket = Some((value, path)),
                 "descriptors" => out.descriptors = self.descriptors(value, &path)?,
                 "shadow_mode" => out.shadow_mode = self.boolean(value, &path)?,
+                "quota_mode" => out.quota_mode = self.boolean(value, &path)?,
+                // Returned in the response's dynamic_metadata when the descriptor passes
+                // (`rls.response_dynamic_metadata`).
+                "metadata" => match proto_value(value).kind {
+                    Some(Kind::StructValue(s)) => out.metadata = Some(s),
+                    Some(Kind::NullValue(_)) => {}
+                    _ => {
+                        let message = "metadata must be a mapping".to_owned();
+                        return Err(self.err(value, &path, message));
+                    }
+                },
                 "detailed_metric" => out.detailed_metric = self.boolean(value, &path)?,
                 "share_threshold" => out.share_threshold = self.boolean(value, &path)?,
                 "value_to_metric" => out.value_to_metric = self.boolean(value, &path)?,
-                // Free-form annotations for other tools; nothing here reads them.
                 _ => {}
             }
         }
@@ -319,4 +335,30 @@ impl Reader<'_> {
             kind,
         }))
     }
+}
+
+/// A YAML node as a protobuf `Value`, as envoyproxy/ratelimit converts `metadata` (scalars by
+/// their YAML type).
+fn proto_value(node: &Node) -> ProtoValue {
+    let kind = match &node.value {
+        Value::Null => Kind::NullValue(0),
+        Value::Scalar { text, kind } => match kind {
+            ScalarKind::Bool => Kind::BoolValue(matches!(text.as_str(), "true" | "True" | "TRUE")),
+            ScalarKind::Int | ScalarKind::Float => match text.parse::<f64>() {
+                Ok(n) => Kind::NumberValue(n),
+                Err(_) => Kind::StringValue(text.clone()),
+            },
+            ScalarKind::Str => Kind::StringValue(text.clone()),
+        },
+        Value::Seq(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(proto_value).collect(),
+        }),
+        Value::Map(entries) => Kind::StructValue(ProtoStruct {
+            fields: entries
+                .iter()
+                .filter_map(|(k, v)| Some((k.value.as_text()?.to_owned(), proto_value(v))))
+                .collect(),
+        }),
+    };
+    ProtoValue { kind: Some(kind) }
 }

@@ -155,6 +155,10 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Metrics name the request's values, not just the keys.
     pub detailed_metric: bool,
+    /// envoyproxy/ratelimit's `quota_mode`: see `decide.rs`.
+    pub quota_mode: bool,
+    /// The descriptor's `metadata`, returned in `dynamic_metadata` when it passes.
+    pub metadata: Option<envoy_types::pb::google::protobuf::Struct>,
     /// Where the rule was written, for logs and errors: `file:line`.
     pub source: Box<str>,
     pub(crate) levels: Box<[Level]>,
@@ -199,6 +203,8 @@ impl Rule {
             algorithm,
             shadow_mode,
             detailed_metric,
+            quota_mode: false,
+            metadata: None,
             source: source.into(),
             levels: levels.into(),
         }

@@ -30,6 +30,10 @@ pub struct RawRls {
     pub config: String,
     #[serde(default)]
     pub response_headers: bool,
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`: the response's `dynamic_metadata`
+    /// names the domain, the descriptors, `hitsAddend` and the passed descriptors' `metadata`.
+    #[serde(default)]
+    pub response_dynamic_metadata: bool,
     pub failure_mode: Option<String>,
 }
 
@@ -50,6 +54,7 @@ pub struct RlsSnapshot {
     /// The envoyproxy/ratelimit config it was read from, resolved against `policies.yaml`.
     pub config_path: PathBuf,
     pub response_headers: bool,
+    pub response_dynamic_metadata: bool,
     /// What the service answers when the store cannot decide: `Error` is a gRPC `UNAVAILABLE`
     /// (Envoy's own `failure_mode_deny` decides, admitting by default); `Open` is `OK` for every
     /// descriptor; `Closed` is `OVER_LIMIT` for every descriptor that has a limit.
@@ -173,6 +178,7 @@ pub fn compile(raw: &RawRls, source: &Path) -> Result<RlsSnapshot, Vec<(String, 
                 listen,
                 config_path,
                 response_headers: raw.response_headers,
+                response_dynamic_metadata: raw.response_dynamic_metadata,
                 failure_mode,
                 tree,
                 enforced,

@@ -201,7 +201,7 @@ impl RlsConfig {
             }
         };
         let id = RuleId(u32::try_from(self.rules.len()).unwrap_or(u32::MAX));
-        self.rules.push(Rule::new(
+        let mut rule = Rule::new(
             &file.domain,
             path.to_vec(),
             limit.name.clone(),
@@ -212,7 +212,10 @@ impl RlsConfig {
             d.shadow_mode,
             d.detailed_metric,
             format!("{}:{}", file.name, limit.line),
-        ));
+        );
+        rule.quota_mode = d.quota_mode;
+        rule.metadata = d.metadata.clone();
+        self.rules.push(rule);
         id
     }
 }

@@ -193,3 +193,48 @@ pub async fn raw_connect(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
     stream.write_all(bytes).await.expect("write");
     stream
 }
+
+/// `GET path` to `addr` on a connection from `source` (another loopback address, such as
+/// 127.0.0.2, is a client the proxies under test do not trust), with extra headers.
+pub async fn get_from(
+    source: std::net::IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new(source, 0))
+        .unwrap_or_else(|e| panic!("bind {source}: {e}"));
+    let stream = tokio::time::timeout(LIVENESS, socket.connect(addr))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let mut builder = Request::get(path).header("host", addr.to_string());
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let response = tokio::time::timeout(
+        LIVENESS,
+        sender.send_request(builder.body(Empty::<Bytes>::new()).expect("request")),
+    )
+    .await
+    .expect("response timed out")
+    .expect("response");
+    let (parts, body) = response.into_parts();
+    let body = tokio::time::timeout(LIVENESS, body.collect())
+        .await
+        .expect("response body timed out")
+        .expect("response body failed")
+        .to_bytes();
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
+}
