@@ -132,6 +132,9 @@ pub async fn forward(
         return Err(ForwardError::Unreachable(UpstreamErrorKind::Other));
     }
     headers::strip_hop_by_hop(&mut parts.headers, false);
+    // RFC 9110 §2.5: the version is the sender's own. An HTTP/1.0 upstream's would make hyper
+    // answer the client in HTTP/1.0 and close its kept-alive connection.
+    parts.version = http::Version::HTTP_11;
     Ok(Response::from_parts(parts, ResponseBody::Upstream(body)))
 }
 

@@ -379,3 +379,94 @@ async fn websocket_upgrades_tunnel_bytes_both_ways() {
     }
     assert_eq!(upstream.requests(), 1);
 }
+
+/// `python3 -m http.server`: an HTTP/1.0 upstream (its status line says `HTTP/1.0` and it closes
+/// each connection), stopped by PID on drop.
+struct Http10Upstream {
+    addr: std::net::SocketAddr,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Http10Upstream {
+    async fn start() -> Http10Upstream {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("hello.txt"), "hello\n").expect("write");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = std::process::Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = std::time::Instant::now() + LIVENESS;
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "http.server did not listen"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Http10Upstream {
+            addr,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Http10Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// RFC 9110 §2.5: a response carries the sender's own HTTP version. An upstream's `HTTP/1.0`
+/// used to reach the client, which then dropped keep-alive.
+#[tokio::test]
+async fn regression_an_http_1_0_upstreams_version_reached_the_client() {
+    let upstream = Http10Upstream::start().await;
+    let gw = TestGateway::with_upstream(FORWARD_ALL, upstream.addr).await;
+    let request = b"GET /hello.txt HTTP/1.1\r\nHost: a.example\r\n\r\n";
+    let mut stream = raw_connect(gw.public, request).await;
+    for round in 0..2 {
+        if round > 0 {
+            stream
+                .write_all(request)
+                .await
+                .expect("second request, same connection");
+        }
+        let (head, mut body) = read_head(&mut stream).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "round {round}: {head}");
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().expect("length"))
+            })
+            .expect("content-length");
+        while body.len() < length {
+            let mut chunk = [0u8; 256];
+            let n = tokio::time::timeout(LIVENESS, stream.read(&mut chunk))
+                .await
+                .expect("body timed out")
+                .expect("read");
+            assert!(n > 0, "round {round}: the connection closed mid-body");
+            body.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(&body[..length], b"hello\n");
+    }
+}
