@@ -67,17 +67,7 @@ impl Client {
     /// Sends and collects the whole response.
     pub async fn send(&self, req: Request<ReqBody>) -> Reply {
         let response = self.head(req).await;
-        let (parts, body) = response.into_parts();
-        let body = tokio::time::timeout(LIVENESS, body.collect())
-            .await
-            .expect("response body timed out")
-            .expect("response body failed")
-            .to_bytes();
-        Reply {
-            status: parts.status.as_u16(),
-            headers: parts.headers,
-            body,
-        }
+        collect(response).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// GET that reports failure instead of failing the test: for load loops that count errors.
@@ -89,17 +79,7 @@ impl Client {
             .await
             .map_err(|_| "timed out".to_string())?
             .map_err(|e| format!("request failed: {e}"))?;
-        let (parts, body) = response.into_parts();
-        let body = tokio::time::timeout(LIVENESS, body.collect())
-            .await
-            .map_err(|_| "body timed out".to_string())?
-            .map_err(|e| format!("body failed: {e}"))?
-            .to_bytes();
-        Ok(Reply {
-            status: parts.status.as_u16(),
-            headers: parts.headers,
-            body,
-        })
+        collect(response).await
     }
 
     /// Sends and returns as soon as the response head arrives (the body still streaming).
@@ -226,15 +206,20 @@ pub async fn get_from(
     .await
     .expect("response timed out")
     .expect("response");
+    collect(response).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Collects a response's whole body (within [`LIVENESS`]) into a [`Reply`].
+async fn collect(response: http::Response<hyper::body::Incoming>) -> Result<Reply, String> {
     let (parts, body) = response.into_parts();
     let body = tokio::time::timeout(LIVENESS, body.collect())
         .await
-        .expect("response body timed out")
-        .expect("response body failed")
+        .map_err(|_| "response body timed out".to_string())?
+        .map_err(|e| format!("response body failed: {e}"))?
         .to_bytes();
-    Reply {
+    Ok(Reply {
         status: parts.status.as_u16(),
         headers: parts.headers,
         body,
-    }
+    })
 }
