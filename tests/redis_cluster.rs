@@ -1,6 +1,7 @@
 //! Gateway instances (real `turnstile` processes) on a real Redis Cluster of 3 masters and 3
 //! replicas: exact limits, multi-slot requests that never exceed a limit and refund what a
-//! rejection consumed, and a master killed under the gateways.
+//! rejection consumed, slots moved and migrating under traffic, and a master killed under the
+//! gateways.
 //!
 //! The cluster is the heavy fixture: it is started once, and the scenarios run in sequence in one
 //! test (the failover last, since it changes the topology).
@@ -119,6 +120,7 @@ async fn a_fleet_on_a_redis_cluster() {
     a_rejection_in_one_slot_consumes_nothing_in_another(&cluster, &gateways).await;
     concurrent_multi_slot_requests_never_exceed_either_limit(&cluster, &gateways).await;
     a_slot_moved_under_load_keeps_its_count(&cluster, &gateways).await;
+    traffic_on_a_migrating_slot_keeps_deciding(&cluster, &gateways).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -230,33 +232,64 @@ async fn a_slot_moved_under_load_keeps_its_count(
     );
 }
 
-/// Known defect, kept as a reproduction: requests on a slot while it migrates get `ASK`. fred
-/// 10.1 sends `ASKING` to the importing node but writes the command to the slot's cached owner
-/// again, until its attempts run out, and the clustered client then stops deciding at all (40 s
-/// and more, also after the move is final). `docs/redis.md` says so. Run with `--ignored`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "fred 10.1 wedges after ASK redirections (docs/redis.md, Resharding)"]
-async fn traffic_on_a_migrating_slot_keeps_deciding() {
-    let cluster = tokio::task::block_in_place(RedisCluster::start);
-    let gw = GatewayProcess::spawn(&config(&cluster, "2s")).await;
-    wait_ready(&gw, 200, READY).await;
-    let url = [gw.url("/fresh")];
-    let run = |_| vec![("x-run", "migrating".to_string())];
-    assert_eq!(count(&burst_with(&url, 10, run).await, 200), 10);
-    let key = key_with(&cluster, &["{fresh:shared", "migrating"]);
+/// Resharding caught midway: the slot of a counter is migrating (its key already on the importing
+/// node), so the old owner answers `ASK`. Every request is still decided, within the store
+/// timeout, and counted exactly: on the moved key, and on a key of the same slot that exists
+/// nowhere yet (created on the importing node). After the move is final (`MOVED`), both counts
+/// carry over. Regression test for fred 10.1's `ASK` handling, which wedged the clustered client
+/// for 40 s and more.
+async fn traffic_on_a_migrating_slot_keeps_deciding(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    let urls: Vec<String> = gateways.iter().map(|g| g.url("/fresh")).collect();
+    let run = |value: &str| {
+        let value = value.to_string();
+        move |_| vec![("x-run", value.clone())]
+    };
+    let before = burst_with(&urls, 10, run("migrating")).await;
+    assert_eq!(count(&before, 200), 10, "{before:?}");
+    let key = key_with(cluster, &["{fresh:shared", "migrating"]);
+    // Another x-run whose counter falls in the same slot, and does not exist yet.
+    let slot = cluster.slot(&key);
+    let sibling = (0..200_000)
+        .map(|i| format!("sibling-{i}"))
+        .find(|v| fred::util::redis_keyslot(key.replace("migrating", v).as_bytes()) == slot)
+        .expect("a sibling key in the same slot");
+    assert_eq!(cluster.slot(&key.replace("migrating", &sibling)), slot);
+
     let moving = tokio::task::block_in_place(|| cluster.begin_move(&key));
-    let asked = burst_with(&url, 10, run).await;
+    let started = Instant::now();
+    let asked = burst_with(&urls, 20, run("migrating")).await;
+    let fresh = burst_with(&urls, 10, run(&sibling)).await;
+    let took = started.elapsed();
     tokio::task::block_in_place(|| cluster.finish_move(&moving));
-    let admitted_while_asked = count(&asked, 200);
-    // Let the circuit breaker's cool-down pass, then the count must carry over.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let moved = burst_with(&url, 60, run).await;
     assert_eq!(
-        count(&moved, 200),
-        40 - admitted_while_asked,
-        "after ASK during the migration: {asked:?}, then {moved:?}; log:\n{}",
-        gw.log()
+        (count(&asked, 200), count(&fresh, 200)),
+        (20, 10),
+        "during the migration (ASK): {asked:?}, {fresh:?}; log:\n{}",
+        gateways[0].log()
     );
+    assert!(
+        took < Duration::from_secs(10),
+        "30 decisions during the migration took {took:?}"
+    );
+    assert_eq!(cluster.master_of(&key), moving.to);
+
+    let moved = burst_with(&urls, 40, run("migrating")).await;
+    let fresh = burst_with(&urls, 50, run(&sibling)).await;
+    assert_eq!(
+        (count(&moved, 200), count(&moved, 429)),
+        (20, 20),
+        "after the move (MOVED): 50 - 10 - 20 left: {moved:?}; log:\n{}",
+        gateways[0].log()
+    );
+    assert_eq!(
+        (count(&fresh, 200), count(&fresh, 429)),
+        (40, 10),
+        "after the move: the counter created during the migration carried over: {fresh:?}"
+    );
+    eprintln!("migrating slot: 30 decisions under ASK in {took:?}");
 }
 
 async fn killing_a_master_fails_over_and_limiting_resumes(

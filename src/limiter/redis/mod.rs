@@ -9,7 +9,8 @@
 //! Failure is bounded and cheap: a decision gives up after `timeout`, a disconnected pool fails at
 //! once, and after repeated failures a [`Breaker`] skips Redis for a cool-down. The gateway starts
 //! with Redis down; a background probe keeps [`RedisStore::is_ready`] current and reloads the
-//! script after a restart (a `NOSCRIPT` answer also reloads it and retries once).
+//! script after a restart (a `NOSCRIPT` answer also reloads it and retries once). On a Cluster,
+//! the store follows `MOVED` and `ASK` itself (`ask.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -21,6 +22,7 @@ use fred::prelude::{
 };
 use fred::types::config::UnresponsiveConfig;
 
+mod ask;
 mod cluster;
 mod health;
 mod target;
@@ -54,6 +56,8 @@ struct Shared {
     key_prefix: String,
     /// Redis Cluster: a request whose counters span slots takes one call per slot (`cluster.rs`).
     cluster: bool,
+    /// Redis Cluster: connections to single nodes, to follow redirections (`ask.rs`).
+    nodes: Option<ask::Nodes>,
     timeout: Duration,
     breaker: Breaker,
     /// Set by the background probe: Redis answered and holds the script.
@@ -150,6 +154,9 @@ impl RedisStore {
             // `MOVED` too: allow a chain of redirections, still within `timeout`. A retry after a
             // broken connection can then consume twice: fewer admissions, never more.
             max_command_attempts: if target.is_cluster() { 3 } else { 1 },
+            // fred 10.1 follows `ASK` wrongly (`ask.rs`): follow no redirection in fred, whose
+            // `MOVED` still refreshes the topology first; the store follows both itself.
+            max_redirections: 0,
             // A stalled server (SIGSTOP, a full network buffer) looks connected; drop it.
             unresponsive: UnresponsiveConfig {
                 max_timeout: Some(CONNECT_TIMEOUT.max(timeout * 4)),
@@ -168,6 +175,13 @@ impl RedisStore {
             default_command_timeout: timeout,
             ..PerformanceConfig::default()
         };
+        let nodes = target.is_cluster().then(|| {
+            let single = ConnectionConfig {
+                max_command_attempts: 1,
+                ..connection.clone()
+            };
+            ask::Nodes::new(config.clone(), single, performance.clone())
+        });
         let pool = Builder::from_config(config)
             .set_connection_config(connection)
             .set_performance_config(performance)
@@ -181,6 +195,7 @@ impl RedisStore {
             sha: OnceLock::new(),
             key_prefix: key_prefix.to_string(),
             cluster: target.is_cluster(),
+            nodes,
             timeout,
             breaker: Breaker::default(),
             ready: AtomicBool::new(false),
@@ -252,6 +267,8 @@ impl RedisStore {
             self.evaluate(checks).await
         };
         match &result {
+            // The store answered: a multi-key call mid-migration, not an outage.
+            Err(StoreError::Connection(m)) if m.starts_with("TRYAGAIN") => {}
             Err(StoreError::Timeout(_) | StoreError::Connection(_)) => {
                 if shared
                     .breaker
@@ -291,7 +308,7 @@ const UNAVAILABLE: [&str; 7] = [
 ];
 
 impl Shared {
-    /// One call of the script, at most `timeout` in all: the usual single `EVALSHA` is bounded by
+    /// One call of the script, at most `timeout` in all (a Cluster redirection included): the usual single `EVALSHA` is bounded by
     /// fred's command timeout (which also keeps a timed-out command from being written later).
     /// When the server does not hold the script (a restart, a promoted replica, a Cluster node
     /// that never saw it) the `NOSCRIPT` answer is followed by one `EVAL` of the full text, which
@@ -324,7 +341,15 @@ impl Shared {
                 }
             }
         };
-        reply.map_err(|e| self.classify(e))
+        match (reply, &self.nodes) {
+            (Err(e), Some(nodes)) if ask::redirected(&e) => {
+                let left = self.timeout.saturating_sub(started.elapsed());
+                tokio::time::timeout(left, ask::follow(self, nodes, &call))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+            }
+            (reply, _) => reply.map_err(|e| self.classify(e)),
+        }
     }
 
     /// Which kind of failure a fred error is: only unavailability trips the breaker.
@@ -369,6 +394,10 @@ impl Drop for Shared {
         // Stop the connection tasks, which would otherwise reconnect forever.
         let pool = self.pool.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let _guard = runtime.enter();
+            if let Some(nodes) = &self.nodes {
+                nodes.quit();
+            }
             runtime.spawn(async move {
                 let _ = pool.quit().await;
             });

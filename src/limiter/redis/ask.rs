@@ -1,0 +1,240 @@
+//! Redis Cluster resharding: following `MOVED` and `ASK` in the store itself.
+//!
+//! fred 10.1 follows `ASK` wrongly: it writes `ASKING` to the importing node and reads the answer
+//! straight off a connection that other commands are pipelined on, then writes the command to the
+//! slot's old owner again, which answers `ASK` again; its clustered client was then left unable to
+//! decide for 40 s and more (`tests/redis_cluster.rs`). So the store's clustered pool follows no
+//! redirection (`max_redirections: 0`): on `MOVED` fred still refreshes its topology before it
+//! fails the command, on `ASK` it fails it at once, both as "Too many redirections". The store then
+//! takes the call to the slot's owner itself, on a plain connection to that one node, where a
+//! redirection comes back as an answer to read:
+//!
+//! - a reply: done (the key had not moved yet, or the topology was refreshed after `MOVED`);
+//! - `ASK slot host:port` (the key has moved to the importing node): `ASKING` and the call,
+//!   pipelined on one connection to the importing node, which then serves that one call;
+//! - `MOVED slot host:port`: the call once to the new owner, and the pool refreshes its topology;
+//! - `TRYAGAIN` (a call whose keys the migration has split between the two nodes): a failure at
+//!   once, so the route's `failure_mode` applies.
+//!
+//! Only the owner decides whether a key has moved: a call never goes to the importing node
+//! without the owner's `ASK` for it, so a counter is never created afresh beside the one still on
+//! the owner. The caller bounds all of it by what is left of the store timeout.
+
+use std::sync::Mutex;
+
+use fred::prelude::{
+    Builder, ClientLike, ClusterInterface, Config, ConnectionConfig, Error as FredError, Key,
+    LuaInterface, PerformanceConfig, ReconnectPolicy, ServerConfig, Value,
+};
+use fred::types::config::Server;
+use fred::types::{ClusterHash, CustomCommand};
+use fred::util::redis_keyslot;
+
+use super::{parse_node, Shared, DECIDE_LUA};
+use crate::limiter::StoreError;
+
+/// fred's answer when a command met a redirection and may follow none.
+const REDIRECTED: &str = "Too many redirections.";
+
+/// Node connections kept at most (a Cluster has a few masters; this only bounds a bad topology).
+const MAX_NODES: usize = 32;
+
+/// Whether fred gave up on a call because the Cluster redirected it.
+pub(super) fn redirected(e: &FredError) -> bool {
+    e.details() == REDIRECTED
+}
+
+/// One connection per Cluster node that a redirection named, made on first use and kept.
+pub(super) struct Nodes {
+    /// The Cluster's client config (credentials), its server replaced per node.
+    config: Config,
+    connection: ConnectionConfig,
+    performance: PerformanceConfig,
+    clients: Mutex<Vec<(Server, fred::prelude::Client)>>,
+}
+
+impl Nodes {
+    pub(super) fn new(
+        config: Config,
+        connection: ConnectionConfig,
+        performance: PerformanceConfig,
+    ) -> Nodes {
+        Nodes {
+            config,
+            connection,
+            performance,
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The connection to `server`, connected (within the caller's timeout).
+    async fn client(&self, server: Server) -> Result<fred::prelude::Client, StoreError> {
+        let client = self.get_or_start(server)?;
+        if !client.is_connected() {
+            client
+                .wait_for_connect()
+                .await
+                .map_err(|e| StoreError::Connection(e.details().to_string()))?;
+        }
+        Ok(client)
+    }
+
+    fn get_or_start(&self, server: Server) -> Result<fred::prelude::Client, StoreError> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, client)) = clients.iter().find(|(s, _)| *s == server) {
+            return Ok(client.clone());
+        }
+        let config = Config {
+            server: ServerConfig::Centralized {
+                server: server.clone(),
+            },
+            ..self.config.clone()
+        };
+        let client = Builder::from_config(config)
+            .set_connection_config(self.connection.clone())
+            .set_performance_config(self.performance.clone())
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
+            .build()
+            .map_err(|e| StoreError::Connection(e.details().to_string()))?;
+        drop(client.connect());
+        if clients.len() >= MAX_NODES {
+            let (_, oldest) = clients.remove(0);
+            tokio::spawn(async move { oldest.quit().await });
+        }
+        clients.push((server, client.clone()));
+        Ok(client)
+    }
+
+    /// Closes every node connection (the store is dropped).
+    pub(super) fn quit(&self) {
+        let clients = std::mem::take(&mut *self.clients.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, client) in clients {
+            tokio::spawn(async move { client.quit().await });
+        }
+    }
+}
+
+/// Runs the call after fred gave up on a redirection (see the module docs). Not bounded here:
+/// the caller's timeout is.
+pub(super) async fn follow(
+    shared: &Shared,
+    nodes: &Nodes,
+    call: &impl Fn() -> (Vec<Key>, Vec<Value>),
+) -> Result<Vec<i64>, StoreError> {
+    let (keys, _) = call();
+    let slot = keys
+        .first()
+        .map(|k| redis_keyslot(k.as_bytes()))
+        .ok_or_else(|| StoreError::Script("a call without keys".to_string()))?;
+    let owner = shared
+        .pool
+        .next()
+        .cached_cluster_state()
+        .and_then(|routing| routing.get_server(slot).cloned())
+        .ok_or_else(|| StoreError::Connection(format!("no known owner of slot {slot}")))?;
+    let reply = script(shared, &nodes.client(owner).await?, false, call).await;
+    let reply = match reply.as_ref().err().and_then(|e| redirection(e.details())) {
+        Some((Redirection::Ask, to)) => script(shared, &nodes.client(to).await?, true, call).await,
+        Some((Redirection::Moved, to)) => {
+            for client in shared.pool.clients() {
+                let client = client.clone();
+                tokio::spawn(async move { client.sync_cluster().await });
+            }
+            script(shared, &nodes.client(to).await?, false, call).await
+        }
+        None => reply,
+    };
+    reply.map_err(|e| shared.classify(e))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Redirection {
+    Ask,
+    Moved,
+}
+
+/// `ASK 3999 127.0.0.1:6381` or `MOVED ...`: where to go.
+fn redirection(details: &str) -> Option<(Redirection, Server)> {
+    let mut parts = details.split(' ');
+    let kind = match parts.next()? {
+        "ASK" => Redirection::Ask,
+        "MOVED" => Redirection::Moved,
+        _ => return None,
+    };
+    let _slot = parts.next()?;
+    let (host, port) = parse_node(parts.next()?).ok()?;
+    Some((kind, Server::new(host, port)))
+}
+
+/// The decision script on one node's connection: `EVALSHA`, then `EVAL` of the full text if the
+/// node lacks it (`NOSCRIPT`); after `ASKING` on the same connection when `asking`.
+async fn script(
+    shared: &Shared,
+    client: &fred::prelude::Client,
+    asking: bool,
+    call: &impl Fn() -> (Vec<Key>, Vec<Value>),
+) -> Result<Vec<i64>, FredError> {
+    if let Some(sha) = shared.sha.get() {
+        let reply = if asking {
+            pipelined(client, "EVALSHA", Value::from(sha.clone()), call()).await
+        } else {
+            let (keys, args) = call();
+            client.evalsha(sha.clone(), keys, args).await
+        };
+        match reply {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {}
+            other => return other,
+        }
+    }
+    if asking {
+        pipelined(client, "EVAL", Value::from_static_str(DECIDE_LUA), call()).await
+    } else {
+        let (keys, args) = call();
+        client.eval(DECIDE_LUA, keys, args).await
+    }
+}
+
+/// `ASKING` then `command` (`EVAL` or `EVALSHA`), written together on the node's one connection:
+/// the flag `ASKING` sets holds for exactly the next command of that connection.
+async fn pipelined(
+    client: &fred::prelude::Client,
+    command: &'static str,
+    script: Value,
+    (keys, args): (Vec<Key>, Vec<Value>),
+) -> Result<Vec<i64>, FredError> {
+    let pipeline = client.pipeline();
+    let no_args: Vec<Value> = Vec::new();
+    let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
+    pipeline.custom::<(), _>(asking, no_args).await?;
+    let mut all = Vec::with_capacity(2 + keys.len() + args.len());
+    all.push(script);
+    all.push(Value::Integer(keys.len() as i64));
+    all.extend(keys.into_iter().map(|k| Value::Bytes(k.into_bytes())));
+    all.extend(args);
+    let command = CustomCommand::new_static(command, ClusterHash::FirstKey, false);
+    pipeline.custom::<(), _>(command, all).await?;
+    let mut replies = pipeline.try_all::<Value>().await;
+    match replies.pop() {
+        Some(reply) if replies.len() == 1 => reply?.convert(),
+        // The pipeline failed as a whole (a timeout, a broken connection).
+        Some(reply) => reply.and_then(|_| Err(FredError::new_canceled())),
+        None => Err(FredError::new_canceled()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirections_name_the_node_to_ask() {
+        let (kind, server) = redirection("ASK 3999 127.0.0.1:6381").unwrap();
+        assert_eq!(kind, Redirection::Ask);
+        assert_eq!((&*server.host, server.port), ("127.0.0.1", 6381));
+        let (kind, server) = redirection("MOVED 12 ::1:7000").unwrap();
+        assert_eq!(kind, Redirection::Moved);
+        assert_eq!((&*server.host, server.port), ("::1", 7000));
+        assert!(redirection("TRYAGAIN Multiple keys request during rehashing of slot").is_none());
+        assert!(redirection("ASK 3999").is_none());
+    }
+}
