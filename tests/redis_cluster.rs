@@ -69,6 +69,10 @@ fn config(cluster: &RedisCluster, timeout: &str) -> String {
             ))
         ),
         route("fresh", &policy("shared", "header:x-run", bucket)),
+    ) + &route(
+        "twin",
+        &(policy("a", "header:x-a", "token_bucket: { rate: 1/d, burst: 5 }")
+            + &policy("b", "header:x-b", "token_bucket: { rate: 1/d, burst: 5 }")),
     )
 }
 
@@ -121,6 +125,7 @@ async fn a_fleet_on_a_redis_cluster() {
     concurrent_multi_slot_requests_never_exceed_either_limit(&cluster, &gateways).await;
     a_slot_moved_under_load_keeps_its_count(&cluster, &gateways).await;
     traffic_on_a_migrating_slot_keeps_deciding(&cluster, &gateways).await;
+    a_request_split_by_a_migration_fails_fast(&cluster, &gateways).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -290,6 +295,75 @@ async fn traffic_on_a_migrating_slot_keeps_deciding(
         "after the move: the counter created during the migration carried over: {fresh:?}"
     );
     eprintln!("migrating slot: 30 decisions under ASK in {took:?}");
+}
+
+/// A request whose two counters share a slot is one call, all or nothing. While a migration has
+/// split them between the two nodes, Redis answers `TRYAGAIN`: the request fails at once under
+/// the route's failure mode (closed: 503), consuming nothing, without opening the circuit breaker
+/// for other keys (Redis answered: it is not an outage). Once both keys are on the importing node
+/// it is one call again (after `ASK`).
+async fn a_request_split_by_a_migration_fails_fast(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    let client = Client::new();
+    let url = gateways[0].url("/twin");
+    // Learn both key names, then pick an x-b whose counter shares the slot of x-a's.
+    let probe = client
+        .get_with(&url, &[("x-a", "split"), ("x-b", "probe")])
+        .await;
+    assert_eq!(probe.status, 200);
+    let a = key_with(cluster, &["{twin:a", "split"]);
+    let b_probe = key_with(cluster, &["{twin:b", "probe"]);
+    let slot = fred::util::redis_keyslot(a.as_bytes());
+    let (value, b) = (0..1_000_000)
+        .map(|i| format!("v{i}"))
+        .map(|v| (v.clone(), b_probe.replace("probe", &v)))
+        .find(|(_, k)| fred::util::redis_keyslot(k.as_bytes()) == slot)
+        .expect("an x-b in the slot of x-a");
+    let headers = [("x-a", "split"), ("x-b", value.as_str())];
+    assert_eq!(client.get_with(&url, &headers).await.status, 200);
+    assert_eq!(cluster.slot(&b), cluster.slot(&a), "one slot for both");
+
+    let moving = tokio::task::block_in_place(|| cluster.begin_move_of(&a, &[&a]));
+    let mut slowest = Duration::ZERO;
+    for _ in 0..8 {
+        let sent = Instant::now();
+        let status = client.get_with(&url, &headers).await.status;
+        slowest = slowest.max(sent.elapsed());
+        assert_eq!(status, 503, "TRYAGAIN fails the request (closed)");
+    }
+    assert!(
+        slowest < Duration::from_secs(1),
+        "TRYAGAIN fails at once, not after the 2 s timeout: {slowest:?}"
+    );
+    assert!(
+        gateways[0].log().contains("TRYAGAIN"),
+        "the failure is Redis's TRYAGAIN; log:\n{}",
+        gateways[0].log()
+    );
+    let beside = [("x-run", "beside-split")];
+    assert_eq!(
+        client
+            .get_with(&gateways[0].url("/fresh"), &beside)
+            .await
+            .status,
+        200,
+        "8 TRYAGAIN answers did not open the breaker; log:\n{}",
+        gateways[0].log()
+    );
+
+    tokio::task::block_in_place(|| cluster.migrate_rest(&moving));
+    assert_eq!(client.get_with(&url, &headers).await.status, 200);
+    tokio::task::block_in_place(|| cluster.finish_move(&moving));
+    // `a` had 5: the probe, the first pair and the one after the migration took 3, the eight
+    // failed requests nothing.
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(client.get_with(&url, &headers).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    eprintln!("split slot: 8 TRYAGAIN failures, slowest {slowest:?}");
 }
 
 async fn killing_a_master_fails_over_and_limiting_resumes(

@@ -348,6 +348,15 @@ impl RedisCluster {
     /// the source migrates, and the slot's keys are moved (`MIGRATE`). Until
     /// [`RedisCluster::finish_move`], the source answers `ASK` for them.
     pub fn begin_move(&self, key: &str) -> SlotMove {
+        let moving = self.begin_move_of(key, &[]);
+        self.migrate_rest(&moving);
+        moving
+    }
+
+    /// [`RedisCluster::begin_move`] caught midway: of the slot's keys, only `keys` are moved yet,
+    /// so a call on keys of both sides gets `TRYAGAIN`. [`RedisCluster::migrate_rest`] moves the
+    /// others.
+    pub fn begin_move_of(&self, key: &str, keys: &[&str]) -> SlotMove {
         let slot = self.slot(key).to_string();
         let from = self.master_of(key);
         let to = (0..self.nodes.len())
@@ -362,19 +371,31 @@ impl RedisCluster {
         let (from_id, to_id) = (id(from), id(to));
         self.nodes[to].cli(&["cluster", "setslot", &slot, "importing", &from_id]);
         self.nodes[from].cli(&["cluster", "setslot", &slot, "migrating", &to_id]);
-        let keys = self.nodes[from].cli(&["cluster", "getkeysinslot", &slot, "1000"]);
-        if !keys.is_empty() {
-            let port = self.nodes[to].port.to_string();
-            let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
-            migrate.extend(keys.iter().map(String::as_str));
-            self.nodes[from].cli(&migrate);
-        }
-        SlotMove {
+        let moving = SlotMove {
             slot,
             from,
             to,
             to_id,
+        };
+        self.migrate(&moving, keys);
+        moving
+    }
+
+    /// Moves every key still in the source's part of a slot being moved.
+    pub fn migrate_rest(&self, moving: &SlotMove) {
+        let keys = self.nodes[moving.from].cli(&["cluster", "getkeysinslot", &moving.slot, "1000"]);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.migrate(moving, &keys);
+    }
+
+    fn migrate(&self, moving: &SlotMove, keys: &[&str]) {
+        if keys.is_empty() {
+            return;
         }
+        let port = self.nodes[moving.to].port.to_string();
+        let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+        migrate.extend_from_slice(keys);
+        self.nodes[moving.from].cli(&migrate);
     }
 
     /// Ends a move: every master learns the slot's new owner (`MOVED` from now on).
