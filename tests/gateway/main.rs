@@ -17,5 +17,6 @@ mod limits;
 mod normalization;
 mod pool;
 mod proxy;
+mod quota;
 mod routing;
 mod slowloris;
