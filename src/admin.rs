@@ -33,8 +33,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/debug/top-limited", get(top_limited))
         .route("/config", get(config_status))
-        .with_state(state)
+        .with_state(state.clone())
         .merge(crate::rls::json::router(rls))
+        .merge(crate::overrides::api::router(state.state))
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {

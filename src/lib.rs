@@ -48,6 +48,7 @@ pub mod listener;
 pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
+pub mod overrides;
 pub mod probe;
 pub mod proxy;
 pub mod respond;

@@ -155,6 +155,11 @@ pub fn compile(
                 routes,
                 rls,
                 forward_auth,
+                overrides_file: raw.overrides.as_ref().map(|file| match source.parent() {
+                    Some(dir) => dir.join(file),
+                    None => file.into(),
+                }),
+                overrides: Vec::new(),
                 warnings: Vec::new(),
             },
             errors.1,

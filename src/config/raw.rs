@@ -31,6 +31,8 @@ pub struct RawConfig {
     /// Requests no policy of any route applies to.
     #[serde(default)]
     pub exempt: RawExempt,
+    /// A YAML file of per-key overrides (`crate::overrides`), relative to this file.
+    pub overrides: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,6 +15,7 @@ mod keys;
 mod lifecycle;
 mod limits;
 mod normalization;
+mod overrides;
 mod pool;
 mod proxy;
 mod quota;
