@@ -91,7 +91,15 @@ impl Live {
                     policies: route
                         .policies
                         .iter()
-                        .map(|p| metrics.policy(&route.name, &p.name))
+                        .map(|p| {
+                            let m = metrics.policy(&route.name, &p.name);
+                            match p.rule {
+                                crate::limiter::Rule::Quota(_) => {
+                                    m.with_quota_units(metrics, &route.name, &p.name)
+                                }
+                                _ => m,
+                            }
+                        })
                         .collect(),
                     client,
                 }

@@ -61,6 +61,12 @@ async fn a_daily_quota_admits_its_limit_then_refuses_until_midnight(store: TestS
     assert_eq!(other.status, 200);
     assert_eq!(other.header_u64("x-ratelimit-remaining"), 2);
     assert_eq!(upstream.requests(), 4, "exactly the admitted requests");
+    let used = [("route", "api"), ("policy", "daily")];
+    assert_eq!(
+        gw.metric("turnstile_quota_used_units_total", &used).await,
+        4.0,
+        "units admitted, refusals excluded"
+    );
 }
 
 #[test]
