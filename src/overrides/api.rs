@@ -65,18 +65,20 @@ async fn put(
     if let Store::Redis(store) = state.engine.store() {
         let json = serde_json::to_string(&o).unwrap_or_default();
         match store.overrides_put(&field, &json, MAX_OVERRIDES).await {
-            Ok(true) => {}
+            // Applied here from Redis itself, after any refresh already under way.
+            Ok(true) => super::refresh(&state).await,
             Ok(false) => return full(),
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
     } else {
-        let api = state.overrides.api();
+        let mut api = state.overrides.api();
         if api.len() >= MAX_OVERRIDES && !api.contains_key(&field) {
             return full();
         }
+        api.insert(field, o.clone());
+        drop(api);
+        state.overrides.rebuild(&state);
     }
-    state.overrides.api().insert(field, o.clone());
-    state.overrides.rebuild(&state);
     (StatusCode::OK, Json(o)).into_response()
 }
 
@@ -96,14 +98,17 @@ async fn delete(
     let field = Override::new(&route, &policy, &key, Limits::default()).counter_key();
     let existed = if let Store::Redis(store) = state.engine.store() {
         match store.overrides_delete(&field).await {
-            Ok(existed) => existed,
+            Ok(existed) => {
+                super::refresh(&state).await;
+                existed
+            }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
     } else {
-        state.overrides.api().contains_key(&field)
+        let existed = state.overrides.api().remove(&field).is_some();
+        state.overrides.rebuild(&state);
+        existed
     };
-    state.overrides.api().remove(&field);
-    state.overrides.rebuild(&state);
     if existed {
         StatusCode::NO_CONTENT.into_response()
     } else {

@@ -327,6 +327,8 @@ pub struct Overrides {
     api: Mutex<BTreeMap<String, Override>>,
     /// Redis's version of the shared overrides this copy reflects (`None`: never fetched).
     pub(crate) version: Mutex<Option<String>>,
+    /// One refresh at a time, so a slow one can never apply an older copy over a newer one.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 /// One line of `GET /overrides`.
@@ -410,6 +412,7 @@ pub async fn refresh(state: &AppState) {
     let crate::limiter::Store::Redis(store) = state.engine.store() else {
         return;
     };
+    let _one = state.overrides.refreshing.lock().await;
     let known = state.overrides.version.lock().ok().and_then(|v| v.clone());
     match store.overrides_fetch(known.as_deref()).await {
         Ok(Some((version, entries))) => {

@@ -253,3 +253,57 @@ async fn the_overrides_file_applies_and_reloads_and_a_bad_one_keeps_the_last() {
     assert_eq!(listed["overrides"][0]["source"], "file");
     assert_eq!(listed["overrides"][1]["source"], "api");
 }
+
+/// The `PUT` script refuses a new key past the bound, atomically for every instance; replacing
+/// an existing key and deleting are always possible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_override_table_is_bounded_in_redis() {
+    let redis = RedisServer::start();
+    let store =
+        turnstile::limiter::RedisStore::connect(&redis.url(), 1, Duration::from_secs(2), "bound:")
+            .expect("store");
+    assert!(store.wait_ready(crate::support::LIVENESS).await);
+    for key in ["a", "b", "c"] {
+        assert!(store.overrides_put(key, "{}", 3).await.expect("put"));
+    }
+    assert!(
+        !store.overrides_put("d", "{}", 3).await.expect("put"),
+        "a 4th key"
+    );
+    assert!(
+        store.overrides_put("b", "{}", 3).await.expect("put"),
+        "replacing"
+    );
+    assert!(store.overrides_delete("a").await.expect("delete"));
+    assert!(store.overrides_put("d", "{}", 3).await.expect("put"));
+    let (version, entries) = store
+        .overrides_fetch(None)
+        .await
+        .expect("fetch")
+        .expect("some");
+    assert_eq!(entries.len(), 3);
+    assert_eq!(version, "6", "one version per change");
+    assert!(store
+        .overrides_fetch(Some(&version))
+        .await
+        .expect("fetch")
+        .is_none());
+}
+
+#[test]
+fn an_overrides_file_past_the_bound_is_a_config_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut file = String::new();
+    for i in 0..=turnstile::overrides::MAX_OVERRIDES {
+        file.push_str(&format!(
+            "- {{route: api, policy: tenant, key: k{i}, limit: 3}}\n"
+        ));
+    }
+    std::fs::write(dir.path().join("overrides.yaml"), file).expect("write");
+    let config = dir.path().join("policies.yaml");
+    std::fs::write(&config, WITH_FILE).expect("write");
+    let err = turnstile::config::load(&config)
+        .expect_err("too many")
+        .to_string();
+    assert!(err.contains("10001 overrides; at most 10000"), "{err}");
+}
