@@ -85,12 +85,13 @@ pub fn compile(
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
 
-    let mut upstreams = HashMap::new();
-    for (name, up) in &raw.upstreams {
-        if let Some(upstream) = upstream(e, name, up) {
-            upstreams.insert(name.clone(), Arc::new(upstream));
-        }
-    }
+    // An upstream that fails validation is still *defined*: its own error is reported once, and
+    // the routes that name it must not add a false "not defined" on top.
+    let upstreams: HashMap<String, Option<Arc<Upstream>>> = raw
+        .upstreams
+        .iter()
+        .map(|(name, up)| (name.clone(), upstream(e, name, up).map(Arc::new)))
+        .collect();
 
     let mut routes = Vec::new();
     let mut seen = HashMap::new();
@@ -643,7 +644,7 @@ fn route(
     e: &mut Errors,
     path: &str,
     raw: &RawRoute,
-    upstreams: &HashMap<String, Arc<Upstream>>,
+    upstreams: &HashMap<String, Option<Arc<Upstream>>>,
     default_mode: FailureMode,
 ) -> Option<Route> {
     if !valid_name(&raw.name) {
@@ -652,7 +653,8 @@ fn route(
     let (matcher, params) = route_match(e, path, &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
         (Some(name), None) => match upstreams.get(name) {
-            Some(up) => Some(Action::Forward(up.clone())),
+            Some(Some(up)) => Some(Action::Forward(up.clone())),
+            Some(None) => None,
             None => {
                 let mut known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
                 known.sort_unstable();
