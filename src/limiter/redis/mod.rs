@@ -25,6 +25,7 @@ use fred::types::config::UnresponsiveConfig;
 mod ask;
 mod cluster;
 mod health;
+mod overrides;
 mod target;
 mod wire;
 
