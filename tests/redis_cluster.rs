@@ -126,6 +126,7 @@ async fn a_fleet_on_a_redis_cluster() {
     a_slot_moved_under_load_keeps_its_count(&cluster, &gateways).await;
     traffic_on_a_migrating_slot_keeps_deciding(&cluster, &gateways).await;
     a_request_split_by_a_migration_fails_fast(&cluster, &gateways).await;
+    overrides_follow_their_slot_when_it_moves(&cluster, &gateways).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -364,6 +365,43 @@ async fn a_request_split_by_a_migration_fails_fast(
     }
     assert_eq!(statuses, [200, 200, 429, 429]);
     eprintln!("split slot: 8 TRYAGAIN failures, slowest {slowest:?}");
+}
+
+/// The per-key overrides live in Redis under one hash tag; their scripts follow `ASK` while that
+/// slot migrates and `MOVED` once it has moved, as decisions do.
+async fn overrides_follow_their_slot_when_it_moves(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    let admin = |method: &str, body: &'static str| {
+        let url = gateways[0].admin_url("/overrides/fresh/shared/premium");
+        let req = support::client::request(method.parse().expect("method"), &url)
+            .header("content-type", "application/json")
+            .body(support::client::full(body.to_string()))
+            .expect("request");
+        async move { Client::new().send(req).await }
+    };
+    let put = admin("PUT", r#"{"rate": "1/d", "burst": 70}"#).await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let hash = key_with(cluster, &["{turnstile-overrides}", ":version"]);
+    let hash = hash.trim_end_matches(":version").to_string();
+    let moving = tokio::task::block_in_place(|| cluster.begin_move(&hash));
+    let put = admin("PUT", r#"{"rate": "1/d", "burst": 80}"#).await;
+    assert_eq!(
+        put.status,
+        200,
+        "during the migration (ASK): {}",
+        put.text()
+    );
+    tokio::task::block_in_place(|| cluster.finish_move(&moving));
+    let deleted = admin("DELETE", "").await;
+    assert_eq!(
+        deleted.status,
+        204,
+        "after the move (MOVED): {}; log:\n{}",
+        deleted.text(),
+        gateways[0].log()
+    );
 }
 
 async fn killing_a_master_fails_over_and_limiting_resumes(

@@ -22,15 +22,16 @@
 
 use std::sync::Mutex;
 
+use fred::bytes_utils::Str;
 use fred::prelude::{
-    Builder, ClientLike, ClusterInterface, Config, ConnectionConfig, Error as FredError, Key,
-    LuaInterface, PerformanceConfig, ReconnectPolicy, ServerConfig, Value,
+    Builder, ClientLike, ClusterInterface, Config, ConnectionConfig, Error as FredError, FromValue,
+    Key, LuaInterface, PerformanceConfig, ReconnectPolicy, ServerConfig, Value,
 };
 use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand};
 use fred::util::redis_keyslot;
 
-use super::{parse_node, Shared, DECIDE_LUA};
+use super::{parse_node, Shared};
 use crate::limiter::StoreError;
 
 /// fred's answer when a command met a redirection and may follow none.
@@ -114,13 +115,21 @@ impl Nodes {
     }
 }
 
-/// Runs the call after fred gave up on a redirection (see the module docs). Not bounded here:
-/// the caller's timeout is.
-pub(super) async fn follow(
+/// A Lua script: its text, and its SHA1 when Redis is known to have reported it.
+#[derive(Clone, Copy)]
+pub(super) struct Script<'a> {
+    pub sha: Option<&'a Str>,
+    pub text: &'static str,
+}
+
+/// Runs the call of `lua` after fred gave up on a redirection (see the module docs). Not bounded
+/// here: the caller's timeout is.
+pub(super) async fn follow<R: FromValue>(
     shared: &Shared,
     nodes: &Nodes,
+    lua: Script<'_>,
     call: &impl Fn() -> (Vec<Key>, Vec<Value>),
-) -> Result<Vec<i64>, StoreError> {
+) -> Result<R, StoreError> {
     let (keys, _) = call();
     let slot = keys
         .first()
@@ -132,15 +141,15 @@ pub(super) async fn follow(
         .cached_cluster_state()
         .and_then(|routing| routing.get_server(slot).cloned())
         .ok_or_else(|| StoreError::Connection(format!("no known owner of slot {slot}")))?;
-    let reply = script(shared, &nodes.client(owner).await?, false, call).await;
+    let reply = script(lua, &nodes.client(owner).await?, false, call).await;
     let reply = match reply.as_ref().err().and_then(|e| redirection(e.details())) {
-        Some((Redirection::Ask, to)) => script(shared, &nodes.client(to).await?, true, call).await,
+        Some((Redirection::Ask, to)) => script(lua, &nodes.client(to).await?, true, call).await,
         Some((Redirection::Moved, to)) => {
             for client in shared.pool.clients() {
                 let client = client.clone();
                 tokio::spawn(async move { client.sync_cluster().await });
             }
-            script(shared, &nodes.client(to).await?, false, call).await
+            script(lua, &nodes.client(to).await?, false, call).await
         }
         None => reply,
     };
@@ -166,15 +175,15 @@ fn redirection(details: &str) -> Option<(Redirection, Server)> {
     Some((kind, Server::new(host, port)))
 }
 
-/// The decision script on one node's connection: `EVALSHA`, then `EVAL` of the full text if the
-/// node lacks it (`NOSCRIPT`); after `ASKING` on the same connection when `asking`.
-async fn script(
-    shared: &Shared,
+/// A script on one node's connection: `EVALSHA`, then `EVAL` of the full text if the node lacks
+/// it (`NOSCRIPT`); after `ASKING` on the same connection when `asking`.
+async fn script<R: FromValue>(
+    lua: Script<'_>,
     client: &fred::prelude::Client,
     asking: bool,
     call: &impl Fn() -> (Vec<Key>, Vec<Value>),
-) -> Result<Vec<i64>, FredError> {
-    if let Some(sha) = shared.sha.get() {
+) -> Result<R, FredError> {
+    if let Some(sha) = lua.sha {
         let reply = if asking {
             pipelined(client, "EVALSHA", Value::from(sha.clone()), call()).await
         } else {
@@ -187,21 +196,21 @@ async fn script(
         }
     }
     if asking {
-        pipelined(client, "EVAL", Value::from_static_str(DECIDE_LUA), call()).await
+        pipelined(client, "EVAL", Value::from_static_str(lua.text), call()).await
     } else {
         let (keys, args) = call();
-        client.eval(DECIDE_LUA, keys, args).await
+        client.eval(lua.text, keys, args).await
     }
 }
 
 /// `ASKING` then `command` (`EVAL` or `EVALSHA`), written together on the node's one connection:
 /// the flag `ASKING` sets holds for exactly the next command of that connection.
-async fn pipelined(
+async fn pipelined<R: FromValue>(
     client: &fred::prelude::Client,
     command: &'static str,
     script: Value,
     (keys, args): (Vec<Key>, Vec<Value>),
-) -> Result<Vec<i64>, FredError> {
+) -> Result<R, FredError> {
     let pipeline = client.pipeline();
     let no_args: Vec<Value> = Vec::new();
     let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);

@@ -17,8 +17,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use fred::prelude::{
-    Builder, ClientLike, ConnectionConfig, Error as FredError, ErrorKind, Key, LuaInterface,
-    PerformanceConfig, Pool, ReconnectPolicy, TcpConfig, Value,
+    Builder, ClientLike, ConnectionConfig, Error as FredError, ErrorKind, FromValue, Key,
+    LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, TcpConfig, Value,
 };
 use fred::types::config::UnresponsiveConfig;
 
@@ -345,7 +345,34 @@ impl Shared {
         match (reply, &self.nodes) {
             (Err(e), Some(nodes)) if ask::redirected(&e) => {
                 let left = self.timeout.saturating_sub(started.elapsed());
-                tokio::time::timeout(left, ask::follow(self, nodes, &call))
+                let lua = ask::Script {
+                    sha: self.sha.get(),
+                    text: DECIDE_LUA,
+                };
+                tokio::time::timeout(left, ask::follow(self, nodes, lua, &call))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+            }
+            (reply, _) => reply.map_err(|e| self.classify(e)),
+        }
+    }
+
+    /// `EVAL` of a script other than the decision's (the overrides), following a Cluster's
+    /// redirections like [`Shared::run`], at most `timeout` in all.
+    async fn eval<R: FromValue>(
+        &self,
+        text: &'static str,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+    ) -> Result<R, StoreError> {
+        let started = Instant::now();
+        let reply = self.pool.eval(text, keys.clone(), args.clone()).await;
+        match (reply, &self.nodes) {
+            (Err(e), Some(nodes)) if ask::redirected(&e) => {
+                let left = self.timeout.saturating_sub(started.elapsed());
+                let lua = ask::Script { sha: None, text };
+                let call = || (keys.clone(), args.clone());
+                tokio::time::timeout(left, ask::follow(self, nodes, lua, &call))
                     .await
                     .unwrap_or(Err(StoreError::Timeout(self.timeout)))
             }

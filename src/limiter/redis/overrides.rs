@@ -3,7 +3,7 @@
 //! one hash tag so a Cluster keeps them in one slot. Instances poll the version and read the hash
 //! only when it moved; the decision script never reads them, so requests pay nothing.
 
-use fred::prelude::{Key, LuaInterface, Value};
+use fred::prelude::{Key, Value};
 
 use super::RedisStore;
 use crate::limiter::StoreError;
@@ -49,12 +49,7 @@ impl RedisStore {
         max: usize,
     ) -> Result<bool, StoreError> {
         let args: Vec<Value> = vec![field.into(), json.into(), (max as i64).into()];
-        let reply: i64 = self
-            .shared
-            .pool
-            .eval(PUT, self.override_keys(), args)
-            .await
-            .map_err(|e| self.shared.classify(e))?;
+        let reply: i64 = self.shared.eval(PUT, self.override_keys(), args).await?;
         Ok(reply >= 0)
     }
 
@@ -62,10 +57,8 @@ impl RedisStore {
     pub async fn overrides_delete(&self, field: &str) -> Result<bool, StoreError> {
         let reply: i64 = self
             .shared
-            .pool
             .eval(DELETE, self.override_keys(), vec![Value::from(field)])
-            .await
-            .map_err(|e| self.shared.classify(e))?;
+            .await?;
         Ok(reply == 1)
     }
 
@@ -78,14 +71,12 @@ impl RedisStore {
     ) -> Result<Option<(String, Vec<(String, String)>)>, StoreError> {
         let reply: Vec<String> = self
             .shared
-            .pool
             .eval(
                 FETCH,
                 self.override_keys(),
                 vec![Value::from(known.unwrap_or(""))],
             )
-            .await
-            .map_err(|e| self.shared.classify(e))?;
+            .await?;
         let mut items = reply.into_iter();
         let version = items.next().unwrap_or_default();
         if known == Some(version.as_str()) {
