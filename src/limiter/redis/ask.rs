@@ -21,6 +21,7 @@
 //! the owner. The caller bounds all of it by what is left of the store timeout.
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use fred::bytes_utils::Str;
 use fred::prelude::{
@@ -28,7 +29,7 @@ use fred::prelude::{
     Key, LuaInterface, PerformanceConfig, ReconnectPolicy, ServerConfig, Value,
 };
 use fred::types::config::Server;
-use fred::types::{ClusterHash, CustomCommand};
+use fred::types::{ClientState, ClusterHash, CustomCommand};
 use fred::util::redis_keyslot;
 
 use super::{parse_node, Shared};
@@ -36,6 +37,12 @@ use crate::limiter::StoreError;
 
 /// fred's answer when a command met a redirection and may follow none.
 const REDIRECTED: &str = "Too many redirections.";
+
+/// Reconnection attempts of a node connection before it gives up (and is made again on next use).
+const RECONNECTS: u32 = 3;
+
+/// Longer than a node connection takes to give up: connect timeouts plus backoff.
+const GIVE_UP: Duration = Duration::from_secs(10);
 
 /// Node connections kept at most (a Cluster has a few masters; this only bounds a bad topology).
 const MAX_NODES: usize = 32;
@@ -51,7 +58,8 @@ pub(super) struct Nodes {
     config: Config,
     connection: ConnectionConfig,
     performance: PerformanceConfig,
-    clients: Mutex<Vec<(Server, fred::prelude::Client)>>,
+    /// Each with when it was made.
+    clients: Mutex<Vec<(Server, fred::prelude::Client, Instant)>>,
 }
 
 impl Nodes {
@@ -82,8 +90,15 @@ impl Nodes {
 
     fn get_or_start(&self, server: Server) -> Result<fred::prelude::Client, StoreError> {
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, client)) = clients.iter().find(|(s, _)| *s == server) {
-            return Ok(client.clone());
+        if let Some(at) = clients.iter().position(|(s, _, _)| *s == server) {
+            let (_, client, made) = &clients[at];
+            // A new client is `Disconnected` until its task starts; an old one that is has given
+            // up reconnecting (so a node gone for good keeps no task retrying): start over.
+            if client.state() != ClientState::Disconnected || made.elapsed() < GIVE_UP {
+                return Ok(client.clone());
+            }
+            let (_, stale, _) = clients.remove(at);
+            tokio::spawn(async move { stale.quit().await });
         }
         let config = Config {
             server: ServerConfig::Centralized {
@@ -94,22 +109,22 @@ impl Nodes {
         let client = Builder::from_config(config)
             .set_connection_config(self.connection.clone())
             .set_performance_config(self.performance.clone())
-            .set_policy(ReconnectPolicy::new_exponential(0, 50, 1_000, 2))
+            .set_policy(ReconnectPolicy::new_exponential(RECONNECTS, 50, 1_000, 2))
             .build()
             .map_err(|e| StoreError::Connection(e.details().to_string()))?;
         drop(client.connect());
         if clients.len() >= MAX_NODES {
-            let (_, oldest) = clients.remove(0);
+            let (_, oldest, _) = clients.remove(0);
             tokio::spawn(async move { oldest.quit().await });
         }
-        clients.push((server, client.clone()));
+        clients.push((server, client.clone(), Instant::now()));
         Ok(client)
     }
 
     /// Closes every node connection (the store is dropped).
     pub(super) fn quit(&self) {
         let clients = std::mem::take(&mut *self.clients.lock().unwrap_or_else(|p| p.into_inner()));
-        for (_, client) in clients {
+        for (_, client, _) in clients {
             tokio::spawn(async move { client.quit().await });
         }
     }
