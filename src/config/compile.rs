@@ -20,6 +20,9 @@ use crate::limiter::{Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
 
+#[path = "inflight.rs"]
+mod inflight;
+
 /// A problem at a field path such as `routes[1].policies[0].token_bucket.rate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -701,6 +704,7 @@ fn route(
             );
         }
         if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params) {
+            inflight::check_door(e, &ppath, &p, action.as_ref());
             policies.push(p);
         }
     }
@@ -849,7 +853,7 @@ fn policy(
         let part = key_part(text, params).map_err(|m| format!("`{text}`: {m}"));
         key.extend(e.take(format!("{path}.key[{k}]"), part));
     }
-    let cost = raw.cost.unwrap_or(1);
+    let cost = inflight::admission_cost(raw);
     if cost == 0 {
         // A zero cost would check without ever consuming: the policy would never limit.
         e.add(
@@ -858,6 +862,7 @@ fn policy(
         );
     }
     let rule = match (&raw.token_bucket, &raw.sliding_window) {
+        _ if raw.concurrency.is_some() => inflight::concurrency(e, path, raw),
         (Some(tb), None) => {
             let rate = e.take(format!("{path}.token_bucket.rate"), parse_rate(&tb.rate));
             // The bucket refills from empty in burst / rate, which bounds `Reset` and
@@ -942,7 +947,8 @@ fn policy(
         (None, None) => {
             e.add(
                 path,
-                "needs `token_bucket: {rate, burst}` or `sliding_window: {limit, window}`",
+                "needs `token_bucket: {rate, burst}`, `sliding_window: {limit, window}` or \
+                 `concurrency: {limit}`",
             );
             None
         }
@@ -950,7 +956,9 @@ fn policy(
     if key.len() != raw.key.len() {
         return None;
     }
-    Some(Policy::new(route, &raw.name, key, rule?, cost))
+    let mut policy = Policy::new(route, &raw.name, key, rule?, cost);
+    inflight::finish(e, path, raw, &mut policy);
+    Some(policy)
 }
 
 fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {

@@ -26,8 +26,8 @@ pub fn key(prefix: &str, check: &Check<'_>) -> String {
 }
 
 /// The script's ARGV: `now` (`None`: the script reads Redis `TIME`), then
-/// `kind, p1, p2, p3, cost, shadow` per check.
-pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+/// `kind, p1, p2, p3, cost, shadow` per check; a concurrency check that commits takes `lease`.
+pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
     let mut args = Vec::with_capacity(1 + 6 * checks.len());
     args.push(match now {
@@ -48,6 +48,12 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
                 args.push(int(sw.limit));
                 args.push(int(sw.window_us));
                 args.push(int(u64::from(sw.buckets)));
+            }
+            Rule::Concurrency(cc) => {
+                args.push(Value::from_static_str("cc"));
+                args.push(int(cc.limit));
+                args.push(int(cc.lease_ttl_us));
+                args.push(int(lease));
             }
         }
         args.push(int(check.cost));
@@ -99,6 +105,22 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     })
 }
 
+/// The charge's ARGV: `"charge"`, then [`args`]: every check's cost is consumed whatever the
+/// counter holds (cost from the response).
+pub fn charge_args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(2 + 6 * checks.len());
+    out.push(Value::from_static_str("charge"));
+    out.extend(args(now, checks, 0));
+    out
+}
+
+/// The release's ARGV: a refund of lease `lease` on each concurrency check of `checks`.
+pub fn release_args(checks: &[Check<'_>], lease: u64) -> Vec<Value> {
+    let lease = i64::try_from(lease).unwrap_or(i64::MAX);
+    let entries: Vec<(Check<'_>, [i64; 2])> = checks.iter().map(|c| (*c, [lease, 0])).collect();
+    refund_args(&entries)
+}
+
 /// What identifies the consumption of check `i` for a refund (only after [`decode`] accepted the
 /// reply's length).
 pub fn stamp(reply: &[i64], checks: usize, i: usize) -> [i64; 2] {
@@ -116,7 +138,7 @@ pub fn refund_args(entries: &[(Check<'_>, [i64; 2])]) -> Vec<Value> {
         args.push(int(check.cost));
         args.push(match check.rule {
             Rule::TokenBucket(tb) => int(tb.burst),
-            Rule::SlidingWindow(_) => Value::Integer(0),
+            Rule::SlidingWindow(_) | Rule::Concurrency(_) => Value::Integer(0),
         });
         args.push(Value::Integer(stamp[0]));
         args.push(Value::Integer(stamp[1]));
