@@ -1,0 +1,201 @@
+//! Concurrency leases and cost from the response through the inline gateway (issue 15), on both
+//! stores: never more than N requests in flight at the upstream, leases released when the body
+//! ends or the client goes away, and the exact arithmetic of costs an upstream reports.
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+use crate::support::client::{empty, request};
+use crate::support::gateway::one_route;
+use crate::support::stores::TestStore;
+use crate::support::{Client, TestGateway, Upstream, LIVENESS};
+
+const LIMIT: usize = 5;
+const REQUESTS: usize = 100;
+
+fn concurrency(limit: usize, extra: &str) -> String {
+    one_route(&format!(
+        "      - name: inflight\n        key: [method]\n        concurrency: {{ limit: {limit}{extra} }}"
+    ))
+}
+
+async fn in_flight_gauge(gw: &TestGateway) -> f64 {
+    gw.metric("turnstile_in_flight_requests", &[("route", "api")])
+        .await
+}
+
+/// Waits until the gateway holds no lease (releases on Redis are spawned after the body ends).
+async fn wait_released(gw: &TestGateway) {
+    let deadline = Instant::now() + LIVENESS;
+    while in_flight_gauge(gw).await != 0.0 {
+        assert!(Instant::now() < deadline, "leases still held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// 100 slow requests at once: the upstream, which counts its own requests in flight, never sees
+/// more than the limit, and does see the limit reached; the others are refused with 429 and
+/// `Retry-After: 1`; afterwards every lease is back.
+async fn a_hundred_slow_requests_never_put_more_than_the_limit_in_flight(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let gw =
+        TestGateway::with_upstream(&store.config(&concurrency(LIMIT, "")), upstream.addr).await;
+    let c = Client::new();
+    let url = gw.url("/slow");
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move { c.get_with(&url, &[("x-test-sleep-ms", "1000")]).await })
+        })
+        .collect();
+    let (mut admitted, mut refused) = (0, 0);
+    for task in tasks {
+        let reply = task.await.expect("request task");
+        match reply.status {
+            200 => admitted += 1,
+            429 => {
+                assert_eq!(reply.header("retry-after"), Some("1"), "{reply:?}");
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    let peak = upstream.peak_in_flight();
+    assert!(
+        peak <= LIMIT,
+        "{peak} requests in flight at the upstream, limit {LIMIT}"
+    );
+    assert_eq!(peak, LIMIT, "the limit was never reached");
+    assert_eq!(admitted + refused, REQUESTS);
+    assert!(admitted >= LIMIT, "only {admitted} admitted");
+    assert_eq!(
+        upstream.requests(),
+        admitted,
+        "a refused request reached the upstream"
+    );
+    wait_released(&gw).await;
+    // Every lease is back: the limit is available again, all of it at once.
+    let again: Vec<_> = (0..LIMIT)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move { c.get_with(&url, &[("x-test-sleep-ms", "300")]).await })
+        })
+        .collect();
+    for task in again {
+        assert_eq!(task.await.expect("task").status, 200);
+    }
+}
+
+/// A client that goes away before the response head, or in the middle of the body, releases its
+/// lease: the next request is admitted.
+async fn a_client_going_away_releases_its_lease(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&store.config(&concurrency(1, "")), upstream.addr).await;
+    let url = gw.url("/held");
+
+    // Gone before the head: the request future is dropped while the upstream holds it.
+    let c = Client::new();
+    let (c2, url2) = (c.clone(), url.clone());
+    let waiting =
+        tokio::spawn(async move { c2.get_with(&url2, &[("x-test-hold-head", "1")]).await });
+    upstream.wait_for_requests(1).await;
+    assert_eq!(in_flight_gauge(&gw).await, 1.0);
+    assert_eq!(Client::new().get(&url).await.status, 429);
+    waiting.abort();
+    drop(c);
+    wait_released(&gw).await;
+    assert_eq!(Client::new().get(&url).await.status, 200);
+
+    // Gone in the middle of the body: the head and a first chunk arrived, the rest never will.
+    let c = Client::new();
+    let streaming = c
+        .head(
+            request(Method::GET, &url)
+                .header("x-test-stream", "1")
+                .body(empty())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(streaming.status(), 200);
+    assert_eq!(in_flight_gauge(&gw).await, 1.0);
+    assert_eq!(Client::new().get(&url).await.status, 429);
+    drop(streaming);
+    drop(c);
+    wait_released(&gw).await;
+    assert_eq!(Client::new().get(&url).await.status, 200);
+    upstream.release(2);
+}
+
+/// `refuse_with: 503` changes only the status of a concurrency refusal.
+async fn refuse_with_503(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let yaml = store.config(&concurrency(1, ", refuse_with: 503"));
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let url = gw.url("/x");
+    let (c, url2) = (Client::new(), url.clone());
+    let held = tokio::spawn(async move { c.get_with(&url2, &[("x-test-hold-head", "1")]).await });
+    upstream.wait_for_requests(1).await;
+    let refused = Client::new().get(&url).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    upstream.release(1);
+    assert_eq!(held.await.expect("task").status, 200);
+    wait_released(&gw).await;
+}
+
+/// An upstream reporting costs in `x-usage-tokens`: admission takes `min_cost` (1), the rest of
+/// the reported amount is charged when the head arrives, `fallback` (5) when the header is
+/// missing or not a number, at most the burst (100); the bucket goes below zero and refuses.
+async fn costs_reported_by_the_upstream_are_charged_exactly(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let yaml = store.config(&one_route(
+        "      - name: tokens\n        key: [method]\n        token_bucket: { rate: 1/d, burst: 100 }\n        \
+         cost: { response_header: x-usage-tokens, fallback: 5, min_cost: 1 }",
+    ));
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let c = Client::new();
+    let url = gw.url("/llm");
+    let charged = || async {
+        gw.metric(
+            "turnstile_cost_charged_total",
+            &[("route", "api"), ("policy", "tokens")],
+        )
+        .await
+    };
+    // (reported, remaining at admission, charged after it so far)
+    let steps: [(Option<&str>, u64, f64); 4] = [
+        (Some("30"), 99, 29.0),    // 100 - 1, then - 29 = 70
+        (None, 69, 33.0),          // 70 - 1, then - 4 = 65
+        (Some("lots"), 64, 37.0),  // 65 - 1, then - 4 = 60
+        (Some("1000"), 59, 136.0), // 60 - 1, then - 99 = -40
+    ];
+    for (reported, remaining, total) in steps {
+        let headers: Vec<(&str, &str)> = reported.map(|v| ("x-test-cost", v)).into_iter().collect();
+        let reply = c.get_with(&url, &headers).await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.header_u64("x-ratelimit-remaining"), remaining);
+        let deadline = Instant::now() + LIVENESS;
+        while charged().await != total {
+            assert!(
+                Instant::now() < deadline,
+                "charge never landed: {}",
+                charged().await
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // -40 tokens: refused, for the 41 tokens a request needs at 1 a day.
+    let refused = c.get(&url).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header_u64("x-ratelimit-remaining"), 0);
+    assert_eq!(refused.header_u64("retry-after"), 41 * 86_400);
+    assert_eq!(upstream.requests(), 4);
+}
+
+crate::store_matrix!(
+    a_hundred_slow_requests_never_put_more_than_the_limit_in_flight,
+    a_client_going_away_releases_its_lease,
+    refuse_with_503,
+    costs_reported_by_the_upstream_are_charged_exactly,
+);
