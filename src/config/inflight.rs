@@ -131,3 +131,121 @@ pub(super) fn check_door(e: &mut Errors, path: &str, policy: &Policy, action: Op
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use http::{HeaderValue, StatusCode};
+
+    use crate::config::parse;
+    use crate::limiter::{Concurrency, Rule};
+
+    const BASE: &str =
+        "upstreams:\n  api:\n    url: http://127.0.0.1:3000\nroutes:\n  - name: a\n    \
+                        upstream: api\n    policies:\n      - name: p\n        key: [client_ip]\n";
+
+    fn errors(policy: &str) -> Vec<String> {
+        match parse(&format!("{BASE}{policy}"), Path::new("p.yaml")) {
+            Ok(_) => panic!("expected errors for:\n{policy}"),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn concurrency_has_a_lease_ttl_and_a_refusal_status() {
+        let s = parse(
+            &format!("{BASE}        concurrency: {{ limit: 3, refuse_with: 503 }}\n"),
+            Path::new("p.yaml"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let p = &s.routes[0].policies[0];
+        assert_eq!(
+            p.rule,
+            Rule::Concurrency(Concurrency {
+                limit: 3,
+                lease_ttl_us: 60_000_000
+            })
+        );
+        assert_eq!(p.refuse_with, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(p.cost, 1);
+    }
+
+    #[test]
+    fn concurrency_mistakes_are_errors_at_their_field() {
+        let e = errors("        concurrency: { limit: 3, refuse_with: 418 }\n");
+        assert_eq!(
+            e,
+            ["p.yaml:10:47: routes[0].policies[0].concurrency.refuse_with: `418`: must be 429 or 503"]
+        );
+        let e = errors("        concurrency: { limit: 0, lease_ttl: 0s }\n");
+        assert!(
+            e[0].contains("concurrency.limit: must be at least 1"),
+            "{e:?}"
+        );
+        let e = errors("        cost: 2\n        concurrency: { limit: 3 }\n");
+        assert!(
+            e[0].contains("policies[0].cost: a concurrency policy"),
+            "{e:?}"
+        );
+        let e = errors(
+            "        concurrency: { limit: 3 }\n        token_bucket: { rate: 1/s, burst: 5 }\n",
+        );
+        assert!(e[0].contains("give one of"), "{e:?}");
+    }
+
+    #[test]
+    fn concurrency_on_a_check_only_route_is_an_error() {
+        let yaml = "routes:\n  - name: a\n    policies:\n      - name: p\n        key: [client_ip]\n        \
+                    concurrency: { limit: 3 }\n";
+        let e = parse(yaml, Path::new("p.yaml")).expect_err("check-only");
+        assert!(
+            e.to_string()
+                .contains("routes[0].policies[0].concurrency: a check-only route"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_cost_from_the_response_is_clamped_to_min_and_max() {
+        let s = parse(
+            &format!(
+                "{BASE}        token_bucket: {{ rate: 1/s, burst: 50 }}\n        \
+                 cost: {{ response_header: X-Usage-Tokens, fallback: 4, min_cost: 2 }}\n"
+            ),
+            Path::new("p.yaml"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let p = &s.routes[0].policies[0];
+        assert_eq!(p.cost, 2, "admission takes min_cost");
+        let rc = p.response_cost.as_ref().expect("response cost");
+        assert_eq!(rc.header, "x-usage-tokens");
+        assert_eq!(rc.max_cost, 50, "max_cost defaults to the burst");
+        let total = |v: Option<&'static str>| rc.total(v.map(HeaderValue::from_static).as_ref());
+        assert_eq!(total(Some("17")), 17);
+        assert_eq!(total(Some(" 17 ")), 17);
+        assert_eq!(total(Some("0")), 2);
+        assert_eq!(total(Some("9999")), 50);
+        assert_eq!(total(Some("-3")), 4);
+        assert_eq!(total(Some("1.5")), 4);
+        assert_eq!(total(None), 4);
+    }
+
+    #[test]
+    fn response_cost_mistakes_are_errors_at_their_field() {
+        let e = errors(
+            "        token_bucket: { rate: 1/s, burst: 5 }\n        \
+             cost: { response_header: \"bad header\", max_cost: 6 }\n",
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.contains("cost.response_header: `bad header` is not a header name")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.contains("cost.max_cost: must be 1 to the burst or limit (5)")),
+            "{e:?}"
+        );
+    }
+}
