@@ -20,6 +20,16 @@ fn concurrency(limit: usize, extra: &str) -> String {
     ))
 }
 
+/// `yaml` on `store`, with a Redis timeout a loaded machine cannot exceed and the routes failing
+/// closed: a decision that fails open takes no lease, so it would admit past the limit.
+fn config(store: &TestStore, yaml: &str) -> String {
+    let timeout = match store {
+        TestStore::Redis(_) => "\n  timeout: 5s\n  failure_mode: closed",
+        TestStore::Memory => "",
+    };
+    format!("{}{timeout}\n{yaml}", store.yaml())
+}
+
 async fn in_flight_gauge(gw: &TestGateway) -> f64 {
     gw.metric("turnstile_in_flight_requests", &[("route", "api")])
         .await
@@ -40,7 +50,7 @@ async fn wait_released(gw: &TestGateway) {
 async fn a_hundred_slow_requests_never_put_more_than_the_limit_in_flight(store: TestStore) {
     let upstream = Upstream::start().await;
     let gw =
-        TestGateway::with_upstream(&store.config(&concurrency(LIMIT, "")), upstream.addr).await;
+        TestGateway::with_upstream(&config(&store, &concurrency(LIMIT, "")), upstream.addr).await;
     let c = Client::new();
     let url = gw.url("/slow");
     let tasks: Vec<_> = (0..REQUESTS)
@@ -91,7 +101,7 @@ async fn a_hundred_slow_requests_never_put_more_than_the_limit_in_flight(store: 
 /// lease: the next request is admitted.
 async fn a_client_going_away_releases_its_lease(store: TestStore) {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::with_upstream(&store.config(&concurrency(1, "")), upstream.addr).await;
+    let gw = TestGateway::with_upstream(&config(&store, &concurrency(1, "")), upstream.addr).await;
     let url = gw.url("/held");
 
     // Gone before the head: the request future is dropped while the upstream holds it.
@@ -130,7 +140,7 @@ async fn a_client_going_away_releases_its_lease(store: TestStore) {
 /// `refuse_with: 503` changes only the status of a concurrency refusal.
 async fn refuse_with_503(store: TestStore) {
     let upstream = Upstream::start().await;
-    let yaml = store.config(&concurrency(1, ", refuse_with: 503"));
+    let yaml = config(&store, &concurrency(1, ", refuse_with: 503"));
     let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
     let url = gw.url("/x");
     let (c, url2) = (Client::new(), url.clone());
@@ -149,7 +159,7 @@ async fn refuse_with_503(store: TestStore) {
 /// missing or not a number, at most the burst (100); the bucket goes below zero and refuses.
 async fn costs_reported_by_the_upstream_are_charged_exactly(store: TestStore) {
     let upstream = Upstream::start().await;
-    let yaml = store.config(&one_route(
+    let yaml = config(&store, &one_route(
         "      - name: tokens\n        key: [method]\n        token_bucket: { rate: 1/d, burst: 100 }\n        \
          cost: { response_header: x-usage-tokens, fallback: 5, min_cost: 1 }",
     ));
