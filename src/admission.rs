@@ -77,6 +77,8 @@ async fn admit_with<'l>(
         return Ok((admitted, AfterAdmission::default()));
     }
     let mut checks = Checks::with_capacity(route.policies.len());
+    // Per-key overrides: a local copy, never a store call (`crate::overrides`).
+    let overrides = state.overrides.active();
     // (pushed index, policy index) of the checks that need something after admission.
     let mut later: Vec<(usize, usize)> = Vec::new();
     for (j, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
@@ -95,11 +97,12 @@ async fn admit_with<'l>(
                 policy: &policy.name,
                 prefix: policy.key_prefix(),
             };
+            let rule = overrides.rule(&key).unwrap_or(&policy.rule);
             let cost = match &policy.response_cost {
                 Some(rc) if !inline => rc.total(None),
                 _ => policy.cost,
             };
-            let i = checks.push(key, &policy.rule, cost, false, tally);
+            let i = checks.push(key, rule, cost, false, tally);
             if inline && (concurrency || policy.response_cost.is_some()) {
                 later.push((i, j));
             }
@@ -115,8 +118,13 @@ async fn admit_with<'l>(
     match (verdict.kind, governing) {
         (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
+            // The route's own name (the verdict's borrows end with the overrides' guard).
             policy: match verdict.tally(i) {
-                Some(Tally::Policy { policy, .. }) => policy,
+                Some(Tally::Policy { policy, .. }) => route
+                    .policies
+                    .iter()
+                    .find(|p| *p.name == *policy)
+                    .map_or("", |p| &p.name),
                 _ => "",
             },
             outcome,

@@ -30,6 +30,7 @@ pub struct Metrics {
     rls: crate::rls::metrics::RlsMetricVecs,
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
+    quota_units: IntCounterVec,
 }
 
 /// How a deciding door (forward-auth, ext_authz) answered, as counted by
@@ -114,11 +115,26 @@ pub struct PolicyMetrics {
     by_label: [IntCounter; 4],
     /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
     pub cost_charged: IntCounter,
+    /// Calendar quota policies only: `turnstile_quota_used_units_total`.
+    quota_units: Option<IntCounter>,
 }
 
 impl PolicyMetrics {
     pub fn record(&self, label: DecisionLabel) {
         self.by_label[label as usize].inc();
+    }
+
+    /// Units an admitted request charged to this policy, counted for quota policies only.
+    pub fn record_units(&self, units: u64) {
+        if let Some(c) = &self.quota_units {
+            c.inc_by(units);
+        }
+    }
+
+    /// These counters, and the quota units of (`route`, `policy`) from `metrics`.
+    pub fn with_quota_units(mut self, metrics: &Metrics, route: &str, policy: &str) -> Self {
+        self.quota_units = Some(metrics.quota_units.with_label_values(&[route, policy]));
+        self
     }
 }
 
@@ -256,6 +272,11 @@ impl Metrics {
                 "Units charged after the response (cost from a response header), per policy.",
                 &["route", "policy"],
             ),
+            quota_units: counter(
+                "turnstile_quota_used_units_total",
+                "Units admitted requests charged to calendar quota policies, all keys together.",
+                &["route", "policy"],
+            ),
             registry,
         };
         let build_info = IntGaugeVec::new(
@@ -292,6 +313,7 @@ impl Metrics {
                     .with_label_values(&[route, policy, l.as_str()])
             }),
             cost_charged: self.cost_charged.with_label_values(&[route, policy]),
+            quota_units: None,
         }
     }
 

@@ -25,10 +25,10 @@ pub(super) fn admission_cost(raw: &RawPolicy) -> u64 {
 /// `concurrency: {limit, lease_ttl, refuse_with}` as the policy's rule.
 pub(super) fn concurrency(e: &mut Errors, path: &str, raw: &RawPolicy) -> Option<Rule> {
     let cc = raw.concurrency.as_ref()?;
-    if raw.token_bucket.is_some() || raw.sliding_window.is_some() {
+    if raw.token_bucket.is_some() || raw.sliding_window.is_some() || raw.quota.is_some() {
         e.add(
             path,
-            "give one of `token_bucket`, `sliding_window` or `concurrency`",
+            "give one of `token_bucket`, `sliding_window`, `quota` or `concurrency`",
         );
         return None;
     }
@@ -82,6 +82,13 @@ pub(super) fn finish(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut P
     let Some(RawCost::Response(rc)) = &raw.cost else {
         return;
     };
+    if !matches!(policy.rule, Rule::TokenBucket(_) | Rule::SlidingWindow(_)) {
+        e.add(
+            format!("{path}.cost.response_header"),
+            "a cost from the response applies to a token bucket or a sliding window only",
+        );
+        return;
+    }
     let header = e.take(
         format!("{path}.cost.response_header"),
         HeaderName::from_bytes(rc.response_header.as_bytes())

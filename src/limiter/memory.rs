@@ -21,7 +21,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{BucketState, WindowBuckets, WindowLog};
+use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
 use super::leases::{LeasePlan, Leases};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
@@ -45,6 +45,7 @@ enum State {
     Log(WindowLog),
     Buckets(WindowBuckets),
     Leases(Leases),
+    Quota(QuotaCount),
 }
 
 #[derive(Debug)]
@@ -72,6 +73,7 @@ impl Entry {
             (State::Log(s), Rule::SlidingWindow(sw)) => s.is_idle(sw, now),
             (State::Buckets(s), Rule::SlidingWindow(sw)) => s.is_idle(sw, now),
             (State::Leases(s), Rule::Concurrency(_)) => s.is_idle(now),
+            (State::Quota(s), Rule::Quota(_)) => s.is_idle(now),
             _ => true,
         }
     }
@@ -83,6 +85,7 @@ impl Entry {
             (State::Log(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
             (State::Buckets(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
             (State::Leases(s), Rule::Concurrency(_)) => s.idle_at(),
+            (State::Quota(s), Rule::Quota(_)) => s.idle_at(),
             _ => 0,
         }
     }
@@ -104,6 +107,13 @@ impl Entry {
                 let (current, _) = s.evaluate(sw, now, 0);
                 s.consume(current, units as u64);
             }
+            (State::Quota(s), Rule::Quota(q)) => {
+                let (plan, _) = s.evaluate(q, now, 0);
+                s.commit(&QuotaPlan {
+                    cost: units as u64,
+                    ..plan
+                });
+            }
             _ => {}
         }
     }
@@ -116,6 +126,7 @@ impl State {
             Rule::SlidingWindow(sw) if sw.buckets == 0 => State::Log(WindowLog::default()),
             Rule::SlidingWindow(_) => State::Buckets(WindowBuckets::default()),
             Rule::Concurrency(_) => State::Leases(Leases::default()),
+            Rule::Quota(_) => State::Quota(QuotaCount::default()),
         }
     }
 }
@@ -126,6 +137,7 @@ enum Pending {
     Log(u64),
     Buckets(u64),
     Leases(LeasePlan),
+    Quota(QuotaPlan),
     /// Counted in the overflow sketch: the debt (µs) the key owes once committed.
     Overflow(f64),
 }
@@ -391,6 +403,10 @@ impl MemoryStore {
                     (old.buckets == 0 && new.buckets == 0)
                         || (old.buckets == new.buckets && old.window_us == new.window_us)
                 }
+                // The same period in the same zone: the units used so far still count.
+                (Rule::Quota(old), Rule::Quota(new)) => {
+                    old.per == new.per && old.time_zone == new.time_zone
+                }
                 _ => false,
             };
             entry.rule = *check.rule;
@@ -415,6 +431,7 @@ fn first_idle_at(entry: &Entry, check: &Check<'_>, now: u64) -> u64 {
         }
         Rule::SlidingWindow(sw) => idle_at.max(now.saturating_add(sw.window_us)),
         Rule::Concurrency(cc) => idle_at.max(now.saturating_add(cc.lease_ttl_us)),
+        Rule::Quota(q) => idle_at.max(super::calendar::period(q.per, q.time_zone, now).end),
     }
 }
 
@@ -464,6 +481,10 @@ fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome
             let plan = leases.eval(cc, now, check.cost);
             let outcome = leases.outcome(cc, &plan, plan.allowed);
             (Pending::Leases(plan), outcome)
+        }
+        (State::Quota(count), Rule::Quota(q)) => {
+            let (plan, outcome) = count.evaluate(q, now, check.cost);
+            (Pending::Quota(plan), outcome)
         }
         // `entry()` always aligns state with rule; this arm only keeps the match total.
         _ => {
@@ -517,6 +538,7 @@ fn commit(
                 leases.commit(cc, &plan, lease);
             }
         }
+        (State::Quota(count), Pending::Quota(plan)) => count.commit(&plan),
         _ => {}
     }
 }
