@@ -430,6 +430,31 @@ local function refund(key, kind, cost, burst, s1, s2)
   return true
 end
 
+-- Renew (a request still running): ARGV[1] "renew", ARGV[2] now ("" for TIME), then per key from
+-- ARGV[3 + 2*(i-1)]: lease TTL (µs), lease id. A lease still held expires at now + TTL again; an
+-- expired or released one stays gone. Reply: {1}.
+if ARGV[1] == 'renew' then
+  if #ARGV ~= 2 + 2 * #KEYS then
+    return redis.error_reply('decide.lua: expected 2 + 2 ARGV per key to renew')
+  end
+  local now
+  if ARGV[2] ~= '' then
+    now = tonumber(ARGV[2])
+  else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  for i = 1, #KEYS do
+    local ttl, lease = tonumber(ARGV[1 + 2 * i]), ARGV[2 + 2 * i]
+    local score = redis.call('ZSCORE', KEYS[i], lease)
+    if ttl and score and tonumber(score) > now then
+      redis.call('ZADD', KEYS[i], 'XX', int(now + ttl), lease)
+      redis.call('PEXPIRE', KEYS[i], ttl_ms(cc_last(KEYS[i]) - now))
+    end
+  end
+  return { 1 }
+end
+
 if ARGV[1] == 'refund' then
   if #ARGV ~= 1 + 5 * #KEYS then
     return redis.error_reply('decide.lua: expected 1 + 5 ARGV per key to refund')

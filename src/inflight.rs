@@ -12,6 +12,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -65,10 +66,12 @@ impl AfterAdmission {
             return None;
         }
         in_flight.inc();
+        let leased = std::mem::take(&mut self.leased);
         Some(LeaseGuard {
+            renewing: Some(renew_while_held(state, &leased, lease)),
             state: state.clone(),
             lease,
-            leased: std::mem::take(&mut self.leased),
+            leased,
             in_flight: in_flight.clone(),
             released: false,
         })
@@ -117,6 +120,36 @@ impl AfterAdmission {
     }
 }
 
+/// Renews the lease every half of its (shortest) TTL until aborted by the guard's release, so a
+/// request running longer than `lease_ttl` keeps counting; only a dead instance stops renewing.
+fn renew_while_held(
+    state: &Arc<AppState>,
+    leased: &[(String, Rule)],
+    lease: u64,
+) -> tokio::task::JoinHandle<()> {
+    let ttl_us = leased
+        .iter()
+        .filter_map(|(_, rule)| match rule {
+            Rule::Concurrency(cc) => Some(cc.lease_ttl_us),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(u64::MAX / 4);
+    let period = Duration::from_micros((ttl_us / 2).max(500));
+    let due: Vec<(String, Rule, u64, ())> =
+        leased.iter().map(|(k, r)| (k.clone(), *r, 1, ())).collect();
+    let state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tick.tick().await;
+            if let Err(error) = state.engine.store().renew(&checks(&due), lease).await {
+                tracing::debug!(%error, "renewing a concurrency lease failed");
+            }
+        }
+    })
+}
+
 fn checks<'a, T>(due: &'a [(String, Rule, u64, T)]) -> Vec<Check<'a>> {
     due.iter()
         .map(|(key, rule, cost, _)| Check {
@@ -136,6 +169,8 @@ pub struct LeaseGuard {
     leased: Vec<(String, Rule)>,
     in_flight: IntGauge,
     released: bool,
+    /// The task renewing the lease while the request runs.
+    renewing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl LeaseGuard {
@@ -145,6 +180,9 @@ impl LeaseGuard {
             return;
         }
         self.in_flight.dec();
+        if let Some(renewing) = self.renewing.take() {
+            renewing.abort();
+        }
         let leased = std::mem::take(&mut self.leased);
         let lease = self.lease;
         let to_checks = |leased: &[(String, Rule)]| -> Vec<(String, Rule, u64, ())> {

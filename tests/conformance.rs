@@ -493,6 +493,8 @@ enum Op {
     Release(usize, u64),
     /// At `now`, charge `cost` to counter `i` whatever it holds (cost from the response).
     Charge(u64, usize, u64),
+    /// At `now`, renew lease `lease` on counter `i` (its request still runs).
+    Renew(u64, usize, u64),
 }
 
 fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
@@ -520,7 +522,11 @@ fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
                 Take(T + 3 * S, vec![(0, 1)], 4, vec![(true, 2, 0, 10 * S, 0)]),
                 // Lease 2 expires at T + 11 s exactly: never released, it stops counting.
                 Take(T + 11 * S, vec![(0, 1)], 5, vec![(true, 2, 0, 10 * S, 0)]),
-                Take(T + 13 * S, vec![(0, 0)], 0, vec![(true, 2, 1, 8 * S, 0)]),
+                // Lease 4 (expiring at T + 13 s) is renewed at T + 12 s to T + 22 s; lease 2,
+                // expired, stays gone.
+                Renew(T + 12 * S, 0, 4),
+                Renew(T + 12 * S, 0, 2),
+                Take(T + 13 * S, vec![(0, 0)], 0, vec![(true, 2, 0, 9 * S, 0)]),
                 // All or nothing: the bucket refuses the second time, so no lease is taken.
                 Take(
                     T + 14 * S,
@@ -610,6 +616,11 @@ async fn leases_and_charges_follow_the_spec() {
                         .release(&[check(*i, 1)], *lease)
                         .await
                         .expect("release");
+                }
+                Op::Renew(now, i, lease) => {
+                    clock.set(*now);
+                    memory.renew(&[check(*i, 1)], *lease);
+                    remote.renew(&[check(*i, 1)], *lease).await.expect("renew");
                 }
                 Op::Charge(now, i, cost) => {
                     clock.set(*now);

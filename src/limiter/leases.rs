@@ -77,6 +77,18 @@ impl Leases {
         }
     }
 
+    /// Extends lease `id` to `now + lease_ttl_us` while its request still runs (decide.lua's
+    /// `renew`); an expired or released lease stays gone.
+    pub fn renew(&mut self, rule: &Concurrency, now: u64, id: u64) {
+        if let Some(lease) = self
+            .held
+            .iter_mut()
+            .find(|(e, held)| *held == id && *e > now)
+        {
+            lease.0 = now + rule.lease_ttl_us;
+        }
+    }
+
     /// Leases held now, expired ones aside.
     pub fn held(&self, now: u64) -> u64 {
         self.held.iter().filter(|&&(e, _)| e > now).count() as u64

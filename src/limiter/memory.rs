@@ -303,6 +303,23 @@ impl MemoryStore {
         }
     }
 
+    /// Extends lease `lease` on every concurrency check of `checks` to now + its TTL.
+    pub fn renew(&self, checks: &[Check<'_>], lease: u64) {
+        let now = self.clock.now_us();
+        for check in checks {
+            let Rule::Concurrency(cc) = check.rule else {
+                continue;
+            };
+            let hash = self.hasher.hash_one(check.key);
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            if let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) {
+                if let State::Leases(leases) = &mut entry.state {
+                    leases.renew(cc, now, lease);
+                }
+            }
+        }
+    }
+
     /// Gives back lease `lease` on every concurrency check of `checks` (the others are skipped).
     pub fn release(&self, checks: &[Check<'_>], lease: u64) {
         for check in checks {

@@ -232,6 +232,19 @@ impl Store {
         }
     }
 
+    /// Extends lease `lease` on the concurrency checks among `checks` (a request still running).
+    pub async fn renew(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.renew(checks, lease);
+                Ok(())
+            }
+            Store::Redis(store) => store.renew(checks, lease).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(()),
+        }
+    }
+
     /// Releases lease `lease` on the concurrency checks among `checks`.
     pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
         match self {

@@ -203,7 +203,32 @@ async fn costs_reported_by_the_upstream_are_charged_exactly(store: TestStore) {
     assert_eq!(upstream.requests(), 4);
 }
 
+/// A request running longer than `lease_ttl` keeps its lease: the gateway renews it every half
+/// TTL while the request runs, so a second request is still refused after three TTLs.
+async fn a_lease_is_renewed_while_its_request_runs(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let yaml = config(&store, &concurrency(1, ", lease_ttl: 500ms"));
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let url = gw.url("/long");
+    let (c, url2) = (Client::new(), url.clone());
+    let long = tokio::spawn(async move { c.get_with(&url2, &[("x-test-hold-head", "1")]).await });
+    upstream.wait_for_requests(1).await;
+    let held_since = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        Client::new().get(&url).await.status,
+        429,
+        "the lease expired"
+    );
+    assert!(held_since.elapsed() >= Duration::from_millis(1500));
+    upstream.release(1);
+    assert_eq!(long.await.expect("task").status, 200);
+    wait_released(&gw).await;
+    assert_eq!(Client::new().get(&url).await.status, 200);
+}
+
 crate::store_matrix!(
+    a_lease_is_renewed_while_its_request_runs,
     a_hundred_slow_requests_never_put_more_than_the_limit_in_flight,
     a_client_going_away_releases_its_lease,
     refuse_with_503,

@@ -257,6 +257,13 @@ impl RedisStore {
             .await
     }
 
+    /// Extends lease `lease` on every concurrency check of `checks` (a request still running).
+    pub async fn renew(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+        let now = self.test_now();
+        self.per_slot(checks, |subset| wire::renew_args(now, subset, lease))
+            .await
+    }
+
     /// One script call with `args` over all `checks`, or on a Cluster one per check, concurrently.
     async fn per_slot(
         &self,

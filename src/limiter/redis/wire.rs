@@ -130,6 +130,26 @@ pub fn charge_args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
     out
 }
 
+/// The renewal's ARGV: `"renew"`, `now`, then `lease TTL, lease` per concurrency check.
+pub fn renew_args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let mut args = Vec::with_capacity(2 + 2 * checks.len());
+    args.push(Value::from_static_str("renew"));
+    args.push(match now {
+        Some(now) => int(now),
+        None => Value::from_static_str(""),
+    });
+    for check in checks {
+        let ttl = match check.rule {
+            Rule::Concurrency(cc) => cc.lease_ttl_us,
+            _ => 0,
+        };
+        args.push(int(ttl));
+        args.push(int(lease));
+    }
+    args
+}
+
 /// The release's ARGV: a refund of lease `lease` on each concurrency check of `checks`.
 pub fn release_args(checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     let lease = i64::try_from(lease).unwrap_or(i64::MAX);
