@@ -227,7 +227,62 @@ async fn a_lease_is_renewed_while_its_request_runs(store: TestStore) {
     assert_eq!(Client::new().get(&url).await.status, 200);
 }
 
+/// A per-key override raises one tenant's concurrency limit (`PUT /overrides/...`); the
+/// others keep the policy's.
+async fn an_override_raises_one_keys_concurrency(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let yaml = config(
+        &store,
+        &one_route(
+            "      - name: inflight\n        key: [\"header:x-tenant\"]\n        concurrency: { limit: 1 }",
+        ),
+    );
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let put = Client::new()
+        .send(
+            request(Method::PUT, &gw.admin_url("/overrides/api/inflight/acme"))
+                .header("content-type", "application/json")
+                .body(crate::support::client::full(r#"{"limit": 2}"#))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let url = gw.url("/t");
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                Client::new()
+                    .get_with(&url, &[("x-tenant", "acme"), ("x-test-hold-head", "1")])
+                    .await
+            })
+        })
+        .collect();
+    upstream.wait_for_requests(2).await;
+    let third = Client::new().get_with(&url, &[("x-tenant", "acme")]).await;
+    assert_eq!(third.status, 429);
+    assert_eq!(third.header_u64("x-ratelimit-limit"), 2);
+    let (c, url2) = (Client::new(), url.clone());
+    let globex = tokio::spawn(async move {
+        c.get_with(&url2, &[("x-tenant", "globex"), ("x-test-hold-head", "1")])
+            .await
+    });
+    upstream.wait_for_requests(3).await;
+    let second = Client::new()
+        .get_with(&url, &[("x-tenant", "globex")])
+        .await;
+    assert_eq!(second.status, 429);
+    assert_eq!(second.header_u64("x-ratelimit-limit"), 1);
+    upstream.release(3);
+    for task in held {
+        assert_eq!(task.await.expect("task").status, 200);
+    }
+    assert_eq!(globex.await.expect("task").status, 200);
+    wait_released(&gw).await;
+}
+
 crate::store_matrix!(
+    an_override_raises_one_keys_concurrency,
     a_lease_is_renewed_while_its_request_runs,
     a_hundred_slow_requests_never_put_more_than_the_limit_in_flight,
     a_client_going_away_releases_its_lease,
