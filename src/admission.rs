@@ -41,6 +41,18 @@ pub async fn admit<'l>(
     resources: &'l RouteResources,
     view: &RequestView<'_>,
 ) -> Result<Admitted, Refusal<'l>> {
+    // The bearer token is verified once, before any claim names a counter, however many
+    // policies read claims; routes that read none never look at it.
+    let claims = route.jwt.as_ref().map(|v| v.verify(view.headers));
+    if route.require_jwt {
+        if let Some(Err(rejected)) = &claims {
+            return Err(Refusal::Unauthorized {
+                route: &route.name,
+                missing: *rejected == crate::jwt::Rejected::Missing,
+            });
+        }
+    }
+    let claims = claims.as_ref().and_then(|c| c.as_ref().ok());
     // An exempt request skips every policy and consumes nothing (`exempt:`).
     if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
         resources.metrics.record_exempt();
@@ -53,7 +65,7 @@ pub async fn admit<'l>(
     for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
-            .counter_key(view)
+            .counter_key(view, claims)
             .map_err(|e| Refusal::BadRequest(e.to_string()))?;
         if let Some(key) = key {
             let tally = Tally::Policy {

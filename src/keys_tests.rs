@@ -21,7 +21,9 @@ fn key_of(parts: &[KeyPart], headers: &HeaderMap, query: Option<&str>) -> Option
         client_prefix: ClientPrefix::default(),
     };
     let mut out = String::from("r:p:");
-    write_key(parts, &view, &mut out).unwrap().then_some(out)
+    write_key(parts, &view, None, &mut out)
+        .unwrap()
+        .then_some(out)
 }
 
 /// The key of `parts` for a request to `path` (matched against `pattern`) with `query`, or the
@@ -54,7 +56,7 @@ fn key_for(
         client_prefix,
     };
     let mut out = String::new();
-    Ok(write_key(parts, &view, &mut out)?.then_some(out))
+    Ok(write_key(parts, &view, None, &mut out)?.then_some(out))
 }
 
 #[test]

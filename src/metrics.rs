@@ -41,16 +41,19 @@ pub enum CheckResult {
     FailedClosed,
     NoRoute,
     BadRequest,
+    /// 401: `require_jwt` and no valid bearer token.
+    Unauthorized,
 }
 
 impl CheckResult {
-    const ALL: [CheckResult; 6] = [
+    const ALL: [CheckResult; 7] = [
         CheckResult::Allowed,
         CheckResult::Limited,
         CheckResult::FailedOpen,
         CheckResult::FailedClosed,
         CheckResult::NoRoute,
         CheckResult::BadRequest,
+        CheckResult::Unauthorized,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +64,7 @@ impl CheckResult {
             CheckResult::FailedClosed => "failed_closed",
             CheckResult::NoRoute => "no_route",
             CheckResult::BadRequest => "bad_request",
+            CheckResult::Unauthorized => "unauthorized",
         }
     }
 }
@@ -68,7 +72,7 @@ impl CheckResult {
 /// The answer counters of one door, resolved when its listener starts.
 #[derive(Debug, Clone)]
 pub struct DoorMetrics {
-    by_result: [IntCounter; 6],
+    by_result: [IntCounter; 7],
 }
 
 impl DoorMetrics {
