@@ -41,18 +41,23 @@ pub async fn admit<'l>(
     resources: &'l RouteResources,
     view: &RequestView<'_>,
 ) -> Result<Admitted, Refusal<'l>> {
-    // The bearer token is verified once, before any claim names a counter, however many
-    // policies read claims; routes that read none never look at it.
-    let claims = route.jwt.as_ref().map(|v| v.verify(view.headers));
+    // The bearer token is verified at most once, before any claim names a counter, however many
+    // policies read claims; routes that read none never look at it. `require_jwt` is
+    // authentication, not a limit: it holds for exempt requests too.
+    let mut verified = None;
     if route.require_jwt {
-        if let Some(Err(rejected)) = &claims {
-            return Err(Refusal::Unauthorized {
-                route: &route.name,
-                missing: *rejected == crate::jwt::Rejected::Missing,
-            });
+        if let Some(jwt) = &route.jwt {
+            match jwt.verify(view.headers) {
+                Ok(claims) => verified = Some(claims),
+                Err(rejected) => {
+                    return Err(Refusal::Unauthorized {
+                        route: &route.name,
+                        missing: rejected == crate::jwt::Rejected::Missing,
+                    })
+                }
+            }
         }
     }
-    let claims = claims.as_ref().and_then(|c| c.as_ref().ok());
     // An exempt request skips every policy and consumes nothing (`exempt:`).
     if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
         resources.metrics.record_exempt();
@@ -61,6 +66,13 @@ pub async fn admit<'l>(
             kind: Kind::Allowed,
         });
     }
+    if verified.is_none() && !route.require_jwt {
+        verified = route
+            .jwt
+            .as_ref()
+            .and_then(|jwt| jwt.verify(view.headers).ok());
+    }
+    let claims = verified.as_ref();
     let mut checks = Checks::with_capacity(route.policies.len());
     for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
         // A key header or query parameter sent twice is ambiguous: 400.

@@ -124,9 +124,8 @@ async fn verified_subjects_get_exact_buckets_and_forged_tokens_get_none() {
     assert_eq!(decisions(&gw, "per_ip", "allowed").await, 16.0);
 }
 
-/// A policy keyed on two claims of one token, and a second policy on a claim: the token is
-/// verified once per request (the same result for every policy), and a rotated secret takes
-/// effect on reload, not per request.
+/// Keys are read once per config load: a rotated secret takes effect on reload, and a reload
+/// whose key file is gone fails and keeps the keys that are running.
 #[tokio::test]
 async fn a_reload_loads_the_new_secret_and_old_tokens_stop_naming_buckets() {
     let gw = TestGateway::with_files(HS256_YAML, &[("secret.key", SECRET)]).await;
@@ -179,10 +178,14 @@ routes:
   - name: api
     respond: { status: 200, body: ok }
     require_jwt: true
+    exempt: { headers: { x-internal: "yes" } }
     policies:
       - { name: per_user, key: [jwt:sub], token_bucket: { rate: 1/h, burst: 2 } }
 "#;
     let gw = TestGateway::with_files(yaml, &[("secret.key", SECRET)]).await;
+    // An exemption lifts limits, not authentication.
+    let internal = [("x-internal", "yes".to_string())];
+    assert_eq!(get(&gw, &internal).await.status, 401);
     // RFC 6750 §3.1: no credentials, no error code.
     let none = get(&gw, &[]).await;
     assert_eq!(none.status, 401);
@@ -211,6 +214,11 @@ routes:
         get(&gw, &bearer(&valid)).await.status,
     ];
     assert_eq!(statuses, [200, 200, 429]);
+    let mut exempt = bearer(&valid);
+    exempt.extend(internal);
+    let reply = get(&gw, &exempt).await;
+    assert_eq!(reply.status, 200, "verified and exempt");
+    assert_eq!(reply.header("x-ratelimit-limit"), None);
     assert_eq!(decisions(&gw, "per_user", "allowed").await, 2.0);
     assert_eq!(decisions(&gw, "per_user", "limited").await, 1.0);
 }
