@@ -44,18 +44,24 @@ pub async fn admit<'l>(
     // The bearer token is verified at most once, before any claim names a counter, however many
     // policies read claims; routes that read none never look at it. `require_jwt` is
     // authentication, not a limit: it holds for exempt requests too.
+    let verify = || {
+        let jwt = route.jwt.as_ref()?;
+        let result = jwt.verify(view.headers);
+        let counted = result.as_ref().map(|_| ()).map_err(|rejected| *rejected);
+        resources.metrics.record_jwt(counted);
+        Some(result)
+    };
     let mut verified = None;
     if route.require_jwt {
-        if let Some(jwt) = &route.jwt {
-            match jwt.verify(view.headers) {
-                Ok(claims) => verified = Some(claims),
-                Err(rejected) => {
-                    return Err(Refusal::Unauthorized {
-                        route: &route.name,
-                        missing: rejected == crate::jwt::Rejected::Missing,
-                    })
-                }
+        match verify() {
+            Some(Ok(claims)) => verified = Some(claims),
+            Some(Err(rejected)) => {
+                return Err(Refusal::Unauthorized {
+                    route: &route.name,
+                    missing: rejected == crate::jwt::Rejected::Missing,
+                })
             }
+            None => {}
         }
     }
     // An exempt request skips every policy and consumes nothing (`exempt:`).
@@ -66,11 +72,8 @@ pub async fn admit<'l>(
             kind: Kind::Allowed,
         });
     }
-    if verified.is_none() && !route.require_jwt {
-        verified = route
-            .jwt
-            .as_ref()
-            .and_then(|jwt| jwt.verify(view.headers).ok());
+    if !route.require_jwt {
+        verified = verify().and_then(Result::ok);
     }
     let claims = verified.as_ref();
     let mut checks = Checks::with_capacity(route.policies.len());

@@ -27,6 +27,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
+    jwt_tokens: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
 }
 
@@ -132,6 +133,8 @@ pub struct RouteMetrics {
     upstream_timeout: IntCounter,
     upstream_other: IntCounter,
     exempt: IntCounter,
+    /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
+    jwt: [IntCounter; 3],
 }
 
 /// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
@@ -158,6 +161,16 @@ impl RouteMetrics {
     /// A request that skipped every policy (`exempt:`).
     pub fn record_exempt(&self) {
         self.exempt.inc();
+    }
+
+    /// One bearer-token verification (at most one per request).
+    pub fn record_jwt(&self, result: Result<(), crate::jwt::Rejected>) {
+        let i = match result {
+            Ok(()) => 0,
+            Err(crate::jwt::Rejected::Invalid) => 1,
+            Err(crate::jwt::Rejected::Missing) => 2,
+        };
+        self.jwt[i].inc();
     }
 
     pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
@@ -236,6 +249,11 @@ impl Metrics {
                 "Checks answered by a deciding door (forward_auth, ext_authz), by result.",
                 &["door", "result"],
             ),
+            jwt_tokens: counter(
+                "turnstile_jwt_tokens_total",
+                "Bearer tokens verified for `jwt:` keys or `require_jwt`, by route and result.",
+                &["route", "result"],
+            ),
             rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
             registry,
         };
@@ -291,6 +309,8 @@ impl Metrics {
             upstream_timeout: upstream("timeout"),
             upstream_other: upstream("other"),
             exempt: self.exempt.with_label_values(&[route]),
+            jwt: ["valid", "invalid", "missing"]
+                .map(|r| self.jwt_tokens.with_label_values(&[route, r])),
         }
     }
 
