@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
-use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, DecodingKeyKind, Validation};
 use serde::Deserialize;
 
 use super::{PublicKey, Verifier};
@@ -243,6 +243,34 @@ fn secret_key(
     Some(DecodingKey::from_secret(&secret))
 }
 
+/// RFC 7518 §3.3: RSA keys of 2048 bits or more; an EC point of its curve's size (a truncated
+/// key would otherwise load and then fail every token).
+fn check_size(key: &DecodingKey, algorithms: &[Algorithm]) -> Result<(), String> {
+    match key.kind() {
+        DecodingKeyKind::RsaModulusExponent { n, .. } => {
+            let bits = n.iter().skip_while(|b| **b == 0).count() * 8;
+            if bits < 2048 {
+                return Err(format!(
+                    "an RSA modulus of about {bits} bits; at least 2048 are required (RFC 7518 §3.3)"
+                ));
+            }
+        }
+        DecodingKeyKind::SecretOrDer(point) => {
+            let expected = if algorithms.contains(&Algorithm::ES256) {
+                Some((65, "32 bytes each for P-256"))
+            } else if algorithms.contains(&Algorithm::ES384) {
+                Some((97, "48 bytes each for P-384"))
+            } else {
+                None
+            };
+            if let Some((len, what)) = expected.filter(|(len, _)| point.len() != *len) {
+                return Err(format!("`x` and `y` must be {what} (a {len}-byte point)"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The signing keys of a JWKS file. Encryption keys (`use: enc`) are skipped; a symmetric key
 /// (`kty: oct`) is refused, since this file is meant to hold public keys only.
 fn jwks(path: &Path) -> Result<Vec<PublicKey>, String> {
@@ -279,6 +307,7 @@ fn jwks(path: &Path) -> Result<Vec<PublicKey>, String> {
             },
         };
         let key = DecodingKey::from_jwk(jwk).map_err(|e| at(i, &e.to_string()))?;
+        check_size(&key, by_type).map_err(|m| at(i, &m))?;
         keys.push(PublicKey {
             kid: jwk.common.key_id.clone(),
             algorithms,
@@ -289,7 +318,14 @@ fn jwks(path: &Path) -> Result<Vec<PublicKey>, String> {
         return Err(format!("`{}` holds no signing keys", path.display()));
     }
     if keys.len() > 1 {
-        if let Some(i) = set.keys.iter().position(|k| k.common.key_id.is_none()) {
+        let signing = |k: &&jsonwebtoken::jwk::Jwk| {
+            !matches!(k.common.public_key_use, Some(PublicKeyUse::Encryption))
+        };
+        if let Some(i) = set
+            .keys
+            .iter()
+            .position(|k| signing(&k) && k.common.key_id.is_none())
+        {
             return Err(at(i, "has no `kid`: with several keys, each needs one"));
         }
     }

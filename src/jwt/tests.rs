@@ -219,3 +219,76 @@ fn config_errors_name_their_field() {
         ["jwt.leeway", "jwt.algorithms[0]", "jwt.algorithms[1]"]
     );
 }
+
+#[test]
+fn jwks_files_that_are_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let rsa_n = "AQ".to_string() + &"A".repeat(340); // 256 bytes: 2049 bits
+    let point = "A".repeat(43); // 32 bytes
+    let cases = [
+        ("not json", "{", "is not a JWK Set"),
+        ("empty", r#"{"keys": []}"#, "holds no signing keys"),
+        (
+            "symmetric",
+            r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#,
+            "keys[0]: a symmetric",
+        ),
+        (
+            "short rsa",
+            r#"{"keys": [{"kty": "RSA", "n": "AQAB", "e": "AQAB"}]}"#,
+            "keys[0]: an RSA modulus of about 24 bits",
+        ),
+        (
+            "alg of another type",
+            &format!(
+                r#"{{"keys": [{{"kty": "EC", "crv": "P-256", "alg": "RS256", "x": "{point}", "y": "{point}"}}]}}"#
+            ),
+            "keys[0]: `alg: RS256` does not fit its key type",
+        ),
+        (
+            "truncated point",
+            r#"{"keys": [{"kty": "EC", "crv": "P-256", "x": "AAAA", "y": "AAAA"}]}"#,
+            "keys[0]: `x` and `y` must be 32 bytes",
+        ),
+        (
+            "two keys, one kid",
+            &format!(
+                r#"{{"keys": [{{"kty": "RSA", "kid": "a", "n": "{rsa_n}", "e": "AQAB"}},
+                              {{"kty": "EC", "crv": "P-256", "x": "{point}", "y": "{point}"}}]}}"#
+            ),
+            "keys[1]: has no `kid`",
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, text).unwrap();
+        let errors = compile(
+            &RawJwt {
+                jwks_file: Some("jwks.json".into()),
+                ..RawJwt::default()
+            },
+            &dir.path().join("policies.yaml"),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{name}: loaded"));
+        assert_eq!(errors.len(), 1, "{name}: {errors:?}");
+        assert_eq!(errors[0].0, "jwt.jwks_file", "{name}");
+        assert!(errors[0].1.contains(expected), "{name}: {}", errors[0].1);
+    }
+    // The valid pair loads, and an encryption key beside them is skipped.
+    let valid = format!(
+        r#"{{"keys": [{{"kty": "RSA", "kid": "a", "n": "{rsa_n}", "e": "AQAB"}},
+                      {{"kty": "RSA", "kid": "enc", "use": "enc", "n": "AQAB", "e": "AQAB"}},
+                      {{"kty": "EC", "kid": "b", "crv": "P-256", "x": "{point}", "y": "{point}"}}]}}"#
+    );
+    std::fs::write(dir.path().join("jwks.json"), valid).unwrap();
+    let v = compile(
+        &RawJwt {
+            jwks_file: Some("jwks.json".into()),
+            ..RawJwt::default()
+        },
+        &dir.path().join("policies.yaml"),
+    )
+    .unwrap();
+    assert_eq!(v.jwks.len(), 2);
+}
