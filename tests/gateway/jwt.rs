@@ -398,6 +398,7 @@ listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
 forward_auth:
   listen: 127.0.0.1:0
+  grpc_listen: 127.0.0.1:0
 jwt:
   hs256_secret_file: secret.key
 routes:
@@ -441,9 +442,80 @@ routes:
         private.header("www-authenticate"),
         Some(r#"Bearer error="invalid_token""#)
     );
-    assert_eq!(call(alice, "/private").await.status, 200);
+    assert_eq!(call(alice.clone(), "/private").await.status, 200);
     let labels = [("door", "forward_auth"), ("result", "unauthorized")];
     assert_eq!(gw.metric("turnstile_door_checks_total", &labels).await, 1.0);
+
+    // Envoy ext_authz: UNAUTHENTICATED with the same 401, then OK for a valid token.
+    let grpc = gw
+        .running()
+        .ext_authz_addr
+        .expect("forward_auth.grpc_listen");
+    let forged = hs256(OTHER_SECRET, json!({"sub": "mallory", "exp": exp}));
+    let denied = ext_authz(grpc, "/private", &forged).await;
+    assert_eq!(denied.status.as_ref().map(|s| s.code), Some(16));
+    let Some(HttpResponse::DeniedResponse(denied)) = denied.http_response else {
+        panic!("a denied_response: {denied:?}");
+    };
+    assert_eq!(denied.status.map(|s| s.code), Some(401));
+    let challenge = denied
+        .headers
+        .iter()
+        .filter_map(|h| h.header.as_ref())
+        .find(|h| h.key == "www-authenticate")
+        .map(|h| h.value.as_str());
+    assert_eq!(challenge, Some(r#"Bearer error="invalid_token""#));
+    let ok = ext_authz(grpc, "/private", &alice).await;
+    assert_eq!(ok.status.as_ref().map(|s| s.code), Some(0));
+    let labels = [("door", "ext_authz"), ("result", "unauthorized")];
+    assert_eq!(gw.metric("turnstile_door_checks_total", &labels).await, 1.0);
+}
+
+use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+
+/// One ext_authz `Check` of `GET path` with `Authorization: Bearer token`.
+async fn ext_authz(
+    grpc: std::net::SocketAddr,
+    path: &str,
+    token: &str,
+) -> envoy_types::pb::envoy::service::auth::v3::CheckResponse {
+    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
+    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let request = CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer {
+                address: Some(Address {
+                    address: Some(Kind::SocketAddress(SocketAddress {
+                        address: "192.0.2.7".into(),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            }),
+            request: Some(Request {
+                http: Some(HttpRequest {
+                    method: "GET".into(),
+                    path: path.into(),
+                    host: "api.example".into(),
+                    headers: [("authorization".to_string(), format!("Bearer {token}"))]
+                        .into_iter()
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    client.check(request).await.expect("Check").into_inner()
 }
 
 /// Config errors name FILE:LINE:COL and the field.
