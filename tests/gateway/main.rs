@@ -11,6 +11,7 @@ mod concurrency;
 mod exempt;
 mod flood;
 mod hardening;
+mod inflight;
 mod jwt;
 mod keys;
 mod lifecycle;
