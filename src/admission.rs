@@ -67,6 +67,29 @@ async fn admit_with<'l>(
     view: &RequestView<'_>,
     inline: bool,
 ) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+    // The bearer token is verified at most once, before any claim names a counter, however many
+    // policies read claims; routes that read none never look at it. `require_jwt` is
+    // authentication, not a limit: it holds for exempt requests too.
+    let verify = || {
+        let jwt = route.jwt.as_ref()?;
+        let result = jwt.verify(view.headers);
+        let counted = result.as_ref().map(|_| ()).map_err(|rejected| *rejected);
+        resources.metrics.record_jwt(counted);
+        Some(result)
+    };
+    let mut verified = None;
+    if route.require_jwt {
+        match verify() {
+            Some(Ok(claims)) => verified = Some(claims),
+            Some(Err(rejected)) => {
+                return Err(Refusal::Unauthorized {
+                    route: &route.name,
+                    missing: rejected == crate::jwt::Rejected::Missing,
+                })
+            }
+            None => {}
+        }
+    }
     // An exempt request skips every policy and consumes nothing (`exempt:`).
     if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
         resources.metrics.record_exempt();
@@ -76,6 +99,10 @@ async fn admit_with<'l>(
         };
         return Ok((admitted, AfterAdmission::default()));
     }
+    if !route.require_jwt {
+        verified = verify().and_then(Result::ok);
+    }
+    let claims = verified.as_ref();
     let mut checks = Checks::with_capacity(route.policies.len());
     // Per-key overrides: a local copy, never a store call (`crate::overrides`).
     let overrides = state.overrides.active();
@@ -88,7 +115,7 @@ async fn admit_with<'l>(
         }
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
-            .counter_key(view)
+            .counter_key(view, claims)
             .map_err(|e| Refusal::BadRequest(e.to_string()))?;
         if let Some(key) = key {
             let tally = Tally::Policy {

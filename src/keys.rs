@@ -1,7 +1,7 @@
 //! From a request to the identity of a counter.
 //!
 //! A policy's `key` lists parts (`client_ip`, `header:NAME`, `path:PARAM`, `query:NAME`, `method`,
-//! `host`); their values, taken from the canonical request ([`crate::normalize`]) and
+//! `host`, `jwt:CLAIM`); their values, taken from the canonical request ([`crate::normalize`]) and
 //! percent-decoded where they can be encoded, name the counter. Request material is bounded before
 //! it becomes a key: a value over [`MAX_KEY_VALUE_BYTES`] is replaced by its SHA-256, and bytes
 //! that could confuse a key's structure (or a Redis Cluster hash tag) are percent-escaped.
@@ -29,6 +29,8 @@ pub enum KeyPart {
     Query(Box<str>),
     Method,
     Host,
+    /// A claim of the request's bearer token, once verified ([`crate::jwt`]).
+    Jwt(Box<str>),
 }
 
 /// What key extraction may read from a request, after [`crate::normalize::canonicalize`].
@@ -61,9 +63,12 @@ pub enum KeyError {
 ///
 /// Values that can be percent-encoded (path parameters, query parameters) are decoded first, so
 /// every spelling of a value names one counter; then all are bounded by [`push_bounded`].
+/// `claims` are the request's verified token claims (`None`: no valid token, every `jwt:` part
+/// is absent).
 pub fn write_key(
     parts: &[KeyPart],
     req: &RequestView<'_>,
+    claims: Option<&crate::jwt::Claims>,
     out: &mut String,
 ) -> Result<bool, KeyError> {
     let mut present = true;
@@ -108,6 +113,13 @@ pub fn write_key(
             KeyPart::Method => Cow::Borrowed(req.method.as_str().as_bytes()),
             KeyPart::Host => match req.host {
                 Some(h) => Cow::Borrowed(h.as_bytes()),
+                None => {
+                    present = false;
+                    continue;
+                }
+            },
+            KeyPart::Jwt(claim) => match claims.and_then(|c| crate::jwt::claim_value(c, claim)) {
+                Some(v) => v,
                 None => {
                     present = false;
                     continue;

@@ -21,7 +21,9 @@ fn key_of(parts: &[KeyPart], headers: &HeaderMap, query: Option<&str>) -> Option
         client_prefix: ClientPrefix::default(),
     };
     let mut out = String::from("r:p:");
-    write_key(parts, &view, &mut out).unwrap().then_some(out)
+    write_key(parts, &view, None, &mut out)
+        .unwrap()
+        .then_some(out)
 }
 
 /// The key of `parts` for a request to `path` (matched against `pattern`) with `query`, or the
@@ -54,7 +56,7 @@ fn key_for(
         client_prefix,
     };
     let mut out = String::new();
-    Ok(write_key(parts, &view, &mut out)?.then_some(out))
+    Ok(write_key(parts, &view, None, &mut out)?.then_some(out))
 }
 
 #[test]
@@ -337,4 +339,48 @@ fn push_ip_writes_what_display_writes() {
         push_ip(&mut out, ip);
         assert_eq!(out, format!("prefix:{ip}"));
     }
+}
+
+/// `jwt:CLAIM` parts read verified claims only, bounded and escaped like any request material.
+#[test]
+fn jwt_claims_are_bounded_and_absent_without_verified_claims() {
+    let (m, _) = RouteMatch::with_pattern("/").unwrap();
+    let headers = HeaderMap::new();
+    let head = crate::route::RequestHead {
+        method: &Method::GET,
+        host: None,
+        path: "/",
+        headers: &headers,
+    };
+    let params = m.matches(&head).unwrap();
+    let view = RequestView {
+        method: &Method::GET,
+        host: None,
+        path: "/",
+        query: None,
+        headers: &headers,
+        params: &params,
+        client_ip: "192.0.2.1".parse().unwrap(),
+        client_prefix: ClientPrefix::default(),
+    };
+    let claims: crate::jwt::Claims = serde_json::from_value(serde_json::json!({
+        "sub": "a|b{c}", "tenant": 42, "long": "x".repeat(MAX_KEY_VALUE_BYTES + 1), "roles": ["x"]
+    }))
+    .unwrap();
+    let key = |parts: &[&str], claims: Option<&crate::jwt::Claims>| {
+        let parts: Vec<KeyPart> = parts.iter().map(|p| KeyPart::Jwt((*p).into())).collect();
+        let mut out = String::new();
+        write_key(&parts, &view, claims, &mut out)
+            .unwrap()
+            .then_some(out)
+    };
+    assert_eq!(
+        key(&["sub", "tenant"], Some(&claims)).as_deref(),
+        Some("a%7Cb%7Bc%7D|42")
+    );
+    let long = key(&["long"], Some(&claims)).unwrap();
+    assert_eq!(long.len(), 1 + 32, "a digest: {long}");
+    assert!(long.starts_with('#'));
+    assert_eq!(key(&["roles"], Some(&claims)), None);
+    assert_eq!(key(&["sub"], None), None, "no verified token");
 }

@@ -23,6 +23,8 @@
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load;
+//! - [`jwt`]: bearer tokens verified (keys loaded once per config load) before a claim becomes
+//!   a key part;
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
 //!   the [`limiter::Engine`] whose `decide` every door calls: it merges duplicate keys, applies
 //!   the failure mode, counts decisions and picks the governing outcome;
@@ -45,6 +47,7 @@ pub mod forward_auth;
 pub mod gateway;
 pub mod import;
 pub mod inflight;
+pub mod jwt;
 pub mod keys;
 pub mod limiter;
 pub mod listener;

@@ -27,6 +27,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
+    jwt_tokens: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
@@ -44,16 +45,19 @@ pub enum CheckResult {
     FailedClosed,
     NoRoute,
     BadRequest,
+    /// 401: `require_jwt` and no valid bearer token.
+    Unauthorized,
 }
 
 impl CheckResult {
-    const ALL: [CheckResult; 6] = [
+    const ALL: [CheckResult; 7] = [
         CheckResult::Allowed,
         CheckResult::Limited,
         CheckResult::FailedOpen,
         CheckResult::FailedClosed,
         CheckResult::NoRoute,
         CheckResult::BadRequest,
+        CheckResult::Unauthorized,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +68,7 @@ impl CheckResult {
             CheckResult::FailedClosed => "failed_closed",
             CheckResult::NoRoute => "no_route",
             CheckResult::BadRequest => "bad_request",
+            CheckResult::Unauthorized => "unauthorized",
         }
     }
 }
@@ -71,7 +76,7 @@ impl CheckResult {
 /// The answer counters of one door, resolved when its listener starts.
 #[derive(Debug, Clone)]
 pub struct DoorMetrics {
-    by_result: [IntCounter; 6],
+    by_result: [IntCounter; 7],
 }
 
 impl DoorMetrics {
@@ -148,6 +153,8 @@ pub struct RouteMetrics {
     upstream_timeout: IntCounter,
     upstream_other: IntCounter,
     exempt: IntCounter,
+    /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
+    jwt: [IntCounter; 3],
     /// Requests holding a concurrency lease now (admitted, response body not yet ended).
     pub in_flight: IntGauge,
 }
@@ -176,6 +183,16 @@ impl RouteMetrics {
     /// A request that skipped every policy (`exempt:`).
     pub fn record_exempt(&self) {
         self.exempt.inc();
+    }
+
+    /// One bearer-token verification (at most one per request).
+    pub fn record_jwt(&self, result: Result<(), crate::jwt::Rejected>) {
+        let i = match result {
+            Ok(()) => 0,
+            Err(crate::jwt::Rejected::Invalid) => 1,
+            Err(crate::jwt::Rejected::Missing) => 2,
+        };
+        self.jwt[i].inc();
     }
 
     pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
@@ -253,6 +270,11 @@ impl Metrics {
                 "turnstile_door_checks_total",
                 "Checks answered by a deciding door (forward_auth, ext_authz), by result.",
                 &["door", "result"],
+            ),
+            jwt_tokens: counter(
+                "turnstile_jwt_tokens_total",
+                "Bearer tokens verified for `jwt:` keys or `require_jwt`, by route and result.",
+                &["route", "result"],
             ),
             rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
             in_flight: {
@@ -333,6 +355,8 @@ impl Metrics {
             upstream_timeout: upstream("timeout"),
             upstream_other: upstream("other"),
             exempt: self.exempt.with_label_values(&[route]),
+            jwt: ["valid", "invalid", "missing"]
+                .map(|r| self.jwt_tokens.with_label_values(&[route, r])),
             in_flight: self.in_flight.with_label_values(&[route]),
         }
     }

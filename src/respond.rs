@@ -121,6 +121,9 @@ pub enum Refusal<'a> {
     CheckOnly(&'a str),
     /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
     UpstreamBusy(&'a str),
+    /// 401: the route has `require_jwt` and the request has no valid bearer token (`missing`:
+    /// no credentials at all).
+    Unauthorized { route: &'a str, missing: bool },
 }
 
 /// The one place a refusal becomes a response.
@@ -147,7 +150,30 @@ pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
             }),
         ),
         Refusal::UpstreamBusy(route) => upstream_busy(route),
+        Refusal::Unauthorized { route, missing } => unauthorized(route, *missing),
     }
+}
+
+/// 401 with a `WWW-Authenticate: Bearer` challenge (RFC 6750 §3). A request without credentials
+/// gets no error code (§3.1); one whose token failed verification gets `invalid_token` (§3.1),
+/// never the reason, which would help a forger more than a client.
+pub fn unauthorized(route: &str, missing: bool) -> Response<ResponseBody> {
+    let mut response = json(
+        StatusCode::UNAUTHORIZED,
+        serde_json::json!({
+            "error": if missing { "missing_token" } else { "invalid_token" },
+            "route": route,
+        }),
+    );
+    let challenge = if missing {
+        HeaderValue::from_static("Bearer")
+    } else {
+        HeaderValue::from_static("Bearer error=\"invalid_token\"")
+    };
+    response
+        .headers_mut()
+        .insert(http::header::WWW_AUTHENTICATE, challenge);
+    response
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response<ResponseBody> {

@@ -87,6 +87,13 @@ pub fn compile(
     let client_prefix = client_prefix(e, &raw.client_ip);
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
+    // Keys are read here, once per load or reload, never per request.
+    let jwt = raw.jwt.as_ref().and_then(|j| {
+        crate::jwt::config::compile(j, source)
+            .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
+            .ok()
+            .map(Arc::new)
+    });
 
     // An upstream that fails validation is still *defined*: its own error is reported once, and
     // the routes that name it must not add a false "not defined" on top.
@@ -109,7 +116,8 @@ pub fn compile(
                 ),
             );
         }
-        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode) {
+        let jwt = (&jwt, raw.jwt.is_some());
+        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode, jwt) {
             let own = exempt(e, &format!("{path}.exempt"), &raw_route.exempt);
             route.exempt = Exempt {
                 client_ips: [global_exempt.client_ips.clone(), own.client_ips].concat(),
@@ -649,6 +657,7 @@ fn route(
     raw: &RawRoute,
     upstreams: &HashMap<String, Option<Arc<Upstream>>>,
     default_mode: FailureMode,
+    (jwt, jwt_block): (&Option<Arc<crate::jwt::Verifier>>, bool),
 ) -> Option<Route> {
     if !valid_name(&raw.name) {
         e.add(format!("{path}.name"), NAME_HELP);
@@ -711,11 +720,19 @@ fn route(
                 ),
             );
         }
-        if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params) {
+        if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params, jwt_block) {
             inflight::check_door(e, &ppath, &p, action.as_ref());
             policies.push(p);
         }
     }
+    let require_jwt = raw.require_jwt.unwrap_or(false);
+    if require_jwt && !jwt_block {
+        e.add(
+            format!("{path}.require_jwt"),
+            "needs a top-level `jwt:` block with the keys that verify tokens (docs/jwt.md)",
+        );
+    }
+    let needs_jwt = require_jwt || policies.iter().any(Policy::uses_jwt);
     Some(Route {
         name: raw.name.as_str().into(),
         matcher: matcher?,
@@ -723,6 +740,8 @@ fn route(
         policies,
         failure_mode,
         exempt: Exempt::default(),
+        jwt: jwt.clone().filter(|_| needs_jwt),
+        require_jwt,
     })
 }
 
@@ -838,7 +857,8 @@ fn direct_response(e: &mut Errors, path: &str, raw: &RawRespond) -> Option<Direc
     })
 }
 
-const KEY_HELP: &str = "key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host";
+const KEY_HELP: &str =
+    "key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host, jwt:CLAIM";
 
 fn policy(
     e: &mut Errors,
@@ -846,6 +866,7 @@ fn policy(
     route: &str,
     raw: &RawPolicy,
     params: &[String],
+    jwt_block: bool,
 ) -> Option<Policy> {
     if !valid_name(&raw.name) {
         e.add(format!("{path}.name"), NAME_HELP);
@@ -858,7 +879,7 @@ fn policy(
     }
     let mut key = Vec::new();
     for (k, text) in raw.key.iter().enumerate() {
-        let part = key_part(text, params).map_err(|m| format!("`{text}`: {m}"));
+        let part = key_part(text, params, jwt_block).map_err(|m| format!("`{text}`: {m}"));
         key.extend(e.take(format!("{path}.key[{k}]"), part));
     }
     let cost = inflight::admission_cost(raw);
@@ -1014,7 +1035,7 @@ fn quota(e: &mut Errors, path: &str, raw: &RawQuota, cost: u64) -> Option<Rule> 
     }))
 }
 
-fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {
+fn key_part(text: &str, params: &[String], jwt_block: bool) -> Result<KeyPart, String> {
     let (kind, arg) = text.split_once(':').unwrap_or((text, ""));
     match (kind, arg) {
         ("client_ip", "") => Ok(KeyPart::ClientIp),
@@ -1024,6 +1045,12 @@ fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {
             .map(KeyPart::Header)
             .map_err(|_| format!("`{name}` is not a header name")),
         ("query", name) if !name.is_empty() => Ok(KeyPart::Query(name.into())),
+        ("jwt", _) if !jwt_block => Err(
+            "needs a top-level `jwt:` block with the keys that verify tokens: an unverified \
+             claim would let anyone mint a bucket (docs/jwt.md)"
+                .to_string(),
+        ),
+        ("jwt", claim) if !claim.is_empty() => Ok(KeyPart::Jwt(claim.into())),
         ("path", name) if !name.is_empty() => match params.iter().position(|p| p == name) {
             Some(index) => Ok(KeyPart::PathParam(index)),
             None if params.is_empty() => Err(format!(

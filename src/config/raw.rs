@@ -31,6 +31,8 @@ pub struct RawConfig {
     /// Requests no policy of any route applies to.
     #[serde(default)]
     pub exempt: RawExempt,
+    /// Bearer-token verification for `jwt:CLAIM` key parts and `require_jwt` (`crate::jwt`).
+    pub jwt: Option<crate::jwt::RawJwt>,
     /// A YAML file of per-key overrides (`crate::overrides`), relative to this file.
     pub overrides: Option<String>,
 }
@@ -154,6 +156,8 @@ pub struct RawRoute {
     /// Added to the global `exempt` for this route.
     #[serde(default)]
     pub exempt: RawExempt,
+    /// Answer 401 to a request without a valid bearer token (needs `jwt:`).
+    pub require_jwt: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -150,10 +150,20 @@ impl Policy {
 
     /// This request's counter key, or `None` when a key part is absent (the policy does not
     /// apply, as in Envoy). `Err` when the request repeats a key header or query parameter.
-    pub fn counter_key(&self, req: &RequestView<'_>) -> Result<Option<String>, KeyError> {
+    /// `claims`: the request's verified token claims, for `jwt:` parts.
+    pub fn counter_key(
+        &self,
+        req: &RequestView<'_>,
+        claims: Option<&crate::jwt::Claims>,
+    ) -> Result<Option<String>, KeyError> {
         let mut key = String::with_capacity(self.key_prefix.len() + 48);
         key.push_str(&self.key_prefix);
-        Ok(keys::write_key(&self.key, req, &mut key)?.then_some(key))
+        Ok(keys::write_key(&self.key, req, claims, &mut key)?.then_some(key))
+    }
+
+    /// Whether a key part reads a token claim (the route then verifies the bearer token).
+    pub fn uses_jwt(&self) -> bool {
+        self.key.iter().any(|p| matches!(p, KeyPart::Jwt(_)))
     }
 }
 
@@ -166,6 +176,10 @@ pub struct Route {
     pub failure_mode: FailureMode,
     /// The global `exempt` and the route's own, merged at load.
     pub exempt: Exempt,
+    /// The `jwt:` verifier, when a policy keys on a claim or `require_jwt` is set.
+    pub jwt: Option<Arc<crate::jwt::Verifier>>,
+    /// `require_jwt: true`: a request without a valid bearer token gets 401.
+    pub require_jwt: bool,
 }
 
 /// Requests no policy applies to: they consume nothing and are counted as exempt. Either

@@ -41,6 +41,7 @@ use crate::state::AppState;
 const RPC_OK: i32 = 0;
 const RPC_INVALID_ARGUMENT: i32 = 3;
 const RPC_RESOURCE_EXHAUSTED: i32 = 8;
+const RPC_UNAUTHENTICATED: i32 = 16;
 const RPC_UNAVAILABLE: i32 = 14;
 
 /// The ext_authz service: a translation onto [`admission::check`].
@@ -93,6 +94,9 @@ impl ExtAuthz {
             }
             Checked::Refused(refusal @ Refusal::StoreUnavailable(_)) => {
                 denied(RPC_UNAVAILABLE, respond::refusal(&refusal)).await
+            }
+            Checked::Refused(refusal @ Refusal::Unauthorized { .. }) => {
+                denied(RPC_UNAUTHENTICATED, respond::refusal(&refusal)).await
             }
             Checked::Refused(refusal) => {
                 denied(RPC_INVALID_ARGUMENT, respond::refusal(&refusal)).await

@@ -140,6 +140,7 @@ pub fn result_of(checked: &Checked<'_>) -> CheckResult {
         Checked::Admitted(..) => CheckResult::Allowed,
         Checked::Refused(Refusal::RateLimited { .. }) => CheckResult::Limited,
         Checked::Refused(Refusal::StoreUnavailable(_)) => CheckResult::FailedClosed,
+        Checked::Refused(Refusal::Unauthorized { .. }) => CheckResult::Unauthorized,
         Checked::Refused(_) => CheckResult::BadRequest,
     }
 }

@@ -177,7 +177,9 @@ fn route_and_key(mut req: Request<()>, client_low_bits: u64, opts: PathOptions) 
         KeyPart::ClientIp,
     ];
     let mut key = String::new();
-    write_key(&parts, &view, &mut key).ok()?.then_some(key)
+    write_key(&parts, &view, None, &mut key)
+        .ok()?
+        .then_some(key)
 }
 
 fn plain_spelling() -> Spelling {

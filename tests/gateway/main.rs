@@ -12,6 +12,7 @@ mod exempt;
 mod flood;
 mod hardening;
 mod inflight;
+mod jwt;
 mod keys;
 mod lifecycle;
 mod limits;

@@ -1,0 +1,294 @@
+use std::path::Path;
+
+use http::{HeaderMap, HeaderValue};
+use jsonwebtoken::{encode, get_current_timestamp, EncodingKey, Header};
+use serde_json::json;
+
+use super::config::{compile, OneOrMany, RawJwt};
+use super::*;
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+fn verifier(raw: RawJwt) -> Verifier {
+    compile(&raw, Path::new("policies.yaml")).expect("valid jwt block")
+}
+
+/// A verifier whose secret comes from an environment variable private to the test.
+fn hs256(var: &str, raw: RawJwt) -> Verifier {
+    std::env::set_var(var, SECRET);
+    verifier(RawJwt {
+        hs256_secret_env: Some(var.into()),
+        ..raw
+    })
+}
+
+fn sign(alg: Algorithm, secret: &str, claims: serde_json::Value) -> String {
+    encode(
+        &Header::new(alg),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn bearer(value: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+    headers
+}
+
+fn now() -> u64 {
+    get_current_timestamp()
+}
+
+#[test]
+fn a_valid_token_yields_its_claims_and_every_tampering_is_invalid() {
+    let v = hs256("TURNSTILE_TEST_JWT_1", RawJwt::default());
+    let token = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "alice", "exp": now() + 600}),
+    );
+    let claims = v.verify(&bearer(&format!("Bearer {token}"))).unwrap();
+    assert_eq!(claims["sub"], "alice");
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    assert!(v.verify(&bearer(&format!("bearer {token}"))).is_ok());
+
+    let forged = sign(
+        Algorithm::HS256,
+        "another secret, just as long as ours",
+        json!({"sub": "mallory", "exp": now() + 600}),
+    );
+    let expired = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "alice", "exp": now() - 120}),
+    );
+    let early = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "alice", "exp": now() + 600, "nbf": now() + 120}),
+    );
+    let no_exp = sign(Algorithm::HS256, SECRET, json!({"sub": "alice"}));
+    // HS384 is not in the default `algorithms`.
+    let other_alg = sign(
+        Algorithm::HS384,
+        SECRET,
+        json!({"sub": "alice", "exp": now() + 600}),
+    );
+    for (name, token) in [
+        ("forged", forged),
+        ("expired", expired),
+        ("nbf in the future", early),
+        ("no exp", no_exp),
+        ("algorithm not accepted", other_alg),
+        ("garbage", "not.a.jwt".to_string()),
+    ] {
+        assert_eq!(
+            v.verify(&bearer(&format!("Bearer {token}"))).unwrap_err(),
+            Rejected::Invalid,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn leeway_admits_a_token_that_just_expired() {
+    let v = hs256(
+        "TURNSTILE_TEST_JWT_2",
+        RawJwt {
+            leeway: Some("60s".into()),
+            ..RawJwt::default()
+        },
+    );
+    let token = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "a", "exp": now() - 10}),
+    );
+    assert!(v.verify(&bearer(&format!("Bearer {token}"))).is_ok());
+}
+
+#[test]
+fn credentials_that_are_not_one_bearer_token() {
+    let v = hs256("TURNSTILE_TEST_JWT_3", RawJwt::default());
+    assert_eq!(v.verify(&HeaderMap::new()), Err(Rejected::Missing));
+    assert_eq!(v.verify(&bearer("Basic YTpi")), Err(Rejected::Missing));
+    assert_eq!(v.verify(&bearer("Bearer ")), Err(Rejected::Invalid));
+    let token = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "a", "exp": now() + 600}),
+    );
+    let mut two = bearer(&format!("Bearer {token}"));
+    two.append(
+        AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    assert_eq!(v.verify(&two), Err(Rejected::Invalid));
+    // Over the size bound: refused before any parsing, even if it would verify.
+    let padding = "x".repeat(MAX_TOKEN_BYTES);
+    let big = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "a", "exp": now() + 600, "pad": padding}),
+    );
+    assert_eq!(
+        v.verify(&bearer(&format!("Bearer {big}"))),
+        Err(Rejected::Invalid)
+    );
+}
+
+#[test]
+fn issuer_and_audience_are_required_once_configured() {
+    let v = hs256(
+        "TURNSTILE_TEST_JWT_4",
+        RawJwt {
+            issuer: Some(OneOrMany::One("https://idp.example".into())),
+            audience: Some(OneOrMany::Many(vec!["api".into(), "web".into()])),
+            ..RawJwt::default()
+        },
+    );
+    let exp = now() + 600;
+    let ok = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "a", "exp": exp, "iss": "https://idp.example", "aud": "web"}),
+    );
+    assert!(v.verify(&bearer(&format!("Bearer {ok}"))).is_ok());
+    for claims in [
+        json!({"sub": "a", "exp": exp, "aud": "web"}),
+        json!({"sub": "a", "exp": exp, "iss": "https://evil.example", "aud": "web"}),
+        json!({"sub": "a", "exp": exp, "iss": "https://idp.example", "aud": "other"}),
+    ] {
+        let token = sign(Algorithm::HS256, SECRET, claims.clone());
+        assert!(
+            v.verify(&bearer(&format!("Bearer {token}"))).is_err(),
+            "{claims}"
+        );
+    }
+}
+
+#[test]
+fn claims_become_key_material_only_as_strings_and_numbers() {
+    let claims: Claims = serde_json::from_value(json!({
+        "sub": "alice", "n": 42, "f": 1.5, "b": true, "o": {"a": 1}, "a": [1], "z": null
+    }))
+    .unwrap();
+    let text =
+        |name| claim_value(&claims, name).map(|v| String::from_utf8(v.into_owned()).unwrap());
+    assert_eq!(text("sub").as_deref(), Some("alice"));
+    assert_eq!(text("n").as_deref(), Some("42"));
+    assert_eq!(text("f").as_deref(), Some("1.5"));
+    for absent in ["b", "o", "a", "z", "missing"] {
+        assert_eq!(text(absent), None, "{absent}");
+    }
+}
+
+#[test]
+fn config_errors_name_their_field() {
+    let errors = |raw: RawJwt| compile(&raw, Path::new("/nonexistent/policies.yaml")).unwrap_err();
+    let fields = |raw: RawJwt| errors(raw).into_iter().map(|(f, _)| f).collect::<Vec<_>>();
+    assert_eq!(fields(RawJwt::default()), ["jwt"]);
+    let missing = errors(RawJwt {
+        jwks_file: Some("jwks.json".into()),
+        ..RawJwt::default()
+    });
+    assert_eq!(missing[0].0, "jwt.jwks_file");
+    assert!(
+        missing[0].1.contains("/nonexistent/jwks.json"),
+        "{}",
+        missing[0].1
+    );
+    std::env::set_var("TURNSTILE_TEST_JWT_SHORT", "short");
+    assert_eq!(
+        fields(RawJwt {
+            hs256_secret_env: Some("TURNSTILE_TEST_JWT_SHORT".into()),
+            ..RawJwt::default()
+        }),
+        ["jwt.hs256_secret_env"]
+    );
+    std::env::set_var("TURNSTILE_TEST_JWT_5", SECRET);
+    assert_eq!(
+        fields(RawJwt {
+            hs256_secret_env: Some("TURNSTILE_TEST_JWT_5".into()),
+            algorithms: Some(vec!["RS256".into(), "none".into()]),
+            leeway: Some("1h".into()),
+            ..RawJwt::default()
+        }),
+        ["jwt.leeway", "jwt.algorithms[0]", "jwt.algorithms[1]"]
+    );
+}
+
+#[test]
+fn jwks_files_that_are_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let rsa_n = "AQ".to_string() + &"A".repeat(340); // 256 bytes: 2049 bits
+    let point = "A".repeat(43); // 32 bytes
+    let cases = [
+        ("not json", "{", "is not a JWK Set"),
+        ("empty", r#"{"keys": []}"#, "holds no signing keys"),
+        (
+            "symmetric",
+            r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#,
+            "keys[0]: a symmetric",
+        ),
+        (
+            "short rsa",
+            r#"{"keys": [{"kty": "RSA", "n": "AQAB", "e": "AQAB"}]}"#,
+            "keys[0]: an RSA modulus of about 24 bits",
+        ),
+        (
+            "alg of another type",
+            &format!(
+                r#"{{"keys": [{{"kty": "EC", "crv": "P-256", "alg": "RS256", "x": "{point}", "y": "{point}"}}]}}"#
+            ),
+            "keys[0]: `alg: RS256` does not fit its key type",
+        ),
+        (
+            "truncated point",
+            r#"{"keys": [{"kty": "EC", "crv": "P-256", "x": "AAAA", "y": "AAAA"}]}"#,
+            "keys[0]: `x` and `y` must be 32 bytes",
+        ),
+        (
+            "two keys, one kid",
+            &format!(
+                r#"{{"keys": [{{"kty": "RSA", "kid": "a", "n": "{rsa_n}", "e": "AQAB"}},
+                              {{"kty": "EC", "crv": "P-256", "x": "{point}", "y": "{point}"}}]}}"#
+            ),
+            "keys[1]: has no `kid`",
+        ),
+    ];
+    for (name, text, expected) in cases {
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, text).unwrap();
+        let errors = compile(
+            &RawJwt {
+                jwks_file: Some("jwks.json".into()),
+                ..RawJwt::default()
+            },
+            &dir.path().join("policies.yaml"),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{name}: loaded"));
+        assert_eq!(errors.len(), 1, "{name}: {errors:?}");
+        assert_eq!(errors[0].0, "jwt.jwks_file", "{name}");
+        assert!(errors[0].1.contains(expected), "{name}: {}", errors[0].1);
+    }
+    // The valid pair loads, and an encryption key beside them is skipped.
+    let valid = format!(
+        r#"{{"keys": [{{"kty": "RSA", "kid": "a", "n": "{rsa_n}", "e": "AQAB"}},
+                      {{"kty": "RSA", "kid": "enc", "use": "enc", "n": "AQAB", "e": "AQAB"}},
+                      {{"kty": "EC", "kid": "b", "crv": "P-256", "x": "{point}", "y": "{point}"}}]}}"#
+    );
+    std::fs::write(dir.path().join("jwks.json"), valid).unwrap();
+    let v = compile(
+        &RawJwt {
+            jwks_file: Some("jwks.json".into()),
+            ..RawJwt::default()
+        },
+        &dir.path().join("policies.yaml"),
+    )
+    .unwrap();
+    assert_eq!(v.jwks.len(), 2);
+}
