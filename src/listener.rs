@@ -155,13 +155,18 @@ pub(crate) async fn serve_public(
     let app = state.clone();
     let handler = move |peer, req| crate::gateway::handle(app.clone(), peer, req);
     let tls_task = tls.map(|(listener, tls)| {
+        let handler = handler.clone();
+        let https = move |peer, mut req: Request<Incoming>| {
+            req.extensions_mut().insert(crate::tls::Https);
+            handler(peer, req)
+        };
         tokio::spawn(serve_http(
             listener,
             Some(tls),
             state.clone(),
             shutdown.clone(),
             metrics.clone(),
-            handler.clone(),
+            https,
         ))
     });
     serve_http(listener, None, state, shutdown, metrics, handler).await;

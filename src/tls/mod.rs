@@ -19,6 +19,11 @@ pub use client::UpstreamTls;
 pub use connect::Connector;
 pub use server::{ListenerTls, ServerTls};
 
+/// Marks a request that arrived on the TLS listener (a request extension), so that the proxy
+/// forwards `X-Forwarded-Proto: https`.
+#[derive(Debug, Clone, Copy)]
+pub struct Https;
+
 /// ring, with rustls' default cipher suites and key exchange groups.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

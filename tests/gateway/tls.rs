@@ -223,7 +223,7 @@ async fn a_client_that_never_finishes_its_handshake_is_closed_after_the_timeout(
 }
 
 /// NGINX with TLS (certificate for localhost and 127.0.0.1) that answers with what it saw of the
-/// TLS session: the SNI name and the client certificate's subject.
+/// TLS session (the SNI name, the client certificate's subject) and `X-Forwarded-Proto`.
 fn nginx_tls(pki: &Pki, verify_client: bool) -> Nginx {
     let (cert, key) = pki.leaf("nginx", 10, Usage::Server);
     let client_auth = if verify_client {
@@ -238,7 +238,7 @@ fn nginx_tls(pki: &Pki, verify_client: bool) -> Nginx {
         r#"ssl_certificate {cert};
         ssl_certificate_key {key};
         {client_auth}
-        location / {{ return 200 "sni=$ssl_server_name client=$ssl_client_s_dn\n"; }}"#,
+        location / {{ return 200 "sni=$ssl_server_name client=$ssl_client_s_dn proto=$http_x_forwarded_proto\n"; }}"#,
         cert = cert.display(),
         key = key.display(),
     ))
@@ -262,14 +262,26 @@ routes:
 async fn an_https_upstream_is_verified_against_its_ca_and_gets_sni() {
     let pki = Pki::new("Upstream CA");
     let nginx = nginx_tls(&pki, false);
+    let (cert, key) = pki.leaf("gateway", 2, Usage::Server);
     let url = format!("https://localhost:{}", nginx.addr.port());
-    let yaml = upstream_yaml(&url, &format!("    ca: {}", pki.ca.display()));
+    let yaml = format!(
+        "listen_tls: {{ listen: 127.0.0.1:0, cert: {}, key: {} }}\n{}",
+        cert.display(),
+        key.display(),
+        upstream_yaml(&url, &format!("    ca: {}", pki.ca.display()))
+    );
     let gw = TestGateway::start(&yaml).await;
     let reply = crate::support::Client::new().get(&gw.url("/x")).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert_eq!(reply.text(), "sni=localhost client=\n");
+    assert_eq!(reply.text(), "sni=localhost client= proto=http\n");
     // A second request reuses the pooled TLS connection.
     assert_eq!(gw.get("/y").await, 200);
+    // HTTPS end to end: the upstream learns the client came over https.
+    let mut conn = TlsConn::connect(tls_addr(&gw), &pki.ca, &[b"http/1.1"]).await;
+    assert_eq!(
+        conn.get("/z").await,
+        (200, "sni=localhost client= proto=https\n".to_string())
+    );
 }
 
 #[tokio::test]
@@ -299,7 +311,10 @@ async fn an_upstream_that_requires_a_client_certificate_gets_one() {
     .await;
     let reply = crate::support::Client::new().get(&with.url("/")).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert_eq!(reply.text(), "sni=localhost client=CN=gateway-client\n");
+    assert_eq!(
+        reply.text(),
+        "sni=localhost client=CN=gateway-client proto=http\n"
+    );
 }
 
 #[tokio::test]
