@@ -650,8 +650,8 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream, source: &Path) -> Opt
     let tls =
         match super::tls::upstream(&path, raw, scheme == Some(http::uri::Scheme::HTTPS), source) {
             Ok((tls, warnings)) => {
+                // Logged at start and on every reload, printed by `check`.
                 for (p, m) in warnings {
-                    tracing::warn!("{p}: {m}");
                     e.warn(p, m);
                 }
                 tls
