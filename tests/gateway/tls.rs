@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 
-use crate::support::tls::{der, Pki, TlsConn, Usage};
+use crate::support::tls::{der, handshake, Pki, TlsConn, Usage};
 use crate::support::{GatewayProcess, Nginx, TestGateway, LIVENESS};
 
 /// A gateway with `listen_tls` on a free port serving `cert`/`key`, one `respond` route.
@@ -222,6 +222,54 @@ async fn a_client_that_never_finishes_its_handshake_is_closed_after_the_timeout(
     );
 }
 
+#[tokio::test]
+async fn a_client_silent_after_its_handshake_is_closed_after_header_read_timeout() {
+    let pki = Pki::new("Turnstile Test CA");
+    let (cert, key) = pki.leaf("server", 1, Usage::Server);
+    let gw = TestGateway::start(&listener_yaml(
+        &cert,
+        &key,
+        "server: { header_read_timeout: 400ms }",
+    ))
+    .await;
+    let mut silent = handshake(tls_addr(&gw), &pki.ca, &[b"h2"]).await;
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(LIVENESS, silent.read(&mut buf))
+        .await
+        .expect("closed within the liveness bound");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() >= Duration::from_millis(350));
+}
+
+#[tokio::test]
+async fn the_tls_listener_holds_at_most_max_connections() {
+    let pki = Pki::new("Turnstile Test CA");
+    let (cert, key) = pki.leaf("server", 1, Usage::Server);
+    let gw = TestGateway::start(&listener_yaml(
+        &cert,
+        &key,
+        "server: { max_connections: 1 }",
+    ))
+    .await;
+    let addr = tls_addr(&gw);
+    let mut first = TlsConn::connect(addr, &pki.ca, &[b"http/1.1"]).await;
+    assert_eq!(first.get("/").await.0, 200);
+    // The second waits in the accept backlog: no handshake while the first is open.
+    let second = tokio::spawn({
+        let ca = pki.ca.clone();
+        async move { TlsConn::connect(addr, &ca, &[b"http/1.1"]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!second.is_finished(), "a second connection was served");
+    drop(first);
+    let mut second = tokio::time::timeout(LIVENESS, second)
+        .await
+        .expect("served once the first closed")
+        .expect("task");
+    assert_eq!(second.get("/").await.0, 200);
+}
+
 /// NGINX with TLS (certificate for localhost and 127.0.0.1) that answers with what it saw of the
 /// TLS session (the SNI name, the client certificate's subject) and `X-Forwarded-Proto`.
 fn nginx_tls(pki: &Pki, verify_client: bool) -> Nginx {
@@ -386,6 +434,18 @@ async fn missing_or_bad_tls_files_are_config_errors_naming_field_and_file() {
     let error = load_error(dir, &listener_yaml(&other_cert, &key, ""));
     assert!(
         error.contains("listen_tls:") && error.contains("do not make a usable certificate"),
+        "{error}"
+    );
+
+    let error = load_error(
+        dir,
+        &format!(
+            "listen: 127.0.0.1:8443\n{}",
+            listener_yaml(&cert, &key, "").replace("127.0.0.1:0", "127.0.0.1:8443")
+        ),
+    );
+    assert!(
+        error.contains("listen_tls.listen") && error.contains("must differ"),
         "{error}"
     );
 

@@ -145,6 +145,33 @@ pub fn der(pem: &Path) -> Vec<u8> {
         .to_vec()
 }
 
+/// A TLS connection to `addr` as `localhost`, trusting only `ca`, offering `alpn`: the handshake
+/// done, nothing sent.
+pub async fn handshake(
+    addr: SocketAddr,
+    ca: &Path,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("read ca") {
+        roots.add(cert.expect("ca pem")).expect("add ca");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::try_from("localhost").expect("name");
+    tokio::time::timeout(LIVENESS, connector.connect(name, tcp))
+        .await
+        .expect("handshake in time")
+        .expect("handshake")
+}
+
 /// One HTTPS/1.1 connection, kept alive between requests.
 pub struct TlsConn {
     sender: http1::SendRequest<Empty<Bytes>>,
@@ -157,24 +184,7 @@ pub struct TlsConn {
 impl TlsConn {
     /// Connects to `addr` as `localhost`, trusting only `ca`, offering `alpn`.
     pub async fn connect(addr: SocketAddr, ca: &Path, alpn: &[&[u8]]) -> TlsConn {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(ca).expect("read ca") {
-            roots.add(cert.expect("ca pem")).expect("add ca");
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let tcp = TcpStream::connect(addr).await.expect("connect");
-        let name = ServerName::try_from("localhost").expect("name");
-        let stream = tokio::time::timeout(LIVENESS, connector.connect(name, tcp))
-            .await
-            .expect("handshake in time")
-            .expect("handshake");
+        let stream = handshake(addr, ca, alpn).await;
         let (_, session) = stream.get_ref();
         let peer_cert = session
             .peer_certificates()
