@@ -33,6 +33,8 @@ pub struct RawConfig {
     /// Requests no policy of any route applies to.
     #[serde(default)]
     pub exempt: RawExempt,
+    /// A YAML file of per-key overrides (`crate::overrides`), relative to this file.
+    pub overrides: Option<String>,
 }
 
 /// `listen_tls: {listen, cert, key, handshake_timeout}`: files relative to the config file.
@@ -213,6 +215,8 @@ pub struct RawPolicy {
     pub key: Vec<String>,
     pub token_bucket: Option<RawTokenBucket>,
     pub sliding_window: Option<RawSlidingWindow>,
+    /// A calendar quota (`docs/algorithms.md`, "Calendar quota").
+    pub quota: Option<RawQuota>,
     pub cost: Option<u64>,
 }
 
@@ -229,4 +233,14 @@ pub struct RawSlidingWindow {
     pub limit: u64,
     pub window: String,
     pub buckets: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    pub limit: u64,
+    /// `day`, `week` (ISO, from Monday) or `month`.
+    pub per: String,
+    /// An IANA zone name (`Europe/Berlin`); default `UTC`.
+    pub time_zone: Option<String>,
 }
