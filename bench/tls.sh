@@ -3,8 +3,8 @@
 # run.sh, which lists `tls` in SECTIONS_ALL.
 #
 # Rows (wrk over https://127.0.0.1, keep-alive, so handshakes are amortised and the rows measure
-# TLS record encryption plus the proxy's own work; both offer TLS 1.3 and wrk's OpenSSL picks the
-# cipher, AES-256-GCM on both):
+# TLS record encryption plus the proxy's own work; both offer TLS 1.3 and follow the client's
+# cipher order, wrk's OpenSSL's, whose first choice is AES-256-GCM):
 #   nginx-tls-w1       NGINX: TLS termination, then proxy to the upstream
 #   turnstile-tls-w1   Turnstile: listen_tls, the memory section's policy, then proxy
 # The certificate (EC P-256, for 127.0.0.1) is made with openssl at setup and served by both.
