@@ -33,7 +33,8 @@ declare -A debs=(
   [redis-server]=redis-server [redis-cli]=redis-tools [redis-benchmark]=redis-tools
   [nginx]=nginx-light [prometheus]=prometheus [promtool]=prometheus
   [faketime]=faketime [docker-compose]=docker-compose [wrk]=wrk
-  [openssl]=openssl         # the rediss:// test makes its own CA
+  [openssl]=openssl         # the rediss:// and TLS tests make their own CA
+  [curl]=curl               # the TLS listener's h2-by-ALPN test
 )
 missing=()
 for cmd in "${!debs[@]}"; do

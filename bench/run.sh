@@ -8,7 +8,8 @@
 #                     [--max-busy PCT] [--max-wait SECS] [--layout proxy-alone|servers-together]
 # Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct);
 #           redis (Turnstile on Redis vs NGINX + ngx_lua vs NGINX proxy, and decisions/s vs the
-#           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh).
+#           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh);
+#           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh).
 #
 # CPU placement (2 cores), 1-worker rows: the proxy under test (NGINX's worker, or Turnstile with
 # TURNSTILE_WORKERS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
@@ -22,7 +23,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis)
+SECTIONS_ALL=(memory redis tls)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -43,7 +44,7 @@ TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -383,6 +384,8 @@ section_memory() {
 
 # shellcheck source=bench/redis.sh
 source "$BENCH_DIR/redis.sh"
+# shellcheck source=bench/tls.sh
+source "$BENCH_DIR/tls.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {

@@ -33,6 +33,8 @@
 //! - [`respond`]: every response the gateway writes itself, refusals included;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
 //! - [`listener`]: the public listener and the bounds on each connection;
+//! - [`tls`]: rustls for the HTTPS listener (certificates reloaded as their files change) and for
+//!   `https://` upstreams;
 //! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell;
@@ -62,6 +64,7 @@ pub mod rls;
 pub mod route;
 pub mod server;
 pub mod state;
+pub mod tls;
 pub mod top_limited;
 pub mod watch;
 

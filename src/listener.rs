@@ -1,4 +1,6 @@
-//! The public listener: accepts connections (HTTP/1.1 and h2c) and bounds what each may cost.
+//! The public listener: accepts connections (HTTP/1.1 and h2c, and on the TLS listener HTTP/1.1
+//! and h2 by ALPN) and bounds what each may cost. The TLS listener ([`crate::tls`]) has the same
+//! bounds (its own `max_connections` slots), plus a handshake timeout.
 //!
 //! - At most `server.max_connections` are open at once. The acceptor waits for a free slot before
 //!   it accepts again, so connections past the limit wait in the kernel's accept backlog (and are
@@ -33,6 +35,7 @@ use crate::log_throttle::Throttle;
 use crate::metrics::Metrics;
 use crate::proxy::body::ResponseBody;
 use crate::state::AppState;
+use crate::tls::ServerTls;
 
 /// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
 /// Browsers cancel a few when a page is left; hundreds in seconds is an attack.
@@ -140,18 +143,36 @@ impl Drop for Finished {
     }
 }
 
-/// The public listener: the inline gateway.
+/// The public listener, and the TLS one when configured: the inline gateway. Both count in
+/// `turnstile_open_connections`.
 pub(crate) async fn serve_public(
     listener: TcpListener,
+    tls: Option<(TcpListener, Arc<ServerTls>)>,
     state: Arc<AppState>,
     shutdown: watch::Receiver<bool>,
 ) {
     let metrics = ListenerMetrics::register(&state.metrics);
     let app = state.clone();
-    serve_http(listener, state, shutdown, metrics, move |peer, req| {
-        crate::gateway::handle(app.clone(), peer, req)
-    })
-    .await;
+    let handler = move |peer, req| crate::gateway::handle(app.clone(), peer, req);
+    let tls_task = tls.map(|(listener, tls)| {
+        let handler = handler.clone();
+        let https = move |peer, mut req: Request<Incoming>| {
+            req.extensions_mut().insert(crate::tls::Https);
+            handler(peer, req)
+        };
+        tokio::spawn(serve_http(
+            listener,
+            Some(tls),
+            state.clone(),
+            shutdown.clone(),
+            metrics.clone(),
+            https,
+        ))
+    });
+    serve_http(listener, None, state, shutdown, metrics, handler).await;
+    if let Some(task) = tls_task {
+        let _ = task.await;
+    }
 }
 
 /// The forward-auth check listener: the same bounds and drain as the public one, its own
@@ -166,12 +187,14 @@ pub(crate) async fn serve_check<H, F>(
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     let metrics = ListenerMetrics::unregistered();
-    serve_http(listener, state, shutdown, metrics, handler).await;
+    serve_http(listener, None, state, shutdown, metrics, handler).await;
 }
 
-/// Serves HTTP/1.1 and h2c on `listener` with `handler` until `shutdown`, then drains.
+/// Serves HTTP/1.1 and h2c (or, with `tls`, HTTPS) on `listener` with `handler` until
+/// `shutdown`, then drains.
 async fn serve_http<H, F>(
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     state: Arc<AppState>,
     mut shutdown: watch::Receiver<bool>,
     metrics: ListenerMetrics,
@@ -230,6 +253,7 @@ async fn serve_http<H, F>(
         let builder = builder.clone();
         let stopping = shutdown.clone();
         let metrics = metrics.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             metrics.open.inc();
             serve_connection(
@@ -240,6 +264,7 @@ async fn serve_http<H, F>(
                 stopping,
                 header_read_timeout,
                 &metrics,
+                tls.as_deref(),
             )
             .await;
             metrics.open.dec();
@@ -257,6 +282,7 @@ async fn serve_http<H, F>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection<H, F>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -265,12 +291,31 @@ async fn serve_connection<H, F>(
     mut stopping: watch::Receiver<bool>,
     header_read_timeout: Duration,
     metrics: &ListenerMetrics,
+    tls: Option<&ServerTls>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     // A connection that has not said a byte when shutdown begins has no request to finish: close
     // it rather than hold the drain until its detection times out.
+    if let Some(tls) = tls {
+        let accepted = tokio::select! {
+            accepted = crate::tls::accept::accept(tls, stream, header_read_timeout) => accepted,
+            _ = stopping.wait_for(|stop| *stop) => None,
+        };
+        if let Some(stream) = accepted {
+            serve_io(
+                TokioIo::new(stream),
+                peer,
+                handler,
+                builder,
+                stopping,
+                metrics,
+            )
+            .await;
+        }
+        return;
+    }
     let known = tokio::select! {
         known = protocol_known(&stream, header_read_timeout) => known,
         _ = stopping.wait_for(|stop| *stop) => false,
@@ -278,6 +323,30 @@ async fn serve_connection<H, F>(
     if !known {
         return;
     }
+    serve_io(
+        TokioIo::new(stream),
+        peer,
+        handler,
+        builder,
+        stopping,
+        metrics,
+    )
+    .await;
+}
+
+/// Serves one connection whose protocol is known, until it ends, shutdown, or abuse.
+async fn serve_io<I, H, F>(
+    io: I,
+    peer: SocketAddr,
+    handler: H,
+    builder: &auto::Builder<TokioExecutor>,
+    mut stopping: watch::Receiver<bool>,
+    metrics: &ListenerMetrics,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
+{
     let connection = Arc::new(Connection {
         cancels: Mutex::new((Instant::now(), 0)),
         goaway: Notify::new(),
@@ -295,7 +364,7 @@ async fn serve_connection<H, F>(
             response
         }
     });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let mut closing = false;
     let result = loop {

@@ -203,6 +203,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
         running.public_addr, running.admin_addr
     );
     for (name, addr) in [
+        ("tls", running.tls_addr),
         ("rls", running.rls_addr),
         ("forward_auth", running.forward_auth_addr),
         ("ext_authz", running.ext_authz_addr),

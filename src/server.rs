@@ -25,6 +25,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub struct Running {
     pub public_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The HTTPS public listener, when `listen_tls:` is configured.
+    pub tls_addr: Option<SocketAddr>,
     /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
     pub rls_addr: Option<SocketAddr>,
     /// The forward-auth HTTP check listener, when `forward_auth.listen` is configured.
@@ -143,8 +145,11 @@ pub async fn start(
     });
     let (forward_auth_addr, ext_authz_addr) =
         start_forward_auth(&state, &shutdown_rx, &mut tasks).await?;
+    let tls = start_tls(&state, &shutdown_rx, &mut tasks).await?;
+    let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
     tasks.push(tokio::spawn(crate::listener::serve_public(
         public,
+        tls,
         state.clone(),
         shutdown_rx,
     )));
@@ -152,6 +157,7 @@ pub async fn start(
     Ok(Running {
         public_addr,
         admin_addr,
+        tls_addr,
         rls_addr,
         forward_auth_addr,
         ext_authz_addr,
@@ -162,6 +168,24 @@ pub async fn start(
         tasks,
         admin_task,
     })
+}
+
+/// Binds the HTTPS listener that `listen_tls:` names (read once, at start: a reload that changes
+/// it warns; its certificate files are watched and reloaded on their own).
+async fn start_tls(
+    state: &Arc<AppState>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> std::io::Result<Option<(TcpListener, Arc<crate::tls::ServerTls>)>> {
+    let Some(settings) = state.live.load().config.listen_tls.clone() else {
+        return Ok(None);
+    };
+    let listener = bind("listen_tls.listen", settings.listen).await?;
+    let tls = crate::tls::ServerTls::new(&settings, &state.metrics)
+        .map_err(|e| std::io::Error::other(format!("listen_tls: {e}")))?;
+    let tls = Arc::new(tls);
+    tasks.push(tokio::spawn(tls.clone().watch(shutdown.clone())));
+    Ok(Some((listener, tls)))
 }
 
 /// Binds one listener; the error names the config field and the address, so that "Address already
@@ -268,6 +292,9 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
         changes = %if changes.is_empty() { "none".to_string() } else { changes.join(", ") },
         "config reloaded"
     );
+    for warning in &next.warnings {
+        tracing::warn!("{warning}");
+    }
     let pending = needs_restart(&current.config, &next);
     for setting in &pending {
         tracing::warn!(
@@ -292,6 +319,7 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     [
         ("listen", current.listen != next.listen),
         ("admin_listen", current.admin_listen != next.admin_listen),
+        ("listen_tls", current.listen_tls != next.listen_tls),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
         (
             "forward_auth.listen",

@@ -80,7 +80,12 @@ impl Live {
                                     max_connections: up.max_connections,
                                     pool_timeout: up.pool_timeout,
                                 };
-                                crate::proxy::client(&up.authority, limits)
+                                UpstreamClient::with_tls(
+                                    &up.scheme,
+                                    &up.authority,
+                                    limits,
+                                    up.tls.as_ref(),
+                                )
                             })
                             .clone(),
                     ),

@@ -78,6 +78,11 @@ pub fn compile(
         );
     }
 
+    let listen_tls = raw
+        .listen_tls
+        .as_ref()
+        .and_then(|t| listen_tls(e, t, source, [listen, admin_listen]));
+
     let mut nets = Vec::new();
     for (i, text) in raw.client_ip.trusted_proxies.iter().enumerate() {
         nets.extend(e.take(format!("client_ip.trusted_proxies[{i}]"), ip_net(text)));
@@ -100,7 +105,7 @@ pub fn compile(
     let upstreams: HashMap<String, Option<Arc<Upstream>>> = raw
         .upstreams
         .iter()
-        .map(|(name, up)| (name.clone(), upstream(e, name, up).map(Arc::new)))
+        .map(|(name, up)| (name.clone(), upstream(e, name, up, source).map(Arc::new)))
         .collect();
 
     let mut routes = Vec::new();
@@ -156,6 +161,7 @@ pub fn compile(
                 source_info: super::SourceInfo::default(),
                 listen,
                 admin_listen,
+                listen_tls,
                 admin: AdminSettings {
                     show_key_values: raw.admin.show_key_values.unwrap_or(false),
                 },
@@ -178,6 +184,36 @@ pub fn compile(
         )),
         _ => Err(errors.0),
     }
+}
+
+/// `listen_tls:`: its own address (not one of the other listeners') and readable, matching
+/// certificate and key files.
+fn listen_tls(
+    e: &mut Errors,
+    raw: &RawListenTls,
+    source: &Path,
+    others: [Option<SocketAddr>; 2],
+) -> Option<crate::tls::ListenerTls> {
+    let text = raw
+        .listen
+        .as_deref()
+        .unwrap_or(super::tls::DEFAULT_LISTEN_TLS);
+    let listen = socket_addr(e, "listen_tls.listen", text)?;
+    if listen.port() != 0 && others.contains(&Some(listen)) {
+        e.add(
+            "listen_tls.listen",
+            "must differ from `listen` and `admin_listen`",
+        );
+    }
+    let handshake_timeout = timeout_or(
+        e,
+        "listen_tls.handshake_timeout",
+        raw.handshake_timeout.as_deref(),
+        super::tls::DEFAULT_HANDSHAKE_TIMEOUT,
+    );
+    super::tls::listener(raw, source, listen, handshake_timeout)
+        .map_err(|problems| problems.into_iter().for_each(|(p, m)| e.add(p, m)))
+        .ok()
 }
 
 fn forward_auth(
@@ -581,7 +617,7 @@ fn allowed_upgrades(e: &mut Errors, raw: Option<&[String]>) -> Vec<String> {
     names
 }
 
-fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
+fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream, source: &Path) -> Option<Upstream> {
     let path = format!("upstreams.{name}");
     if !valid_name(name) {
         e.add(&path, NAME_HELP);
@@ -616,22 +652,45 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
         Err(_) => {
             e.add(
                 format!("{path}.url"),
-                format!("`{}` is not a URL; expected http://HOST:PORT", raw.url),
+                format!(
+                    "`{}` is not a URL; expected http://HOST:PORT or https://HOST:PORT",
+                    raw.url
+                ),
             );
             return None;
         }
     };
-    match (uri.scheme_str(), uri.authority(), uri.path()) {
-        (Some("http"), Some(authority), "" | "/") => Some(Upstream {
+    let scheme = match uri.scheme_str() {
+        Some("https") => Some(http::uri::Scheme::HTTPS),
+        Some("http") => Some(http::uri::Scheme::HTTP),
+        _ => None,
+    };
+    let tls =
+        match super::tls::upstream(&path, raw, scheme == Some(http::uri::Scheme::HTTPS), source) {
+            Ok((tls, warnings)) => {
+                // Logged at start and on every reload, printed by `check`.
+                for (p, m) in warnings {
+                    e.warn(p, m);
+                }
+                tls
+            }
+            Err(problems) => {
+                problems.into_iter().for_each(|(p, m)| e.add(p, m));
+                return None;
+            }
+        };
+    match (scheme, uri.authority(), uri.path()) {
+        (Some(scheme), Some(authority), "" | "/") => Some(Upstream {
             name: name.to_string(),
-            scheme: http::uri::Scheme::HTTP,
+            scheme,
             authority: authority.clone(),
             connect_timeout,
             timeout,
             max_connections,
             pool_timeout,
+            tls,
         }),
-        (Some("http"), Some(_), _) => {
+        (Some(_), Some(_), _) => {
             e.add(
                 format!("{path}.url"),
                 "must not have a path: the request's own path is forwarded",
@@ -642,7 +701,7 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
             e.add(
                 format!("{path}.url"),
                 format!(
-                    "`{}`: only http://HOST:PORT upstreams are supported",
+                    "`{}`: only http://HOST:PORT and https://HOST:PORT upstreams are supported",
                     raw.url
                 ),
             );

@@ -9,6 +9,7 @@ pub mod locate;
 pub mod raw;
 pub mod snapshot;
 pub mod source;
+pub mod tls;
 pub mod units;
 
 use std::fmt;

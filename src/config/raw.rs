@@ -11,6 +11,8 @@ use serde::Deserialize;
 pub struct RawConfig {
     pub listen: Option<String>,
     pub admin_listen: Option<String>,
+    /// A second public listener, HTTPS (`crate::tls`); `listen` keeps serving plain HTTP.
+    pub listen_tls: Option<RawListenTls>,
     /// What the admin endpoints may show (`admin_listen` stays at the top level).
     #[serde(default)]
     pub admin: RawAdmin,
@@ -35,6 +37,25 @@ pub struct RawConfig {
     pub jwt: Option<crate::jwt::RawJwt>,
     /// A YAML file of per-key overrides (`crate::overrides`), relative to this file.
     pub overrides: Option<String>,
+}
+
+/// `listen_tls: {listen, cert, key, handshake_timeout}`: files relative to the config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListenTls {
+    /// Default `0.0.0.0:8443`.
+    pub listen: Option<String>,
+    pub cert: String,
+    pub key: String,
+    pub handshake_timeout: Option<String>,
+}
+
+/// A client certificate an upstream asks for (mTLS).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientCert {
+    pub cert: String,
+    pub key: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,6 +161,12 @@ pub struct RawUpstream {
     pub max_connections: Option<u64>,
     /// How long a request waits for a connection when `max_connections` are busy (then 503).
     pub pool_timeout: Option<String>,
+    /// `https://` only: trust only these CAs (PEM) instead of the system's.
+    pub ca: Option<String>,
+    /// `https://` only: the certificate the gateway presents when asked (mTLS).
+    pub client_cert: Option<RawClientCert>,
+    /// `https://` only: `false` accepts any certificate. Never the default.
+    pub tls_verify: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -70,6 +70,9 @@ pub struct Upstream {
     pub max_connections: usize,
     /// How long a request waits for one of `max_connections` to be free; then 503.
     pub pool_timeout: Duration,
+    /// How `https://` targets are verified and whom the gateway presents itself as; present
+    /// exactly when the scheme is https.
+    pub tls: Option<crate::tls::UpstreamTls>,
 }
 
 /// A response the gateway gives itself, as Envoy's `direct_response`.
@@ -223,6 +226,8 @@ pub struct Snapshot {
     pub source_info: super::SourceInfo,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// The HTTPS public listener, when `listen_tls:` is set.
+    pub listen_tls: Option<crate::tls::ListenerTls>,
     pub admin: AdminSettings,
     pub trusted_proxies: TrustedProxies,
     /// How much of the client's address a `client_ip` key part uses.

@@ -136,6 +136,17 @@ pub fn set_forwarded(
     host: Option<HeaderValue>,
     peer_trusted: bool,
 ) {
+    set_forwarded_as(headers, peer, host, peer_trusted, "http");
+}
+
+/// [`set_forwarded`] for a request that arrived over `proto` (`https` on the TLS listener).
+pub fn set_forwarded_as(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    host: Option<HeaderValue>,
+    peer_trusted: bool,
+    proto: &'static str,
+) {
     // Prior values are kept when the first one is text (several are joined in order); otherwise
     // the list restarts at the peer.
     let mut xff = String::with_capacity(48);
@@ -153,7 +164,7 @@ pub fn set_forwarded(
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         match host {

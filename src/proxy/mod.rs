@@ -60,6 +60,11 @@ pub async fn forward(
     server: &ServerSettings,
 ) -> Result<Response<ResponseBody>, ForwardError> {
     let (mut parts, body) = req.into_parts();
+    let proto = if parts.extensions.get::<crate::tls::Https>().is_some() {
+        "https"
+    } else {
+        "http"
+    };
     // Not allowed: `strip_hop_by_hop` below removes `Upgrade` and `Connection` as for any request.
     let upgrade = headers::is_upgrade(&parts.headers)
         && headers::upgrade_allowed(&parts.headers, &server.allowed_upgrades);
@@ -101,11 +106,12 @@ pub async fn forward(
             }
         }
     }
-    headers::set_forwarded(
+    headers::set_forwarded_as(
         &mut parts.headers,
         client_side.peer,
         host,
         client_side.peer_trusted,
+        proto,
     );
 
     let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);

@@ -33,6 +33,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use super::body::RequestBody;
+use crate::tls::Connector;
 
 /// Idle connections kept per upstream; more are closed as they fall idle.
 pub const MAX_IDLE: usize = 1024;
@@ -46,8 +47,8 @@ pub struct UpstreamClient {
 }
 
 struct Shared {
-    connector: HttpConnector,
-    /// What the connector dials: `http://authority`.
+    connector: Connector,
+    /// What the connector dials: `http://authority` or `https://authority`.
     target: Uri,
     /// The `Host` of a request that arrives without one: the authority, minus a default port.
     default_host: Option<HeaderValue>,
@@ -93,18 +94,30 @@ impl std::fmt::Debug for UpstreamClient {
 
 impl UpstreamClient {
     pub fn new(authority: &Authority, limits: Limits) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(limits.connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
+        Self::with_tls(&Scheme::HTTP, authority, limits, None)
+    }
+
+    /// The client of an `http://` or `https://` (`tls` required) upstream.
+    pub fn with_tls(
+        scheme: &Scheme,
+        authority: &Authority,
+        limits: Limits,
+        tls: Option<&crate::tls::UpstreamTls>,
+    ) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(limits.connect_timeout));
+        tcp.set_nodelay(true);
+        tcp.set_keepalive(Some(Duration::from_secs(60)));
+        let connector = Connector::new(tcp, tls, limits.connect_timeout);
         let target = Uri::builder()
-            .scheme(Scheme::HTTP)
+            .scheme(scheme.clone())
             .authority(authority.clone())
             .path_and_query("/")
             .build()
             .unwrap_or_default();
+        let default_port = if *scheme == Scheme::HTTPS { 443 } else { 80 };
         let default_host = match authority.port_u16() {
-            Some(port) if port != 80 => {
+            Some(port) if port != default_port => {
                 HeaderValue::from_str(&format!("{}:{port}", authority.host())).ok()
             }
             _ => HeaderValue::from_str(authority.host()).ok(),

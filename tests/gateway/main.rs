@@ -23,3 +23,4 @@ mod proxy;
 mod quota;
 mod routing;
 mod slowloris;
+mod tls;

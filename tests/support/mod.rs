@@ -26,6 +26,7 @@ pub mod prometheus;
 pub mod redis;
 pub mod rls;
 pub mod stores;
+pub mod tls;
 pub mod tools;
 pub mod upstream;
 

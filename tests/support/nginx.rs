@@ -57,11 +57,24 @@ impl Nginx {
 
     /// [`Nginx::start`] with extra directives at `http { }` level (upstreams, maps, ...).
     pub fn start_with(server_body: &str, http_extra: &str) -> Nginx {
+        Self::start_listen(server_body, http_extra, "")
+    }
+
+    /// NGINX serving HTTPS (`listen ... ssl`): `server_body` names `ssl_certificate` and
+    /// `ssl_certificate_key`.
+    pub fn start_ssl(server_body: &str) -> Nginx {
+        Self::start_listen(server_body, "", " ssl")
+    }
+
+    fn start_listen(server_body: &str, http_extra: &str, listen_options: &str) -> Nginx {
         let binary = nginx_binary();
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("tempdir");
             let port = free_port();
-            let conf = config(dir.path(), port, server_body, http_extra);
+            let conf = config(dir.path(), port, server_body, http_extra).replace(
+                &format!("listen 127.0.0.1:{port};"),
+                &format!("listen 127.0.0.1:{port}{listen_options};"),
+            );
             std::fs::write(dir.path().join("nginx.conf"), conf).expect("write nginx.conf");
             let child = Command::new(&binary)
                 .arg("-p")
