@@ -7,22 +7,25 @@
 
 use std::net::IpAddr;
 
-use http::Request;
+use http::{HeaderValue, Request};
 
 use crate::config::Route;
 use crate::keys::RequestView;
-use crate::limiter::{Checks, Kind, Outcome, Tally};
+use crate::limiter::{Checks, FailureMode, Kind, Outcome, Tally};
 use crate::normalize;
-use crate::respond::Refusal;
+use crate::respond::headers::MAX_POLICIES;
+use crate::respond::{Limits, Refusal};
 use crate::route::{PathParams, RequestHead};
 use crate::state::{AppState, Live, RouteResources};
 
-/// An admitted request: the outcome whose headers decorate the answer (none when no policy
-/// applied or the store failed open), and how the engine decided.
+/// An admitted request: the outcome whose headers decorate the answer (none when no enforced
+/// policy applied or the store failed open), and how the engine decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admitted {
     pub governing: Option<Outcome>,
     pub kind: Kind,
+    /// What the route's rate-limit fields show (`rate_limit_headers`).
+    pub limits: Limits,
 }
 
 /// The first route matching `head`, by index into `live.config.routes`, with its path params.
@@ -32,6 +35,30 @@ pub fn route_for(live: &Live, head: &RequestHead<'_>) -> Option<(usize, PathPara
         .iter()
         .enumerate()
         .find_map(|(i, r)| r.matcher.matches(head).map(|p| (i, p)))
+}
+
+/// When no route matches `head` but some match all of it except the method, the `Allow` value
+/// of a 405 (RFC 9110 §15.5.6): their methods, in config order, each once (§10.2.1).
+pub fn allowed_methods(live: &Live, head: &RequestHead<'_>) -> Option<HeaderValue> {
+    let mut allow = String::new();
+    for route in &live.config.routes {
+        if route.matcher.matches_except_method(head).is_none() {
+            continue;
+        }
+        for method in route.matcher.methods().unwrap_or_default() {
+            let listed = allow.split(", ").any(|m| m == method.as_str());
+            if !listed {
+                if !allow.is_empty() {
+                    allow.push_str(", ");
+                }
+                allow.push_str(method.as_str());
+            }
+        }
+    }
+    if allow.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&allow).ok()
 }
 
 /// The policies whose key parts are all present, decided together by the engine.
@@ -47,10 +74,14 @@ pub async fn admit<'l>(
         return Ok(Admitted {
             governing: None,
             kind: Kind::Allowed,
+            limits: Limits::default(),
         });
     }
     let mut checks = Checks::with_capacity(route.policies.len());
-    for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
+    // The route's policy index of each pushed check, and the enforced ones that applied.
+    let mut pushed = [0u8; MAX_POLICIES];
+    let mut applied = 0u64;
+    for (p, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
             .counter_key(view)
@@ -62,11 +93,37 @@ pub async fn admit<'l>(
                 policy: &policy.name,
                 prefix: policy.key_prefix(),
             };
-            checks.push(key, &policy.rule, policy.cost, false, tally);
+            let i = checks.push(key, &policy.rule, policy.cost, policy.shadow, tally);
+            if let Some(slot) = pushed.get_mut(i) {
+                *slot = p as u8;
+            }
+            if !policy.shadow && p < MAX_POLICIES {
+                applied |= 1 << p;
+            }
         }
     }
-    let verdict = state.engine.decide(checks, route.failure_mode).await;
-    let governing = verdict.governing().map(|(i, o)| (i, *o));
+    // Only shadow policies applied: nothing may reject, the store's failure included.
+    let failure_mode = if applied == 0 {
+        FailureMode::Open
+    } else {
+        route.failure_mode
+    };
+    let pushed_len = checks.len();
+    let verdict = state.engine.decide(checks, failure_mode).await;
+    let policy_of = |i: usize| pushed.get(i).map(|&p| usize::from(p));
+    // Limited: the engine's choice (an enforced refusal). Admitted: the enforced check with the
+    // least remaining, the first on a tie; shadow policies are invisible to clients.
+    let governing = match verdict.kind {
+        Kind::Limited => verdict.governing().map(|(i, o)| (i, *o)),
+        _ => (0..pushed_len)
+            .filter(|&i| policy_of(i).is_some_and(|p| applied & (1 << p) != 0))
+            .filter_map(|i| verdict.outcome(i).map(|o| (i, *o)))
+            .min_by_key(|(_, o)| o.remaining),
+    };
+    let limits = Limits {
+        governing: governing.and_then(|(i, o)| Some((policy_of(i)?, o))),
+        applied,
+    };
     match (verdict.kind, governing) {
         (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
@@ -75,6 +132,9 @@ pub async fn admit<'l>(
                 _ => "",
             },
             outcome,
+            limits,
+            headers: &route.rate_limit_headers,
+            response: &route.limited_response,
         }),
         // (A limited verdict always has an enforced refusal to govern; routes never use `Error`.)
         (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
@@ -83,6 +143,7 @@ pub async fn admit<'l>(
         (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => Ok(Admitted {
             governing: governing.map(|(_, o)| o),
             kind,
+            limits,
         }),
     }
 }

@@ -47,7 +47,11 @@ pub async fn handle(
         headers: req.headers(),
     };
     let Some((index, params)) = admission::route_for(&live, &head) else {
-        let response = respond::refusal(&Refusal::NoRoute);
+        let refusal = match admission::allowed_methods(&live, &head) {
+            Some(allow) => Refusal::MethodNotAllowed(allow),
+            None => Refusal::NoRoute,
+        };
+        let response = respond::refusal(&refusal);
         live.unmatched
             .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
         return Ok(response);
@@ -97,9 +101,9 @@ async fn serve_route<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
     };
-    let governing = admission::admit(state, route, resources, &view)
+    let limits = admission::admit(state, route, resources, &view)
         .await?
-        .governing;
+        .limits;
 
     let mut response = match &route.action {
         Action::Respond(direct) => {
@@ -123,9 +127,9 @@ async fn serve_route<'l>(
         }
         Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
-    if let Some(outcome) = governing {
-        respond::insert_rate_limit_headers(response.headers_mut(), &outcome);
-    }
+    route
+        .rate_limit_headers
+        .insert(response.headers_mut(), &limits, false);
     Ok(response)
 }
 

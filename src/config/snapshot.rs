@@ -96,6 +96,9 @@ pub struct Policy {
     pub key: Vec<KeyPart>,
     pub rule: Rule,
     pub cost: u64,
+    /// `mode: shadow` (the policy's or its route's): decided and counted (`decision="shadow"`
+    /// when it would have refused), never rejecting; invisible in the rate-limit headers.
+    pub shadow: bool,
     /// `route:policy:`, the start of every counter key of this policy.
     key_prefix: String,
 }
@@ -107,6 +110,7 @@ impl Policy {
             key,
             rule,
             cost,
+            shadow: false,
             key_prefix: format!("{route}:{name}:"),
         }
     }
@@ -135,6 +139,10 @@ pub struct Route {
     pub failure_mode: FailureMode,
     /// The global `exempt` and the route's own, merged at load.
     pub exempt: Exempt,
+    /// The rate-limit fields of its responses (`rate_limit_headers`), prepared at load.
+    pub rate_limit_headers: crate::respond::RateLimitHeaders,
+    /// Its refusal of a rate-limited request (`limited_response`), compiled at load.
+    pub limited_response: crate::respond::LimitedResponse,
 }
 
 /// Requests no policy applies to: they consume nothing and are counted as exempt. Either
