@@ -17,5 +17,7 @@ mod limits;
 mod normalization;
 mod pool;
 mod proxy;
+mod responses;
 mod routing;
+mod shadow;
 mod slowloris;
