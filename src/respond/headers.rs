@@ -173,6 +173,17 @@ impl RateLimitHeaders {
     }
 }
 
+/// The draft-03 fields (`RateLimit-Limit`, `-Remaining`, `-Reset` in delta seconds rounded up)
+/// that Envoy's rate limit service returns in `response_headers_to_add`: its protocol's names,
+/// with the numbers computed as the gateway's `X-RateLimit-*` are.
+pub fn draft03(limit: u64, remaining: u64, reset_us: u64) -> [(&'static str, String); 3] {
+    [
+        ("RateLimit-Limit", limit.to_string()),
+        ("RateLimit-Remaining", remaining.to_string()),
+        ("RateLimit-Reset", super::ceil_seconds(reset_us).to_string()),
+    ]
+}
+
 /// A Structured Field String (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped. Policy names
 /// are letters, digits, `_` and `-`, so this only quotes them.
 fn sf_string(text: &str) -> String {
