@@ -85,3 +85,54 @@ async fn shadow_never_rejects_but_counts_exactly(store: TestStore) {
 }
 
 crate::store_matrix!(shadow_never_rejects_but_counts_exactly);
+
+/// A route whose applied policies are all shadow never refuses, not even when the store is down
+/// and its `failure_mode` is `closed`; a route with an enforced policy still fails closed.
+#[tokio::test]
+async fn a_shadow_route_fails_open_even_when_closed() {
+    let mut redis = crate::support::RedisServer::start();
+    let yaml = format!(
+        r#"
+store: {{ type: redis, url: "{}", timeout: 200ms, failure_mode: closed }}
+routes:
+  - name: dark
+    match: {{ prefix: /dark }}
+    mode: shadow
+    respond: {{ body: dark }}
+    policies:
+      - {{ name: p, key: [method], token_bucket: {{ rate: 1/h, burst: 3 }} }}
+  - name: lit
+    match: {{ prefix: /lit }}
+    respond: {{ body: lit }}
+    policies:
+      - {{ name: p, key: [method], token_bucket: {{ rate: 1/h, burst: 3 }} }}
+      - {{ name: q, key: [method], mode: shadow, token_bucket: {{ rate: 1/h, burst: 3 }} }}
+"#,
+        redis.url()
+    );
+    let gw = TestGateway::start(&yaml).await;
+    let c = Client::new();
+    assert_eq!(
+        c.get(&gw.url("/dark")).await.status,
+        200,
+        "the store answers"
+    );
+    redis.kill();
+    let dark = c.get(&gw.url("/dark")).await;
+    assert_eq!(dark.status, 200);
+    assert_eq!(dark.text(), "dark");
+    assert_eq!(c.get(&gw.url("/lit")).await.status, 503);
+    let text = gw.metrics().await;
+    let decisions = |route: &str, policy: &str, d: &str| {
+        metric(
+            &text,
+            "turnstile_decisions_total",
+            &[("route", route), ("policy", policy), ("decision", d)],
+        )
+    };
+    assert_eq!(decisions("dark", "p", "allowed"), Some(1.0));
+    assert_eq!(decisions("dark", "p", "failed_open"), Some(1.0));
+    assert_eq!(decisions("dark", "p", "failed_closed"), Some(0.0));
+    assert_eq!(decisions("lit", "p", "failed_closed"), Some(1.0));
+    assert_eq!(decisions("lit", "q", "failed_closed"), Some(1.0));
+}
