@@ -78,6 +78,8 @@ pub async fn admit<'l>(
         });
     }
     let mut checks = Checks::with_capacity(route.policies.len());
+    // Per-key overrides: a local copy, never a store call (`crate::overrides`).
+    let overrides = state.overrides.active();
     // The route's policy index of each pushed check, and the enforced ones that applied.
     let mut pushed = [0u8; MAX_POLICIES];
     let mut applied = 0u64;
@@ -93,7 +95,8 @@ pub async fn admit<'l>(
                 policy: &policy.name,
                 prefix: policy.key_prefix(),
             };
-            let i = checks.push(key, &policy.rule, policy.cost, policy.shadow, tally);
+            let rule = overrides.rule(&key).unwrap_or(&policy.rule);
+            let i = checks.push(key, rule, policy.cost, policy.shadow, tally);
             if let Some(slot) = pushed.get_mut(i) {
                 *slot = p as u8;
             }
@@ -127,8 +130,13 @@ pub async fn admit<'l>(
     match (verdict.kind, governing) {
         (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
+            // The route's own name (the verdict's borrows end with the overrides' guard).
             policy: match verdict.tally(i) {
-                Some(Tally::Policy { policy, .. }) => policy,
+                Some(Tally::Policy { policy, .. }) => route
+                    .policies
+                    .iter()
+                    .find(|p| *p.name == *policy)
+                    .map_or("", |p| &p.name),
                 _ => "",
             },
             outcome,

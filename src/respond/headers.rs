@@ -10,7 +10,8 @@
 //!
 //! A token bucket has no window, so its quota policy is the burst it can spend at once, `q` =
 //! burst, over the time it takes to refill from empty, `w` = ceil(burst / rate per second). A
-//! sliding window is exactly the draft's model: `q` = limit, `w` = window (seconds, rounded up).
+//! sliding window is exactly the draft's model: `q` = limit, `w` = window (seconds, rounded up). A
+//! calendar quota is `q` = limit over its period's nominal length (a day, 7 days, 30 days).
 //! `r` and `t` are the same numbers as `X-RateLimit-Remaining` and `-Reset`.
 //!
 //! Every door that answers HTTP (the gateway, forward-auth over HTTP and ext_authz) writes its
@@ -22,6 +23,7 @@ use std::fmt::Write as _;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::insert_rate_limit_headers;
+use crate::limiter::calendar::Per;
 use crate::limiter::{Outcome, Rule};
 
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -207,6 +209,16 @@ pub fn quota_policy(rule: &Rule) -> (u64, u64) {
             (tb.burst, (refill_s as u64).max(1))
         }
         Rule::SlidingWindow(sw) => (sw.limit, super::ceil_seconds(sw.window_us).max(1)),
+        // A calendar quota's period, at its nominal length (a DST day is 23 or 25 h, a month
+        // 28 to 31 days: `t` in `RateLimit` gives the exact time to the boundary).
+        Rule::Quota(q) => (
+            q.limit,
+            match q.per {
+                Per::Day => 86_400,
+                Per::Week => 7 * 86_400,
+                Per::Month => 30 * 86_400,
+            },
+        ),
     }
 }
 
