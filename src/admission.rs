@@ -128,17 +128,13 @@ pub async fn admit<'l>(
         applied,
     };
     match (verdict.kind, governing) {
-        (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
+        (Kind::Limited, Some((_, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
             // The route's own name (the verdict's borrows end with the overrides' guard).
-            policy: match verdict.tally(i) {
-                Some(Tally::Policy { policy, .. }) => route
-                    .policies
-                    .iter()
-                    .find(|p| *p.name == *policy)
-                    .map_or("", |p| &p.name),
-                _ => "",
-            },
+            policy: limits
+                .governing
+                .and_then(|(p, _)| route.policies.get(p))
+                .map_or("", |p| &p.name),
             outcome,
             limits,
             headers: &route.rate_limit_headers,
