@@ -10,8 +10,9 @@ use std::net::IpAddr;
 use http::{HeaderValue, Request};
 
 use crate::config::Route;
+use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
-use crate::limiter::{Checks, FailureMode, Kind, Outcome, Tally};
+use crate::limiter::{Checks, FailureMode, Kind, Outcome, Rule, Tally};
 use crate::normalize;
 use crate::respond::headers::MAX_POLICIES;
 use crate::respond::{Limits, Refusal};
@@ -61,21 +62,47 @@ pub fn allowed_methods(live: &Live, head: &RequestHead<'_>) -> Option<HeaderValu
     HeaderValue::from_str(&allow).ok()
 }
 
-/// The policies whose key parts are all present, decided together by the engine.
+/// The policies whose key parts are all present, decided together by the engine, for a door that
+/// never sees the response (forward-auth, ext_authz): concurrency policies do not apply there,
+/// and a cost from the response is charged up front as `max(fallback, min_cost)`.
 pub async fn admit<'l>(
     state: &AppState,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
 ) -> Result<Admitted, Refusal<'l>> {
+    admit_with(state, route, resources, view, false)
+        .await
+        .map(|(admitted, _)| admitted)
+}
+
+/// [`admit`] for the inline gateway, which sees the response: concurrency policies take a lease,
+/// and what must happen after admission (release it, charge the response's cost) is returned.
+pub async fn admit_inline<'l>(
+    state: &AppState,
+    route: &'l Route,
+    resources: &'l RouteResources,
+    view: &RequestView<'_>,
+) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+    admit_with(state, route, resources, view, true).await
+}
+
+async fn admit_with<'l>(
+    state: &AppState,
+    route: &'l Route,
+    resources: &'l RouteResources,
+    view: &RequestView<'_>,
+    inline: bool,
+) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
     // An exempt request skips every policy and consumes nothing (`exempt:`).
     if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
         resources.metrics.record_exempt();
-        return Ok(Admitted {
+        let admitted = Admitted {
             governing: None,
             kind: Kind::Allowed,
             limits: Limits::default(),
-        });
+        };
+        return Ok((admitted, AfterAdmission::default()));
     }
     let mut checks = Checks::with_capacity(route.policies.len());
     // Per-key overrides: a local copy, never a store call (`crate::overrides`).
@@ -83,7 +110,13 @@ pub async fn admit<'l>(
     // The route's policy index of each pushed check, and the enforced ones that applied.
     let mut pushed = [0u8; MAX_POLICIES];
     let mut applied = 0u64;
+    // (pushed index, policy index) of the checks that need something after admission.
+    let mut later: Vec<(usize, usize)> = Vec::new();
     for (p, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
+        let concurrency = matches!(policy.rule, Rule::Concurrency(_));
+        if concurrency && !inline {
+            continue;
+        }
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
             .counter_key(view)
@@ -96,12 +129,19 @@ pub async fn admit<'l>(
                 prefix: policy.key_prefix(),
             };
             let rule = overrides.rule(&key).unwrap_or(&policy.rule);
-            let i = checks.push(key, rule, policy.cost, policy.shadow, tally);
+            let cost = match &policy.response_cost {
+                Some(rc) if !inline => rc.total(None),
+                _ => policy.cost,
+            };
+            let i = checks.push(key, rule, cost, policy.shadow, tally);
             if let Some(slot) = pushed.get_mut(i) {
                 *slot = p as u8;
             }
             if !policy.shadow && p < MAX_POLICIES {
                 applied |= 1 << p;
+            }
+            if inline && (concurrency || policy.response_cost.is_some()) {
+                later.push((i, p));
             }
         }
     }
@@ -113,6 +153,17 @@ pub async fn admit<'l>(
     };
     let pushed_len = checks.len();
     let verdict = state.engine.decide(checks, failure_mode).await;
+    // A shadow policy that would have refused consumed nothing: no lease to hold or release, no
+    // response cost to charge.
+    later.retain(|&(i, p)| {
+        !route.policies.get(p).is_some_and(|policy| policy.shadow)
+            || verdict.outcome(i).is_some_and(|o| o.allowed)
+    });
+    let after = if later.is_empty() || !verdict.admits() {
+        AfterAdmission::default()
+    } else {
+        AfterAdmission::new(route, &verdict, &later)
+    };
     let policy_of = |i: usize| pushed.get(i).map(|&p| usize::from(p));
     // Limited: the engine's choice (an enforced refusal). Admitted: the enforced check with the
     // least remaining, the first on a tie; shadow policies are invisible to clients.
@@ -144,11 +195,14 @@ pub async fn admit<'l>(
         (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
             Err(Refusal::StoreUnavailable(&route.name))
         }
-        (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => Ok(Admitted {
-            governing: governing.map(|(_, o)| o),
-            kind,
-            limits,
-        }),
+        (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => Ok((
+            Admitted {
+                governing: governing.map(|(_, o)| o),
+                kind,
+                limits,
+            },
+            after,
+        )),
     }
 }
 

@@ -61,7 +61,7 @@ pub async fn handle(
     let resources = &live.routes[index];
     let response = serve_route(&state, &live, route, resources, &params, peer, req)
         .await
-        .unwrap_or_else(|refusal| respond::refusal(&refusal));
+        .unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
     resources
         .metrics
         .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
@@ -69,7 +69,7 @@ pub async fn handle(
 }
 
 async fn serve_route<'l>(
-    state: &AppState,
+    state: &Arc<AppState>,
     live: &'l Live,
     route: &'l Route,
     resources: &'l RouteResources,
@@ -101,9 +101,10 @@ async fn serve_route<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
     };
-    let limits = admission::admit(state, route, resources, &view)
-        .await?
-        .limits;
+    let (admitted, mut after) = admission::admit_inline(state, route, resources, &view).await?;
+    let limits = admitted.limits;
+    // Held from here: a failure below, or the client going away, drops it (released).
+    let lease = after.lease(state, &resources.metrics.in_flight);
 
     let mut response = match &route.action {
         Action::Respond(direct) => {
@@ -127,9 +128,13 @@ async fn serve_route<'l>(
         }
         Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
+    after.charge(state, route, resources, response.headers());
     route
         .rate_limit_headers
         .insert(response.headers_mut(), &limits, false);
+    if let Some(lease) = lease {
+        response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
+    }
     Ok(response)
 }
 

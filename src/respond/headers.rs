@@ -102,8 +102,11 @@ impl RateLimitHeaders {
         let mut enforced = 0u64;
         for (i, (name, rule, shadow)) in policies.into_iter().enumerate() {
             let name = sf_string(name);
-            let (q, w) = quota_policy(rule);
-            items.push(format!("{name};q={q};w={w}").into_boxed_str());
+            let item = match quota_policy(rule) {
+                (q, Some(w)) => format!("{name};q={q};w={w}"),
+                (q, None) => format!("{name};q={q}"),
+            };
+            items.push(item.into_boxed_str());
             names.push(name.into_boxed_str());
             if !shadow && i < MAX_POLICIES {
                 enforced |= 1 << i;
@@ -202,24 +205,36 @@ fn sf_string(text: &str) -> String {
 }
 
 /// `q` and `w` of a rule's quota policy (see the module comment).
-pub fn quota_policy(rule: &Rule) -> (u64, u64) {
+pub fn quota_policy(rule: &Rule) -> (u64, Option<u64>) {
+    (quota_units(rule), window(rule))
+}
+
+fn quota_units(rule: &Rule) -> u64 {
     match rule {
+        Rule::TokenBucket(tb) => tb.burst,
+        Rule::SlidingWindow(sw) => sw.limit,
+        Rule::Quota(q) => q.limit,
+        Rule::Concurrency(c) => c.limit,
+    }
+}
+
+/// `w`: none for a concurrency limit, which has no window (the draft makes `w` optional).
+fn window(rule: &Rule) -> Option<u64> {
+    Some(match rule {
         Rule::TokenBucket(tb) => {
             let refill_s = (tb.burst as f64 / tb.rate).ceil();
-            (tb.burst, (refill_s as u64).max(1))
+            (refill_s as u64).max(1)
         }
-        Rule::SlidingWindow(sw) => (sw.limit, super::ceil_seconds(sw.window_us).max(1)),
+        Rule::SlidingWindow(sw) => super::ceil_seconds(sw.window_us).max(1),
         // A calendar quota's period, at its nominal length (a DST day is 23 or 25 h, a month
         // 28 to 31 days: `t` in `RateLimit` gives the exact time to the boundary).
-        Rule::Quota(q) => (
-            q.limit,
-            match q.per {
-                Per::Day => 86_400,
-                Per::Week => 7 * 86_400,
-                Per::Month => 30 * 86_400,
-            },
-        ),
-    }
+        Rule::Quota(q) => match q.per {
+            Per::Day => 86_400,
+            Per::Week => 7 * 86_400,
+            Per::Month => 30 * 86_400,
+        },
+        Rule::Concurrency(_) => return None,
+    })
 }
 
 #[cfg(test)]
@@ -240,15 +255,15 @@ mod tests {
     #[test]
     fn token_bucket_quota_is_the_burst_over_its_refill_time_rounded_up() {
         let tb = |rate, burst| Rule::TokenBucket(TokenBucket { rate, burst });
-        assert_eq!(quota_policy(&tb(20.0 / 60.0, 20)), (20, 60));
-        assert_eq!(quota_policy(&tb(3.0, 10)), (10, 4));
-        assert_eq!(quota_policy(&tb(1000.0, 1)), (1, 1));
+        assert_eq!(quota_policy(&tb(20.0 / 60.0, 20)), (20, Some(60)));
+        assert_eq!(quota_policy(&tb(3.0, 10)), (10, Some(4)));
+        assert_eq!(quota_policy(&tb(1000.0, 1)), (1, Some(1)));
         let sw = Rule::SlidingWindow(SlidingWindow {
             limit: 100,
             window_us: 1_500_000,
             buckets: 0,
         });
-        assert_eq!(quota_policy(&sw), (100, 2));
+        assert_eq!(quota_policy(&sw), (100, Some(2)));
     }
 
     #[test]
