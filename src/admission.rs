@@ -7,23 +7,26 @@
 
 use std::net::IpAddr;
 
-use http::Request;
+use http::{HeaderValue, Request};
 
 use crate::config::Route;
 use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
-use crate::limiter::{Checks, Kind, Outcome, Rule, Tally};
+use crate::limiter::{Checks, FailureMode, Kind, Outcome, Rule, Tally};
 use crate::normalize;
-use crate::respond::Refusal;
+use crate::respond::headers::MAX_POLICIES;
+use crate::respond::{Limits, Refusal};
 use crate::route::{PathParams, RequestHead};
 use crate::state::{AppState, Live, RouteResources};
 
-/// An admitted request: the outcome whose headers decorate the answer (none when no policy
-/// applied or the store failed open), and how the engine decided.
+/// An admitted request: the outcome whose headers decorate the answer (none when no enforced
+/// policy applied or the store failed open), and how the engine decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admitted {
     pub governing: Option<Outcome>,
     pub kind: Kind,
+    /// What the route's rate-limit fields show (`rate_limit_headers`).
+    pub limits: Limits,
 }
 
 /// The first route matching `head`, by index into `live.config.routes`, with its path params.
@@ -33,6 +36,30 @@ pub fn route_for(live: &Live, head: &RequestHead<'_>) -> Option<(usize, PathPara
         .iter()
         .enumerate()
         .find_map(|(i, r)| r.matcher.matches(head).map(|p| (i, p)))
+}
+
+/// When no route matches `head` but some match all of it except the method, the `Allow` value
+/// of a 405 (RFC 9110 §15.5.6): their methods, in config order, each once (§10.2.1).
+pub fn allowed_methods(live: &Live, head: &RequestHead<'_>) -> Option<HeaderValue> {
+    let mut allow = String::new();
+    for route in &live.config.routes {
+        if route.matcher.matches_except_method(head).is_none() {
+            continue;
+        }
+        for method in route.matcher.methods().unwrap_or_default() {
+            let listed = allow.split(", ").any(|m| m == method.as_str());
+            if !listed {
+                if !allow.is_empty() {
+                    allow.push_str(", ");
+                }
+                allow.push_str(method.as_str());
+            }
+        }
+    }
+    if allow.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&allow).ok()
 }
 
 /// The policies whose key parts are all present, decided together by the engine, for a door that
@@ -96,6 +123,7 @@ async fn admit_with<'l>(
         let admitted = Admitted {
             governing: None,
             kind: Kind::Allowed,
+            limits: Limits::default(),
         };
         return Ok((admitted, AfterAdmission::default()));
     }
@@ -106,9 +134,12 @@ async fn admit_with<'l>(
     let mut checks = Checks::with_capacity(route.policies.len());
     // Per-key overrides: a local copy, never a store call (`crate::overrides`).
     let overrides = state.overrides.active();
+    // The route's policy index of each pushed check, and the enforced ones that applied.
+    let mut pushed = [0u8; MAX_POLICIES];
+    let mut applied = 0u64;
     // (pushed index, policy index) of the checks that need something after admission.
     let mut later: Vec<(usize, usize)> = Vec::new();
-    for (j, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
+    for (p, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
         let concurrency = matches!(policy.rule, Rule::Concurrency(_));
         if concurrency && !inline {
             continue;
@@ -129,32 +160,63 @@ async fn admit_with<'l>(
                 Some(rc) if !inline => rc.total(None),
                 _ => policy.cost,
             };
-            let i = checks.push(key, rule, cost, false, tally);
+            let i = checks.push(key, rule, cost, policy.shadow, tally);
+            if let Some(slot) = pushed.get_mut(i) {
+                *slot = p as u8;
+            }
+            if !policy.shadow && p < MAX_POLICIES {
+                applied |= 1 << p;
+            }
             if inline && (concurrency || policy.response_cost.is_some()) {
-                later.push((i, j));
+                later.push((i, p));
             }
         }
     }
-    let verdict = state.engine.decide(checks, route.failure_mode).await;
+    // Only shadow policies applied: nothing may reject, the store's failure included.
+    let failure_mode = if applied == 0 {
+        FailureMode::Open
+    } else {
+        route.failure_mode
+    };
+    let pushed_len = checks.len();
+    let verdict = state.engine.decide(checks, failure_mode).await;
+    // A shadow policy that would have refused consumed nothing: no lease to hold or release, no
+    // response cost to charge.
+    later.retain(|&(i, p)| {
+        !route.policies.get(p).is_some_and(|policy| policy.shadow)
+            || verdict.outcome(i).is_some_and(|o| o.allowed)
+    });
     let after = if later.is_empty() || !verdict.admits() {
         AfterAdmission::default()
     } else {
         AfterAdmission::new(route, &verdict, &later)
     };
-    let governing = verdict.governing().map(|(i, o)| (i, *o));
+    let policy_of = |i: usize| pushed.get(i).map(|&p| usize::from(p));
+    // Limited: the engine's choice (an enforced refusal). Admitted: the enforced check with the
+    // least remaining, the first on a tie; shadow policies are invisible to clients.
+    let governing = match verdict.kind {
+        Kind::Limited => verdict.governing().map(|(i, o)| (i, *o)),
+        _ => (0..pushed_len)
+            .filter(|&i| policy_of(i).is_some_and(|p| applied & (1 << p) != 0))
+            .filter_map(|i| verdict.outcome(i).map(|o| (i, *o)))
+            .min_by_key(|(_, o)| o.remaining),
+    };
+    let limits = Limits {
+        governing: governing.and_then(|(i, o)| Some((policy_of(i)?, o))),
+        applied,
+    };
     match (verdict.kind, governing) {
-        (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
+        (Kind::Limited, Some((_, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
             // The route's own name (the verdict's borrows end with the overrides' guard).
-            policy: match verdict.tally(i) {
-                Some(Tally::Policy { policy, .. }) => route
-                    .policies
-                    .iter()
-                    .find(|p| *p.name == *policy)
-                    .map_or("", |p| &p.name),
-                _ => "",
-            },
+            policy: limits
+                .governing
+                .and_then(|(p, _)| route.policies.get(p))
+                .map_or("", |p| &p.name),
             outcome,
+            limits,
+            headers: &route.rate_limit_headers,
+            response: &route.limited_response,
         }),
         // (A limited verdict always has an enforced refusal to govern; routes never use `Error`.)
         (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
@@ -164,6 +226,7 @@ async fn admit_with<'l>(
             Admitted {
                 governing: governing.map(|(_, o)| o),
                 kind,
+                limits,
             },
             after,
         )),

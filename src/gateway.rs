@@ -47,7 +47,11 @@ pub async fn handle(
         headers: req.headers(),
     };
     let Some((index, params)) = admission::route_for(&live, &head) else {
-        let response = respond::refusal(&Refusal::NoRoute);
+        let refusal = match admission::allowed_methods(&live, &head) {
+            Some(allow) => Refusal::MethodNotAllowed(allow),
+            None => Refusal::NoRoute,
+        };
+        let response = respond::refusal(&refusal);
         live.unmatched
             .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
         return Ok(response);
@@ -98,7 +102,7 @@ async fn serve_route<'l>(
         client_prefix: live.config.client_prefix,
     };
     let (admitted, mut after) = admission::admit_inline(state, route, resources, &view).await?;
-    let governing = admitted.governing;
+    let limits = admitted.limits;
     // Held from here: a failure below, or the client going away, drops it (released).
     let lease = after.lease(state, &resources.metrics.in_flight);
 
@@ -125,9 +129,9 @@ async fn serve_route<'l>(
         Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
     after.charge(state, route, resources, response.headers());
-    if let Some(outcome) = governing {
-        respond::insert_rate_limit_headers(response.headers_mut(), &outcome);
-    }
+    route
+        .rate_limit_headers
+        .insert(response.headers_mut(), &limits, false);
     if let Some(lease) = lease {
         response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
     }

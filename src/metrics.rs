@@ -85,23 +85,24 @@ impl DoorMetrics {
     }
 }
 
-/// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`. Gateway
-/// policies have no shadow mode (the Envoy service counts its shadow rules in
-/// `turnstile_rls_shadow_mode`), so there is no `shadow` series.
+/// How a policy's part in a decision ended, as counted by `turnstile_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecisionLabel {
     Allowed,
     Limited,
     FailedOpen,
     FailedClosed,
+    /// A shadow policy (`mode: shadow`) that would have refused: the request went on.
+    Shadow,
 }
 
 impl DecisionLabel {
-    const ALL: [DecisionLabel; 4] = [
+    const ALL: [DecisionLabel; 5] = [
         DecisionLabel::Allowed,
         DecisionLabel::Limited,
         DecisionLabel::FailedOpen,
         DecisionLabel::FailedClosed,
+        DecisionLabel::Shadow,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -110,6 +111,7 @@ impl DecisionLabel {
             DecisionLabel::Limited => "limited",
             DecisionLabel::FailedOpen => "failed_open",
             DecisionLabel::FailedClosed => "failed_closed",
+            DecisionLabel::Shadow => "shadow",
         }
     }
 }
@@ -117,7 +119,7 @@ impl DecisionLabel {
 /// The decision counters of one (route, policy).
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
-    by_label: [IntCounter; 4],
+    by_label: [IntCounter; 5],
     /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
     pub cost_charged: IntCounter,
     /// Calendar quota policies only: `turnstile_quota_used_units_total`.

@@ -1,15 +1,23 @@
 //! Every response the gateway writes itself, in one place: the rate-limit headers and the JSON
 //! error bodies. A door that refuses a request names a [`Refusal`] and [`refusal`] turns it into
 //! the response (one rescue layer); adapters never format these on their own.
+//!
+//! [`headers`] writes the rate-limit fields in a route's dialect (`rate_limit_headers`), and
+//! [`limited`] holds a route's compiled refusal (`limited_response`).
+
+pub mod headers;
+pub mod limited;
 
 use std::sync::OnceLock;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::limiter::Outcome;
 use crate::proxy::body::ResponseBody;
+pub use headers::{HeaderMode, Limits, RateLimitHeaders};
+pub use limited::LimitedResponse;
 
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
@@ -101,15 +109,21 @@ pub enum Refusal<'a> {
     BadRequest(String),
     /// 404: no route matches.
     NoRoute,
+    /// 405: routes match the path but none the method; the value is `Allow` (RFC 9110 §15.5.6).
+    MethodNotAllowed(HeaderValue),
     /// 413: the declared or streamed body is over `server.max_body_size`.
     BodyTooLarge(u64),
     /// 408: the client stopped sending its body (`server.body_read_timeout`).
     BodyReadTimeout,
-    /// 429: the governing policy's outcome.
+    /// 429 (or the route's `limited_response`): the governing policy's outcome.
     RateLimited {
         route: &'a str,
         policy: &'a str,
         outcome: Outcome,
+        /// The fields every policy that applied contributes (`rate_limit_headers`).
+        limits: Limits,
+        headers: &'a RateLimitHeaders,
+        response: &'a LimitedResponse,
     },
     /// 503: the store cannot decide and the route fails closed.
     StoreUnavailable(&'a str),
@@ -131,13 +145,17 @@ pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
     match refusal {
         Refusal::BadRequest(message) => bad_request(message),
         Refusal::NoRoute => not_found(),
+        Refusal::MethodNotAllowed(allow) => method_not_allowed(allow),
         Refusal::BodyTooLarge(limit) => payload_too_large(*limit),
         Refusal::BodyReadTimeout => request_timeout(),
         Refusal::RateLimited {
             route,
             policy,
             outcome,
-        } => rate_limited(route, policy, outcome),
+            limits,
+            headers,
+            response,
+        } => rate_limited(route, policy, outcome, limits, headers, response),
         Refusal::StoreUnavailable(route) => store_unavailable(route, STORE_DOWN_RETRY_SECONDS),
         Refusal::UpstreamUnreachable(route) => bad_gateway(route),
         Refusal::UpstreamTimeout(route) => gateway_timeout(route),
@@ -185,27 +203,51 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response<ResponseBody> {
     response
 }
 
-/// 429: names the route and policy, and says when to come back.
-pub fn rate_limited(route: &str, policy: &str, outcome: &Outcome) -> Response<ResponseBody> {
+/// A refused request: the route's `limited_response` (by default a JSON 429 naming the route and
+/// policy), with `Retry-After` and the route's rate-limit fields.
+pub fn rate_limited(
+    route: &str,
+    policy: &str,
+    outcome: &Outcome,
+    limits: &Limits,
+    headers: &RateLimitHeaders,
+    limited: &LimitedResponse,
+) -> Response<ResponseBody> {
     let retry = retry_after_seconds(outcome);
+    let mut response = match &limited.body {
+        None => json(
+            limited.status,
+            serde_json::json!({
+                "error": "rate_limited",
+                "route": route,
+                "policy": policy,
+                "retry_after_seconds": retry,
+            }),
+        ),
+        Some((template, content_type)) => {
+            let mut r = Response::new(ResponseBody::full(template.render(retry, policy, route)));
+            *r.status_mut() = limited.status;
+            r.headers_mut().insert(CONTENT_TYPE, content_type.clone());
+            r
+        }
+    };
+    *response.status_mut() = limited.status;
+    let fields = response.headers_mut();
+    headers.insert(fields, limits, true);
+    fields.insert(RETRY_AFTER, number_value(retry));
+    response
+}
+
+/// 405 with `Allow`: the path is routed, but not for this method (RFC 9110 §15.5.6, §10.2.1).
+pub fn method_not_allowed(allow: &HeaderValue) -> Response<ResponseBody> {
     let mut response = json(
-        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::METHOD_NOT_ALLOWED,
         serde_json::json!({
-            "error": "rate_limited",
-            "route": route,
-            "policy": policy,
-            "retry_after_seconds": retry,
+            "error": "method_not_allowed",
+            "allow": allow.to_str().unwrap_or_default(),
         }),
     );
-    let headers = response.headers_mut();
-    insert_rate_limit_headers(
-        headers,
-        &Outcome {
-            remaining: 0,
-            ..*outcome
-        },
-    );
-    headers.insert(RETRY_AFTER, number_value(retry));
+    response.headers_mut().insert(ALLOW, allow.clone());
     response
 }
 

@@ -153,6 +153,17 @@ impl RouteMatch {
                 return None;
             }
         }
+        self.matches_except_method(head)
+    }
+
+    /// The methods this route is limited to (`None`: every method).
+    pub fn methods(&self) -> Option<&[Method]> {
+        self.methods.as_deref()
+    }
+
+    /// Whether `head` matches every condition but the method: a 405 rather than a 404 when no
+    /// route takes its method (RFC 9110 §15.5.6).
+    pub fn matches_except_method(&self, head: &RequestHead<'_>) -> Option<PathParams> {
         if let Some(want) = &self.host {
             let host = head.host?;
             let host = host.rsplit_once(':').map_or(host, |(h, port)| {

@@ -19,6 +19,8 @@ use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
+use crate::respond::headers::MAX_POLICIES;
+use crate::respond::{HeaderMode, LimitedResponse, RateLimitHeaders};
 use crate::route::RouteMatch;
 
 #[path = "inflight.rs"]
@@ -99,6 +101,7 @@ pub fn compile(
             .ok()
             .map(Arc::new)
     });
+    let response_defaults = response_defaults(e, &raw.server);
 
     // An upstream that fails validation is still *defined*: its own error is reported once, and
     // the routes that name it must not add a false "not defined" on top.
@@ -128,6 +131,7 @@ pub fn compile(
                 client_ips: [global_exempt.client_ips.clone(), own.client_ips].concat(),
                 headers: [global_exempt.headers.clone(), own.headers].concat(),
             };
+            route_responses(e, &path, raw_route, &mut route, &response_defaults);
             routes.push(route);
         }
     }
@@ -801,6 +805,8 @@ fn route(
         exempt: Exempt::default(),
         jwt: jwt.clone().filter(|_| needs_jwt),
         require_jwt,
+        rate_limit_headers: Default::default(),
+        limited_response: Default::default(),
     })
 }
 
@@ -1122,4 +1128,101 @@ fn key_part(text: &str, params: &[String], jwt_block: bool) -> Result<KeyPart, S
         },
         _ => Err(KEY_HELP.to_string()),
     }
+}
+
+/// `server.rate_limit_headers` and `server.limited_response`: what a route without its own uses.
+struct ResponseDefaults {
+    headers: HeaderMode,
+    limited: LimitedResponse,
+}
+
+fn response_defaults(e: &mut Errors, raw: &RawServer) -> ResponseDefaults {
+    ResponseDefaults {
+        headers: raw
+            .rate_limit_headers
+            .as_deref()
+            .and_then(|m| e.take("server.rate_limit_headers", HeaderMode::parse(m)))
+            .unwrap_or_default(),
+        limited: raw
+            .limited_response
+            .as_ref()
+            .and_then(|r| limited_response(e, "server.limited_response", r))
+            .unwrap_or_default(),
+    }
+}
+
+fn limited_response(
+    e: &mut Errors,
+    path: &str,
+    raw: &RawLimitedResponse,
+) -> Option<LimitedResponse> {
+    LimitedResponse::compile(raw.status, raw.body.as_deref(), raw.content_type.as_deref())
+        .map_err(|problems| {
+            for (field, message) in problems {
+                e.add(format!("{path}.{field}"), message);
+            }
+        })
+        .ok()
+}
+
+/// `enforce` or `shadow`: whether a route or policy only reports.
+fn shadow_mode(e: &mut Errors, path: &str, text: Option<&str>) -> bool {
+    match text {
+        None | Some("enforce") => false,
+        Some("shadow") => true,
+        Some(other) => {
+            e.add(
+                path,
+                format!("`{other}` is not a mode; expected `enforce` or `shadow`"),
+            );
+            false
+        }
+    }
+}
+
+/// A route's rollout mode and response settings: `mode` (its own and its policies'),
+/// `rate_limit_headers` and `limited_response`, each defaulting to the server's.
+fn route_responses(
+    e: &mut Errors,
+    path: &str,
+    raw: &RawRoute,
+    route: &mut Route,
+    defaults: &ResponseDefaults,
+) {
+    let route_shadow = shadow_mode(e, &format!("{path}.mode"), raw.mode.as_deref());
+    for (j, raw_policy) in raw.policies.iter().enumerate() {
+        let shadow = shadow_mode(
+            e,
+            &format!("{path}.policies[{j}].mode"),
+            raw_policy.mode.as_deref(),
+        );
+        if let Some(policy) = route
+            .policies
+            .iter_mut()
+            .find(|p| *p.name == *raw_policy.name)
+        {
+            policy.shadow = route_shadow || shadow;
+        }
+    }
+    if route.policies.len() > MAX_POLICIES {
+        e.add(
+            format!("{path}.policies"),
+            format!("a route may have at most {MAX_POLICIES} policies"),
+        );
+    }
+    let mode = raw
+        .rate_limit_headers
+        .as_deref()
+        .and_then(|m| e.take(format!("{path}.rate_limit_headers"), HeaderMode::parse(m)))
+        .unwrap_or(defaults.headers);
+    route.rate_limit_headers = RateLimitHeaders::new(
+        mode,
+        route.policies.iter().map(|p| (&*p.name, &p.rule, p.shadow)),
+    );
+    route.limited_response = match &raw.limited_response {
+        Some(own) => {
+            limited_response(e, &format!("{path}.limited_response"), own).unwrap_or_default()
+        }
+        None => defaults.limited.clone(),
+    };
 }

@@ -149,6 +149,20 @@ pub struct RawServer {
     pub merge_slashes: Option<bool>,
     /// `reject` (default) or `keep` `%2F` and `%5C`.
     pub escaped_slashes: Option<String>,
+    /// `x-ratelimit` (default), `ietf`, `both` or `none`: every route's default.
+    pub rate_limit_headers: Option<String>,
+    /// The refusal of a rate-limited request: every route's default.
+    pub limited_response: Option<RawLimitedResponse>,
+}
+
+/// `limited_response:`: the status (4xx/5xx, default 429) and body of a refusal; without `body`,
+/// the gateway's JSON. `{retry_after}`, `{policy}` and `{route}` are substituted.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimitedResponse {
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    pub content_type: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,6 +199,12 @@ pub struct RawRoute {
     pub exempt: RawExempt,
     /// Answer 401 to a request without a valid bearer token (needs `jwt:`).
     pub require_jwt: Option<bool>,
+    /// `enforce` (default) or `shadow`: every policy decides and counts, none rejects.
+    pub mode: Option<String>,
+    /// Overrides `server.rate_limit_headers`.
+    pub rate_limit_headers: Option<String>,
+    /// Overrides `server.limited_response`.
+    pub limited_response: Option<RawLimitedResponse>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -225,6 +245,8 @@ pub struct RawPolicy {
     pub concurrency: Option<RawConcurrency>,
     /// Units per request: a number, or `{response_header, fallback, min_cost, max_cost}`.
     pub cost: Option<RawCost>,
+    /// `enforce` (default) or `shadow`: decides and counts, never rejects.
+    pub mode: Option<String>,
 }
 
 /// `concurrency: {limit, lease_ttl, refuse_with}`.

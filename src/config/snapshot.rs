@@ -99,6 +99,9 @@ pub struct Policy {
     pub key: Vec<KeyPart>,
     pub rule: Rule,
     pub cost: u64,
+    /// `mode: shadow` (the policy's or its route's): decided and counted (`decision="shadow"`
+    /// when it would have refused), never rejecting; invisible in the rate-limit headers.
+    pub shadow: bool,
     /// `route:policy:`, the start of every counter key of this policy.
     key_prefix: String,
     /// `cost: {response_header: ...}`: `cost` is taken at admission, the rest after the response.
@@ -139,6 +142,7 @@ impl Policy {
             key,
             rule,
             cost,
+            shadow: false,
             key_prefix: format!("{route}:{name}:"),
             response_cost: None,
             refuse_with: StatusCode::TOO_MANY_REQUESTS,
@@ -183,6 +187,10 @@ pub struct Route {
     pub jwt: Option<Arc<crate::jwt::Verifier>>,
     /// `require_jwt: true`: a request without a valid bearer token gets 401.
     pub require_jwt: bool,
+    /// The rate-limit fields of its responses (`rate_limit_headers`), prepared at load.
+    pub rate_limit_headers: crate::respond::RateLimitHeaders,
+    /// Its refusal of a rate-limited request (`limited_response`), compiled at load.
+    pub limited_response: crate::respond::LimitedResponse,
 }
 
 /// Requests no policy applies to: they consume nothing and are counted as exempt. Either

@@ -492,6 +492,50 @@ fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
     assert!(e.iter().any(|e| e.contains("store.cluster")), "{e:?}");
 }
 
+#[test]
+fn response_settings_errors_name_their_field() {
+    let yaml = format!(
+        "server:\n  rate_limit_headers: ietf-10\n  limited_response: {{ status: 200 }}\n{BASE}  \
+         - name: a\n    upstream: api\n    mode: dry-run\n    rate_limit_headers: X-RateLimit\n    \
+         limited_response: {{ body: 'wait {{retry_afer}}s' }}\n    policies:\n      - {{ name: p, \
+         key: [client_ip], token_bucket: {{ rate: 1/s, burst: 1 }}, mode: audit }}\n"
+    );
+    let e = errors(&yaml);
+    let expect = [
+        "server.rate_limit_headers: `ietf-10` is not a header mode",
+        "server.limited_response.status: `200` is not a refusal",
+        "routes[0].mode: `dry-run` is not a mode",
+        "routes[0].policies[0].mode: `audit` is not a mode",
+        "routes[0].rate_limit_headers: `X-RateLimit` is not a header mode",
+        "routes[0].limited_response.body: `{retry_afer}` is not a placeholder",
+    ];
+    for want in expect {
+        assert!(e.iter().any(|m| m.contains(want)), "{want}\nin {e:#?}");
+    }
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+}
+
+#[test]
+fn a_shadow_route_makes_every_policy_shadow_and_defaults_come_from_server() {
+    let yaml = format!(
+        "server:\n  rate_limit_headers: both\n  limited_response: {{ status: 503 }}\n{BASE}  \
+         - name: a\n    upstream: api\n    mode: shadow\n    policies:\n      - {{ name: p, \
+         key: [client_ip], token_bucket: {{ rate: 1/s, burst: 1 }} }}\n  - name: b\n    \
+         upstream: api\n    rate_limit_headers: none\n    limited_response: {{ status: 429 }}\n    \
+         policies:\n      - {{ name: p, key: [client_ip], token_bucket: {{ rate: 1/s, burst: 1 \
+         }}, mode: shadow }}\n      - {{ name: q, key: [client_ip], token_bucket: {{ rate: 1/s, \
+         burst: 1 }} }}\n"
+    );
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (&snapshot.routes[0], &snapshot.routes[1]);
+    assert!(a.policies[0].shadow);
+    assert_eq!(a.rate_limit_headers.mode, crate::respond::HeaderMode::Both);
+    assert_eq!(a.limited_response.status, 503);
+    assert!(b.policies[0].shadow && !b.policies[1].shadow);
+    assert_eq!(b.rate_limit_headers.mode, crate::respond::HeaderMode::None);
+    assert_eq!(b.limited_response.status, 429);
+}
+
 // Issue 13's config errors, found as a new user would.
 
 #[test]

@@ -80,11 +80,11 @@ impl ExtAuthz {
         self.metrics.record(result_of(&checked));
         match checked {
             Checked::NoRoute => ok(HeaderMap::new()),
-            Checked::Admitted(_, admitted) => {
+            Checked::Admitted(route, admitted) => {
                 let mut headers = HeaderMap::new();
-                if let Some(outcome) = &admitted.governing {
-                    respond::insert_rate_limit_headers(&mut headers, outcome);
-                }
+                route
+                    .rate_limit_headers
+                    .insert(&mut headers, &admitted.limits, false);
                 ok(headers)
             }
             Checked::Refused(refusal @ Refusal::RateLimited { .. }) => {

@@ -62,8 +62,14 @@ pub async fn handle(
     let checked = admission::check(&door.state, &live, &mut original, peer.ip()).await;
     door.metrics.record(result_of(&checked));
     Ok(match checked {
-        Checked::NoRoute => allowed(None),
-        Checked::Admitted(_, admitted) => allowed(admitted.governing.as_ref()),
+        Checked::NoRoute => Response::new(ResponseBody::empty()),
+        Checked::Admitted(route, admitted) => {
+            let mut response = Response::new(ResponseBody::empty());
+            route
+                .rate_limit_headers
+                .insert(response.headers_mut(), &admitted.limits, false);
+            response
+        }
         Checked::Refused(refusal @ Refusal::RateLimited { .. }) => {
             let mut response = respond::refusal(&refusal);
             *response.status_mut() = deny;
@@ -71,15 +77,6 @@ pub async fn handle(
         }
         Checked::Refused(refusal) => respond::refusal(&refusal),
     })
-}
-
-/// 200 with no body: the proxy lets the request through, copying the rate-limit headers.
-fn allowed(governing: Option<&crate::limiter::Outcome>) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::empty());
-    if let Some(outcome) = governing {
-        respond::insert_rate_limit_headers(response.headers_mut(), outcome);
-    }
-    response
 }
 
 fn bad_request(door: &HttpDoor, message: &str) -> Response<ResponseBody> {

@@ -9,7 +9,8 @@
 //!   failures counted by kind;
 //! - a store failure becomes failed open, failed closed or an error by the caller's
 //!   [`FailureMode`], and is logged at most once a second;
-//! - each check's decision is counted (`turnstile_decisions_total` for gateway policies,
+//! - each check's decision is counted (`turnstile_decisions_total` for gateway policies, where a
+//!   shadow policy that would have refused counts as `shadow`,
 //!   envoyproxy/ratelimit's statistics for Envoy descriptors) and limited keys feed the
 //!   top-limited sketch;
 //! - one rule picks the governing outcome (see `docs/algorithms.md`, "The governing outcome").
@@ -428,7 +429,10 @@ impl Engine {
                     },
                     Some(o),
                 ) => {
-                    if verdict.decision.allowed || o.allowed {
+                    if item.shadow && !o.allowed {
+                        // Would have refused; consumed nothing, rejected nothing.
+                        metrics.record(DecisionLabel::Shadow);
+                    } else if verdict.decision.allowed || o.allowed {
                         metrics.record(DecisionLabel::Allowed);
                         if verdict.decision.allowed {
                             metrics.record_units(item.cost);

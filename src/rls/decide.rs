@@ -232,21 +232,26 @@ fn respond(
         .filter(|_| rls.response_headers)
         .map(|i| &statuses[i])
     {
-        let reset = s
-            .duration_until_reset
-            .as_ref()
-            .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+        let reset_us = s.duration_until_reset.as_ref().map_or(0, |d| {
+            u64::try_from(d.seconds)
+                .unwrap_or(0)
+                .saturating_mul(1_000_000)
+                .saturating_add(u64::try_from(d.nanos).unwrap_or(0).div_ceil(1_000))
+        });
         let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-        let header = |key: &str, value: String| HeaderValue {
-            key: key.to_owned(),
-            value,
-            raw_value: Vec::new(),
-        };
-        response.response_headers_to_add = vec![
-            header("RateLimit-Limit", limit.to_string()),
-            header("RateLimit-Remaining", s.limit_remaining.to_string()),
-            header("RateLimit-Reset", reset.to_string()),
-        ];
+        let fields = crate::respond::headers::draft03(
+            u64::from(limit),
+            u64::from(s.limit_remaining),
+            reset_us,
+        );
+        response.response_headers_to_add = fields
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.to_owned(),
+                value,
+                raw_value: Vec::new(),
+            })
+            .collect();
     }
     response.statuses = statuses;
     response

@@ -21,6 +21,8 @@ mod overrides;
 mod pool;
 mod proxy;
 mod quota;
+mod responses;
 mod routing;
+mod shadow;
 mod slowloris;
 mod tls;

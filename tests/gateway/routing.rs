@@ -83,13 +83,15 @@ routes:
             }
         }
     };
-    assert_eq!(send("GET", &[]).await, "404");
+    // `writes` takes every path for POST and PUT, so any other method that no other route takes
+    // is a 405 (with `Allow: POST, PUT`), not a 404 (RFC 9110 §15.5.6).
+    assert_eq!(send("GET", &[]).await, "405");
     assert_eq!(send("POST", &[]).await, "writes");
     assert_eq!(send("PUT", &[]).await, "writes");
-    assert_eq!(send("DELETE", &[]).await, "404");
+    assert_eq!(send("DELETE", &[]).await, "405");
     assert_eq!(send("GET", &[("x-tenant", "acme")]).await, "tenant");
-    assert_eq!(send("GET", &[("x-tenant", "Acme")]).await, "404");
-    assert_eq!(send("GET", &[("x-tenant", "acme2")]).await, "404");
+    assert_eq!(send("GET", &[("x-tenant", "Acme")]).await, "405");
+    assert_eq!(send("GET", &[("x-tenant", "acme2")]).await, "405");
     assert_eq!(
         send("GET", &[("host", "api.example.com")]).await,
         "api-host"
@@ -98,10 +100,10 @@ routes:
         send("GET", &[("host", "API.Example.COM:8443")]).await,
         "api-host"
     );
-    assert_eq!(send("GET", &[("host", "www.example.com")]).await, "404");
+    assert_eq!(send("GET", &[("host", "www.example.com")]).await, "405");
     assert_eq!(
         send("GET", &[("host", "api.example.com.evil")]).await,
-        "404"
+        "405"
     );
     // Conditions combine with the first route that holds: a POST with the header is a write.
     assert_eq!(send("POST", &[("x-tenant", "acme")]).await, "writes");

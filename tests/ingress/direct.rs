@@ -433,6 +433,76 @@ async fn exempt_requests_pass_the_door_without_consuming() {
     );
 }
 
+/// The door writes the route's `rate_limit_headers` and `limited_response` as the gateway does
+/// (the status stays the door's `deny_status`), counts shadow policies without refusing, and lets
+/// a method no route takes through as "no route": the ingress, not the limiter, routes.
+#[tokio::test]
+async fn the_door_answers_in_the_routes_dialect_and_passes_a_method_mismatch() {
+    let yaml = format!(
+        "server:\n  rate_limit_headers: both\n  limited_response: {{ status: 503, body: 'slow: \
+         {{policy}} {{retry_after}}' }}\n{}  - name: reads\n    match: {{ prefix: /api/reads, \
+         methods: [GET] }}\n    policies:\n      - {{ name: per_client, key: [client_ip], \
+         token_bucket: {{ rate: 1/h, burst: 2 }} }}\n      - {{ name: trial, key: [client_ip], \
+         mode: shadow, token_bucket: {{ rate: 1/h, burst: 1 }} }}\n",
+        crate::CONFIG
+    );
+    let gw = TestGateway::start(&yaml).await;
+    let check = gw.running().forward_auth_addr.expect("check listener");
+    let read = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/api/reads/1"),
+    ];
+    for remaining in ["1", "0"] {
+        let reply = call(check, "", &read).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(header(&reply, "x-ratelimit-remaining"), remaining);
+        assert_eq!(
+            header(&reply, "ratelimit-policy"),
+            "\"per_client\";q=2;w=7200"
+        );
+        assert_eq!(
+            header(&reply, "ratelimit"),
+            format!(
+                "\"per_client\";r={remaining};t={}",
+                3600 * (2 - remaining.parse::<u64>().unwrap())
+            )
+        );
+    }
+    let refused = call(check, "", &read).await;
+    assert_eq!(refused.status, 429, "the door's deny_status");
+    let retry: u64 = header(&refused, "retry-after").parse().expect("seconds");
+    assert_eq!(
+        String::from_utf8_lossy(&refused.body),
+        format!("slow: per_client {retry}")
+    );
+    assert_eq!(
+        header(&refused, "content-type"),
+        "text/plain; charset=utf-8"
+    );
+    assert!(header(&refused, "ratelimit").starts_with("\"per_client\";r=0;"));
+
+    let post = [
+        ("x-forwarded-method", "POST"),
+        ("x-forwarded-uri", "/api/reads/1"),
+    ];
+    let mismatch = call(check, "", &post).await;
+    assert_eq!(mismatch.status, 200, "no route: the door admits");
+    assert!(!mismatch.headers.contains_key("ratelimit"));
+
+    let text = gw.metrics().await;
+    let decisions = |policy: &str, d: &str| {
+        crate::support::metric(
+            &text,
+            "turnstile_decisions_total",
+            &[("route", "reads"), ("policy", policy), ("decision", d)],
+        )
+    };
+    assert_eq!(decisions("per_client", "allowed"), Some(2.0));
+    assert_eq!(decisions("per_client", "limited"), Some(1.0));
+    assert_eq!(decisions("trial", "allowed"), Some(1.0));
+    assert_eq!(decisions("trial", "shadow"), Some(2.0));
+}
+
 /// forward-auth never sees the response: it does not apply concurrency policies (no lease could
 /// ever be released), and charges a cost from the response as its `fallback`, up front (issue 15).
 #[tokio::test]

@@ -1,0 +1,335 @@
+//! The rate-limit fields of a response, in the dialect a route asks for (`rate_limit_headers`).
+//!
+//! - `x-ratelimit`: the de-facto `X-RateLimit-Limit`, `-Remaining` and `-Reset` of the governing
+//!   policy (the default: what the gateway always sent).
+//! - `ietf`: draft-ietf-httpapi-ratelimit-headers-10, two Structured Fields (RFC 9651 §3.1 Lists
+//!   of Items with Parameters): `RateLimit-Policy: "per_user";q=20;w=60, "per_ip";q=100;w=10`,
+//!   one item per enforced policy that applied (draft §4), and `RateLimit: "per_user";r=5;t=3` for
+//!   the governing policy (draft §5).
+//! - `both`, or `none`.
+//!
+//! A token bucket has no window, so its quota policy is the burst it can spend at once, `q` =
+//! burst, over the time it takes to refill from empty, `w` = ceil(burst / rate per second). A
+//! sliding window is exactly the draft's model: `q` = limit, `w` = window (seconds, rounded up). A
+//! calendar quota is `q` = limit over its period's nominal length (a day, 7 days, 30 days).
+//! `r` and `t` are the same numbers as `X-RateLimit-Remaining` and `-Reset`.
+//!
+//! Every door that answers HTTP (the gateway, forward-auth over HTTP and ext_authz) writes its
+//! fields here; the Envoy service keeps its draft-03 wire names but takes its numbers from the
+//! same functions ([`super::ceil_seconds`]).
+
+use std::fmt::Write as _;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::insert_rate_limit_headers;
+use crate::limiter::calendar::Per;
+use crate::limiter::{Outcome, Rule};
+
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// `rate_limit_headers:`: which fields a route's responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderMode {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    #[default]
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    Ietf,
+    Both,
+    None,
+}
+
+impl HeaderMode {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "x-ratelimit" => Ok(HeaderMode::XRateLimit),
+            "ietf" => Ok(HeaderMode::Ietf),
+            "both" => Ok(HeaderMode::Both),
+            "none" => Ok(HeaderMode::None),
+            other => Err(format!(
+                "`{other}` is not a header mode; expected `x-ratelimit`, `ietf`, `both` or `none`"
+            )),
+        }
+    }
+
+    fn x_ratelimit(self) -> bool {
+        matches!(self, HeaderMode::XRateLimit | HeaderMode::Both)
+    }
+
+    fn ietf(self) -> bool {
+        matches!(self, HeaderMode::Ietf | HeaderMode::Both)
+    }
+}
+
+/// The most policies a route may have: which of them applied to a request is one `u64`.
+pub const MAX_POLICIES: usize = 64;
+
+/// What one request's decision gives its rate-limit fields: the governing policy (by index in
+/// the route's policies) with its outcome, and the enforced policies that applied (bit `i` for
+/// policy `i`). Shadow policies never appear: clients see only what is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    pub governing: Option<(usize, Outcome)>,
+    pub applied: u64,
+}
+
+/// A route's rate-limit fields, prepared at config load: the per-request work is formatting two
+/// numbers (and joining items when only some policies applied).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RateLimitHeaders {
+    pub mode: HeaderMode,
+    /// Per policy, its `RateLimit-Policy` item: `"name";q=Q;w=W`.
+    items: Vec<Box<str>>,
+    /// Per policy, its name as a Structured Field String: `"name"`.
+    names: Vec<Box<str>>,
+    /// The enforced policies (bit `i` for policy `i`); shadow policies are never listed.
+    enforced: u64,
+    /// The `RateLimit-Policy` value when every enforced policy applied, the common case.
+    all: Option<HeaderValue>,
+}
+
+impl RateLimitHeaders {
+    /// `policies` in the route's order, by name, rule and whether it is shadow (at most
+    /// [`MAX_POLICIES`]).
+    pub fn new<'p>(
+        mode: HeaderMode,
+        policies: impl IntoIterator<Item = (&'p str, &'p Rule, bool)>,
+    ) -> Self {
+        let mut items = Vec::new();
+        let mut names = Vec::new();
+        let mut enforced = 0u64;
+        for (i, (name, rule, shadow)) in policies.into_iter().enumerate() {
+            let name = sf_string(name);
+            let item = match quota_policy(rule) {
+                (q, Some(w)) => format!("{name};q={q};w={w}"),
+                (q, None) => format!("{name};q={q}"),
+            };
+            items.push(item.into_boxed_str());
+            names.push(name.into_boxed_str());
+            if !shadow && i < MAX_POLICIES {
+                enforced |= 1 << i;
+            }
+        }
+        let mut h = RateLimitHeaders {
+            mode,
+            items,
+            names,
+            enforced,
+            all: None,
+        };
+        h.all = h.join(enforced);
+        h
+    }
+
+    /// Writes the fields of `limits` (none when no policy governs: nothing applied, or the store
+    /// failed open). `limited`: the request was refused, so nothing remains.
+    pub fn insert(&self, headers: &mut HeaderMap, limits: &Limits, limited: bool) {
+        let Some((policy, outcome)) = limits.governing else {
+            return;
+        };
+        let outcome = Outcome {
+            remaining: if limited { 0 } else { outcome.remaining },
+            ..outcome
+        };
+        if self.mode.x_ratelimit() {
+            insert_rate_limit_headers(headers, &outcome);
+        }
+        if !self.mode.ietf() {
+            return;
+        }
+        if let Some(value) = self.policy_value(limits.applied) {
+            headers.insert(RATELIMIT_POLICY.clone(), value);
+        }
+        if let Some(name) = self.names.get(policy) {
+            let mut value = String::with_capacity(name.len() + 24);
+            let _ = write!(
+                value,
+                "{name};r={};t={}",
+                outcome.remaining,
+                super::ceil_seconds(outcome.reset_us)
+            );
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(RATELIMIT.clone(), value);
+            }
+        }
+    }
+
+    /// The `RateLimit-Policy` list of the policies in `applied`.
+    fn policy_value(&self, applied: u64) -> Option<HeaderValue> {
+        if applied == self.enforced {
+            return self.all.clone();
+        }
+        self.join(applied)
+    }
+
+    fn join(&self, applied: u64) -> Option<HeaderValue> {
+        let mut value = String::with_capacity(64);
+        for (i, item) in self.items.iter().enumerate().take(MAX_POLICIES) {
+            if applied & (1 << i) != 0 {
+                if !value.is_empty() {
+                    value.push_str(", ");
+                }
+                value.push_str(item);
+            }
+        }
+        HeaderValue::from_str(&value).ok()
+    }
+}
+
+/// The draft-03 fields (`RateLimit-Limit`, `-Remaining`, `-Reset` in delta seconds rounded up)
+/// that Envoy's rate limit service returns in `response_headers_to_add`: its protocol's names,
+/// with the numbers computed as the gateway's `X-RateLimit-*` are.
+pub fn draft03(limit: u64, remaining: u64, reset_us: u64) -> [(&'static str, String); 3] {
+    [
+        ("RateLimit-Limit", limit.to_string()),
+        ("RateLimit-Remaining", remaining.to_string()),
+        ("RateLimit-Reset", super::ceil_seconds(reset_us).to_string()),
+    ]
+}
+
+/// A Structured Field String (RFC 9651 §3.3.3): quoted, with `"` and `\` escaped. Policy names
+/// are letters, digits, `_` and `-`, so this only quotes them.
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars().filter(|c| (' '..='~').contains(c)) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// `q` and `w` of a rule's quota policy (see the module comment).
+pub fn quota_policy(rule: &Rule) -> (u64, Option<u64>) {
+    (quota_units(rule), window(rule))
+}
+
+fn quota_units(rule: &Rule) -> u64 {
+    match rule {
+        Rule::TokenBucket(tb) => tb.burst,
+        Rule::SlidingWindow(sw) => sw.limit,
+        Rule::Quota(q) => q.limit,
+        Rule::Concurrency(c) => c.limit,
+    }
+}
+
+/// `w`: none for a concurrency limit, which has no window (the draft makes `w` optional).
+fn window(rule: &Rule) -> Option<u64> {
+    Some(match rule {
+        Rule::TokenBucket(tb) => {
+            let refill_s = (tb.burst as f64 / tb.rate).ceil();
+            (refill_s as u64).max(1)
+        }
+        Rule::SlidingWindow(sw) => super::ceil_seconds(sw.window_us).max(1),
+        // A calendar quota's period, at its nominal length (a DST day is 23 or 25 h, a month
+        // 28 to 31 days: `t` in `RateLimit` gives the exact time to the boundary).
+        Rule::Quota(q) => match q.per {
+            Per::Day => 86_400,
+            Per::Week => 7 * 86_400,
+            Per::Month => 30 * 86_400,
+        },
+        Rule::Concurrency(_) => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{SlidingWindow, TokenBucket};
+
+    fn outcome(remaining: u64, reset_us: u64) -> Outcome {
+        Outcome {
+            allowed: true,
+            limit: 20,
+            remaining,
+            reset_us,
+            retry_after_us: 0,
+        }
+    }
+
+    #[test]
+    fn token_bucket_quota_is_the_burst_over_its_refill_time_rounded_up() {
+        let tb = |rate, burst| Rule::TokenBucket(TokenBucket { rate, burst });
+        assert_eq!(quota_policy(&tb(20.0 / 60.0, 20)), (20, Some(60)));
+        assert_eq!(quota_policy(&tb(3.0, 10)), (10, Some(4)));
+        assert_eq!(quota_policy(&tb(1000.0, 1)), (1, Some(1)));
+        let sw = Rule::SlidingWindow(SlidingWindow {
+            limit: 100,
+            window_us: 1_500_000,
+            buckets: 0,
+        });
+        assert_eq!(quota_policy(&sw), (100, Some(2)));
+    }
+
+    #[test]
+    fn ietf_fields_list_the_applied_policies_and_the_governing_one() {
+        let a = Rule::TokenBucket(TokenBucket {
+            rate: 1.0 / 3.0,
+            burst: 20,
+        });
+        let b = Rule::SlidingWindow(SlidingWindow {
+            limit: 100,
+            window_us: 10_000_000,
+            buckets: 0,
+        });
+        let h = RateLimitHeaders::new(
+            HeaderMode::Ietf,
+            [
+                ("per_user", &a, false),
+                ("per_ip", &b, false),
+                ("shadowed", &b, true),
+            ],
+        );
+        let mut headers = HeaderMap::new();
+        let limits = Limits {
+            governing: Some((0, outcome(5, 2_000_001))),
+            applied: 0b11,
+        };
+        h.insert(&mut headers, &limits, false);
+        assert_eq!(
+            headers[&RATELIMIT_POLICY],
+            r#""per_user";q=20;w=60, "per_ip";q=100;w=10"#
+        );
+        assert_eq!(headers[&RATELIMIT], r#""per_user";r=5;t=3"#);
+        assert!(headers.get("x-ratelimit-limit").is_none());
+
+        let mut headers = HeaderMap::new();
+        let limits = Limits {
+            governing: Some((1, outcome(7, 0))),
+            applied: 0b10,
+        };
+        h.insert(&mut headers, &limits, true);
+        assert_eq!(headers[&RATELIMIT_POLICY], r#""per_ip";q=100;w=10"#);
+        assert_eq!(headers[&RATELIMIT], r#""per_ip";r=0;t=0"#);
+    }
+
+    #[test]
+    fn modes_choose_the_dialects() {
+        let a = Rule::TokenBucket(TokenBucket {
+            rate: 1.0,
+            burst: 20,
+        });
+        let limits = Limits {
+            governing: Some((0, outcome(5, 1_000_000))),
+            applied: 1,
+        };
+        for (mode, x, ietf) in [
+            (HeaderMode::XRateLimit, true, false),
+            (HeaderMode::Ietf, false, true),
+            (HeaderMode::Both, true, true),
+            (HeaderMode::None, false, false),
+        ] {
+            let mut headers = HeaderMap::new();
+            RateLimitHeaders::new(mode, [("p", &a, false)]).insert(&mut headers, &limits, false);
+            assert_eq!(headers.contains_key("x-ratelimit-remaining"), x, "{mode:?}");
+            assert_eq!(headers.contains_key(&RATELIMIT), ietf, "{mode:?}");
+            assert_eq!(headers.contains_key(&RATELIMIT_POLICY), ietf, "{mode:?}");
+        }
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}
