@@ -27,6 +27,7 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
+    deny_cache_hits: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
 }
 
@@ -232,6 +233,11 @@ impl Metrics {
                 "Checks answered by a deciding door (forward_auth, ext_authz), by result.",
                 &["door", "result"],
             ),
+            deny_cache_hits: counter(
+                "turnstile_deny_cache_hits_total",
+                "Decisions answered from the local deny cache, without a store round trip.",
+                &["store"],
+            ),
             rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
             registry,
         };
@@ -298,6 +304,11 @@ impl Metrics {
     /// The decision latency histogram of one store.
     pub fn decision_duration(&self, store: &str) -> Histogram {
         self.decision_duration.with_label_values(&[store])
+    }
+
+    /// Decisions of one store's engine answered by the deny cache.
+    pub fn deny_cache_hits(&self, store: &str) -> IntCounter {
+        self.deny_cache_hits.with_label_values(&[store])
     }
 
     pub fn store_error(&self, store: &str, kind: &str) -> IntCounter {

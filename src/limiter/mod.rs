@@ -10,6 +10,7 @@
 pub mod algorithm;
 pub mod breaker;
 pub mod clock;
+pub mod deny_cache;
 pub mod engine;
 pub mod memory;
 pub mod redis;
@@ -201,6 +202,17 @@ impl Store {
             Store::Redis(_) => {}
             #[cfg(test)]
             Store::Faulty(_) => {}
+        }
+    }
+
+    /// Changes whenever the store may have lost state (a Redis connection failed or was
+    /// re-established, a script cache was found empty): refusals cached before say nothing after.
+    pub fn epoch(&self) -> u64 {
+        match self {
+            Store::Memory(_) => 0,
+            Store::Redis(store) => store.epoch(),
+            #[cfg(test)]
+            Store::Faulty(_) => 0,
         }
     }
 
