@@ -75,8 +75,8 @@ pub async fn start(
     let (public, admin) = match listeners {
         Some(pair) => pair,
         None => (
-            TcpListener::bind(snapshot.listen).await?,
-            TcpListener::bind(snapshot.admin_listen).await?,
+            bind("listen", snapshot.listen).await?,
+            bind("admin_listen", snapshot.admin_listen).await?,
         ),
     };
     let store = build_store(&snapshot.store)
@@ -85,6 +85,12 @@ pub async fn start(
     let engine = Engine::new(store, Arc::new(MonotonicClock::new()), &metrics);
     let live = Live::attach(snapshot, &metrics);
     let state = Arc::new(AppState::new(live, engine, metrics));
+    state.overrides.rebuild(&state);
+    if matches!(state.engine.store(), Store::Redis(_)) {
+        // The shared overrides: applied before the first request, then kept current.
+        crate::overrides::refresh(&state).await;
+        tokio::spawn(crate::overrides::sync(Arc::downgrade(&state)));
+    }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let draining = Arc::new(AtomicBool::new(false));
 
@@ -106,7 +112,7 @@ pub async fn start(
     }
 
     let rls_listener = match state.live.load().config.rls.as_ref() {
-        Some(rls) => Some(TcpListener::bind(rls.listen).await?),
+        Some(rls) => Some(bind("rls.listen", rls.listen).await?),
         None => None,
     };
     let rls_addr = rls_listener.as_ref().map(|l| l.local_addr()).transpose()?;
@@ -158,6 +164,14 @@ pub async fn start(
     })
 }
 
+/// Binds one listener; the error names the config field and the address, so that "Address already
+/// in use" says which of several listeners could not start.
+async fn bind(field: &str, addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("`{field}` ({addr}): {e}")))
+}
+
 /// Binds and serves the ingress door's listeners that `forward_auth:` names (read once, at
 /// start: a reload that changes them warns). Returns their bound addresses.
 async fn start_forward_auth(
@@ -170,7 +184,7 @@ async fn start_forward_auth(
     };
     let mut http_addr = None;
     if let Some(listen) = settings.listen {
-        let listener = TcpListener::bind(listen).await?;
+        let listener = bind("forward_auth.listen", listen).await?;
         http_addr = Some(listener.local_addr()?);
         let door = Arc::new(crate::forward_auth::http::HttpDoor::new(state.clone()));
         tasks.push(tokio::spawn(crate::listener::serve_check(
@@ -182,7 +196,7 @@ async fn start_forward_auth(
     }
     let mut grpc_addr = None;
     if let Some(listen) = settings.grpc_listen {
-        let listener = TcpListener::bind(listen).await?;
+        let listener = bind("forward_auth.grpc_listen", listen).await?;
         grpc_addr = Some(listener.local_addr()?);
         let service = crate::forward_auth::grpc::ExtAuthz::new(state.clone());
         let rx = shutdown.clone();
@@ -264,6 +278,8 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
     state
         .live
         .store(Arc::new(Live::attach(next, &state.metrics)));
+    // The file's overrides came with the config; the API's may name routes it changed.
+    state.overrides.rebuild(state);
     Ok(pending)
 }
 

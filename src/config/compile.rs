@@ -15,8 +15,9 @@ use super::raw::*;
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
 use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
+use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
-use crate::limiter::{Rule, SlidingWindow, TokenBucket};
+use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::route::RouteMatch;
 
@@ -84,12 +85,13 @@ pub fn compile(
     let (store, failure_mode) = store_settings(e, &raw.store);
     let server = server_settings(e, &raw.server);
 
-    let mut upstreams = HashMap::new();
-    for (name, up) in &raw.upstreams {
-        if let Some(upstream) = upstream(e, name, up) {
-            upstreams.insert(name.clone(), Arc::new(upstream));
-        }
-    }
+    // An upstream that fails validation is still *defined*: its own error is reported once, and
+    // the routes that name it must not add a false "not defined" on top.
+    let upstreams: HashMap<String, Option<Arc<Upstream>>> = raw
+        .upstreams
+        .iter()
+        .map(|(name, up)| (name.clone(), upstream(e, name, up).map(Arc::new)))
+        .collect();
 
     let mut routes = Vec::new();
     let mut seen = HashMap::new();
@@ -154,6 +156,11 @@ pub fn compile(
                 routes,
                 rls,
                 forward_auth,
+                overrides_file: raw.overrides.as_ref().map(|file| match source.parent() {
+                    Some(dir) => dir.join(file),
+                    None => file.into(),
+                }),
+                overrides: Vec::new(),
                 warnings: Vec::new(),
             },
             errors.1,
@@ -637,7 +644,7 @@ fn route(
     e: &mut Errors,
     path: &str,
     raw: &RawRoute,
-    upstreams: &HashMap<String, Arc<Upstream>>,
+    upstreams: &HashMap<String, Option<Arc<Upstream>>>,
     default_mode: FailureMode,
 ) -> Option<Route> {
     if !valid_name(&raw.name) {
@@ -646,7 +653,8 @@ fn route(
     let (matcher, params) = route_match(e, path, &raw.matcher);
     let action = match (&raw.upstream, &raw.respond) {
         (Some(name), None) => match upstreams.get(name) {
-            Some(up) => Some(Action::Forward(up.clone())),
+            Some(Some(up)) => Some(Action::Forward(up.clone())),
+            Some(None) => None,
             None => {
                 let mut known: Vec<&str> = upstreams.keys().map(String::as_str).collect();
                 known.sort_unstable();
@@ -858,6 +866,16 @@ fn policy(
         );
     }
     let rule = match (&raw.token_bucket, &raw.sliding_window) {
+        (Some(_), _) | (_, Some(_)) if raw.quota.is_some() => {
+            e.add(
+                path,
+                "give one of `token_bucket`, `sliding_window` or `quota`",
+            );
+            None
+        }
+        (None, None) if raw.quota.is_some() => {
+            raw.quota.as_ref().and_then(|q| quota(e, path, q, cost))
+        }
         (Some(tb), None) => {
             let rate = e.take(format!("{path}.token_bucket.rate"), parse_rate(&tb.rate));
             // The bucket refills from empty in burst / rate, which bounds `Reset` and
@@ -942,7 +960,8 @@ fn policy(
         (None, None) => {
             e.add(
                 path,
-                "needs `token_bucket: {rate, burst}` or `sliding_window: {limit, window}`",
+                "needs `token_bucket: {rate, burst}`, `sliding_window: {limit, window}` or \
+                 `quota: {limit, per}`",
             );
             None
         }
@@ -951,6 +970,41 @@ fn policy(
         return None;
     }
     Some(Policy::new(route, &raw.name, key, rule?, cost))
+}
+
+/// A calendar quota: `{limit, per: day | week | month, time_zone}`.
+fn quota(e: &mut Errors, path: &str, raw: &RawQuota, cost: u64) -> Option<Rule> {
+    if raw.limit == 0 {
+        e.add(format!("{path}.quota.limit"), "must be at least 1");
+    } else if cost > raw.limit {
+        e.add(
+            format!("{path}.cost"),
+            format!(
+                "{cost} is more than the limit ({}): no request could ever pass",
+                raw.limit
+            ),
+        );
+    }
+    let per = Per::parse(&raw.per);
+    if per.is_none() {
+        e.add(
+            format!("{path}.quota.per"),
+            format!("`{}`: expected day, week or month", raw.per),
+        );
+    }
+    let zone = raw.time_zone.as_deref().unwrap_or("UTC");
+    let time_zone = zone.parse::<chrono_tz::Tz>().ok();
+    if time_zone.is_none() {
+        e.add(
+            format!("{path}.quota.time_zone"),
+            format!("`{zone}` is not an IANA time zone (such as UTC or Europe/Berlin)"),
+        );
+    }
+    Some(Rule::Quota(Quota {
+        limit: raw.limit,
+        per: per?,
+        time_zone: time_zone?,
+    }))
 }
 
 fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {

@@ -73,10 +73,57 @@ pub fn load(path: &Path) -> Result<Snapshot, ConfigErrors> {
 
 /// Validates config text; `path` is only used to name the source in errors.
 pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
-    let raw: raw::RawConfig =
-        serde_norway::from_str(source).map_err(|e| ConfigErrors(vec![serde_error(&e, path)]))?;
+    let positions = Positions::index(source);
+    let error = |line, column, field: String, message: String| ConfigError {
+        file: path.to_path_buf(),
+        line,
+        column,
+        field,
+        message,
+    };
+    // serde reports a duplicate at the mapping that holds it; say where the second one is.
+    if !positions.duplicates.is_empty() {
+        return Err(ConfigErrors(
+            positions
+                .duplicates
+                .iter()
+                .map(|d| {
+                    error(
+                        d.again.line,
+                        d.again.column,
+                        d.path.clone(),
+                        format!(
+                            "given twice in one mapping (first at line {}); YAML keeps one value \
+                             per key, so remove one",
+                            d.first.line
+                        ),
+                    )
+                })
+                .collect(),
+        ));
+    }
+    let raw: raw::RawConfig = match serde_norway::from_str(source) {
+        Ok(raw) => raw,
+        Err(e) => {
+            // Two parsers read the text; the event parser's placement is used only when serde's
+            // also fails, and only for an unclosed bracket, which serde places where it gave up.
+            let placed = positions.unclosed.as_ref().map(|u| {
+                error(
+                    u.at.line,
+                    u.at.column,
+                    u.path.clone(),
+                    format!(
+                        "this `{}` is never closed: {} (the parser gave up at {}:{})",
+                        u.bracket, u.message, u.stopped.line, u.stopped.column
+                    ),
+                )
+            });
+            return Err(ConfigErrors(vec![
+                placed.unwrap_or_else(|| serde_error(&e, path))
+            ]));
+        }
+    };
     let locate = |errors: Vec<compile::FieldError>| -> Vec<ConfigError> {
-        let positions = Positions::index(source);
         errors
             .into_iter()
             .map(|e| {
@@ -97,6 +144,10 @@ pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
         snapshot.warnings = locate(warnings);
     }
     snapshot.source_info = SourceInfo::of(source);
+    if let Some(file) = &snapshot.overrides_file {
+        snapshot.overrides =
+            crate::overrides::load_file(file, &snapshot.routes).map_err(ConfigErrors)?;
+    }
     Ok(snapshot)
 }
 

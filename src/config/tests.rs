@@ -491,3 +491,57 @@ fn bad_cluster_and_sentinel_stores_are_errors_with_their_field() {
     let e = errors(&format!("store:\n  cluster: [a:1]\n{BASE}{ROUTE}"));
     assert!(e.iter().any(|e| e.contains("store.cluster")), "{e:?}");
 }
+
+// Issue 13's config errors, found as a new user would.
+
+#[test]
+fn regression_a_duplicate_key_was_reported_at_1_1() {
+    let yaml = format!("{BASE}  - name: a\n    upstream: api\n    upstream: api\n");
+    assert_eq!(
+        errors(&yaml),
+        [
+            "p.yaml:7:5: routes[0].upstream: given twice in one mapping (first at line 6); YAML \
+          keeps one value per key, so remove one"
+        ]
+    );
+    // In a map of names too, where serde would keep the last one silently or place it at the map.
+    let yaml = format!("upstreams:\n  api:\n    url: http://127.0.0.1:1\n  api:\n    url: http://127.0.0.1:2\nroutes:\n{ROUTE}");
+    let e = errors(&yaml);
+    assert!(
+        e[0].starts_with("p.yaml:4:3: upstreams.api: given twice"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn regression_an_invalid_upstream_was_also_reported_as_not_defined() {
+    let yaml = format!("upstreams:\n  api:\n    url: ftp://127.0.0.1:3000\nroutes:\n{ROUTE}");
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 1, "only the real error: {e:?}");
+    assert!(
+        e[0].starts_with("p.yaml:3:10: upstreams.api.url: "),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn regression_a_syntax_error_pointed_at_the_end_of_the_file() {
+    // The scanner gives up at the end of the file; the bracket left open is what to fix.
+    let yaml =
+        "upstreams:\n  api: {url: http://127.0.0.1:3000\nroutes:\n  - name: a\n    upstream: api\n";
+    let e = errors(yaml);
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("p.yaml:2:8: upstreams.api: this `{` is never closed: "),
+        "{e:?}"
+    );
+    let yaml = "routes: [\n  {name: a, upstream: api}\n";
+    let e = errors(yaml);
+    assert!(
+        e[0].starts_with("p.yaml:1:9: routes: this `[` is never closed: "),
+        "{e:?}"
+    );
+    // Other syntax errors keep serde's own placement.
+    let e = errors("routes:\n  - name: a\n   bad: [x\n  upstream: api\n");
+    assert!(e[0].starts_with("p.yaml:"), "{e:?}");
+}

@@ -394,7 +394,11 @@ routes:
     let not_yaml = "routes:\n  - name: users\n    respond: { body: ok\n";
     let lines = check_errors(not_yaml);
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("4:1: "), "{lines:?}");
+    // At the `{` left open, not at the end of the file where the parser gave up.
+    assert!(
+        lines[0].starts_with("3:14: routes[0].respond: this `{` is never closed"),
+        "{lines:?}"
+    );
 }
 
 /// Regression: the binary announced its addresses before installing its signal handlers, so a
@@ -505,4 +509,30 @@ async fn sighup_with_an_emptied_file_keeps_the_running_config() {
     }
     assert!(gw.log().contains("routes: no routes"), "{}", gw.log());
     assert_eq!(Client::new().get(&gw.url("/")).await.text(), "a");
+}
+
+/// Issue 13: "cannot start listeners: Address already in use" did not say which of the listeners
+/// (public, admin, rls, forward-auth) or which address.
+#[tokio::test]
+async fn regression_address_in_use_did_not_name_the_listener() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let (_dir, path) = config_file(&format!(
+        "listen: 127.0.0.1:0\nadmin_listen: {addr}\nroutes:\n  - name: a\n    respond: {{ body: a }}\n"
+    ));
+    let run = tokio::process::Command::new(crate::support::process::BINARY)
+        .args(["run", "--config"])
+        .arg(&path)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(LIVENESS, run)
+        .await
+        .expect("exits at once")
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("`admin_listen` ({addr})")) && stderr.contains("in use"),
+        "{stderr}"
+    );
 }

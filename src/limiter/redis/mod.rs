@@ -24,6 +24,7 @@ use fred::types::config::{Options, UnresponsiveConfig};
 mod batch;
 mod cluster;
 mod health;
+mod overrides;
 mod target;
 mod wire;
 
