@@ -27,6 +27,9 @@ section_flood() {
     curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$LAST_PORT/" || true
     run_wrk turnstile-flood-memory "http://127.0.0.1:$LAST_PORT/" "$pid" 429
     stop_pid "$pid"
+    # A fresh counter each round: the gateway must answer its first request with 200 to start.
+    "$REDIS_CLI" -p "$REDIS_PORT" eval \
+        "for _, k in ipairs(redis.call('KEYS', 'flood:*')) do redis.call('DEL', k) end" 0 >/dev/null
     start_turnstile "$BENCH_DIR/turnstile-flood-redis.yaml.tmpl" 1 "$cpu" \
         REDIS_PORT="$REDIS_PORT" POOL="$REDIS_POOL"
     pid=$LAST_PID
