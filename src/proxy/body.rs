@@ -17,6 +17,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum ResponseBody {
     Upstream(super::pool::UpstreamBody),
     Full(Option<Bytes>),
+    /// Either of the above holding a concurrency lease until it ends (`crate::inflight`).
+    Leased(Box<crate::inflight::Leased>),
 }
 
 impl ResponseBody {
@@ -40,6 +42,7 @@ impl Body for ResponseBody {
         match self.get_mut() {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Leased(body) => Pin::new(&mut **body).poll_frame(cx),
         }
     }
 
@@ -47,6 +50,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Upstream(body) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Leased(body) => body.is_end_stream(),
         }
     }
 
@@ -55,6 +59,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) => body.size_hint(),
             ResponseBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
+            ResponseBody::Leased(body) => body.size_hint(),
         }
     }
 }
