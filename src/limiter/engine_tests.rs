@@ -474,3 +474,20 @@ fn the_deny_cache_holds_at_most_its_capacity() {
     cache.sweep(T + 61 * S);
     assert_eq!(cache.len(), 0);
 }
+
+#[tokio::test]
+async fn concurrency_refusals_are_never_cached() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = Rule::Concurrency(crate::limiter::Concurrency {
+        limit: 1,
+        lease_ttl_us: 60 * S,
+    });
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Allowed);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Limited);
+    // A slot comes back when a request ends, not with time: the store is asked again.
+    assert_eq!(f.engine.deny_cache_len(), 0);
+    f.fail(true);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::FailedOpen);
+    assert_eq!(deny_hits(&f), 0.0);
+}
