@@ -6,6 +6,7 @@
 # sends load, and prints Ir per request.
 #
 # Usage: bench/callgrind.sh [turnstile|nginx] [SECONDS] [CONNECTIONS]
+# CALLGRIND_TEMPLATE=turnstile-flood-memory.yaml.tmpl counts a flood (every request a 429) instead.
 # Writes bench/out/callgrind/<target>-<stamp>.out (open with callgrind_annotate).
 set -euo pipefail
 
@@ -62,7 +63,8 @@ CG_OUT="$OUT_DIR/$TARGET-$STAMP.out"
 VG=(valgrind --tool=callgrind --instr-atstart=no "--callgrind-out-file=$CG_OUT")
 case "$TARGET" in
     turnstile)
-        render "$BENCH_DIR/turnstile-memory.yaml.tmpl" "$WORK/px/policies.yaml" PORT="$PORT" \
+        render "$BENCH_DIR/${CALLGRIND_TEMPLATE:-turnstile-memory.yaml.tmpl}" \
+            "$WORK/px/policies.yaml" PORT="$PORT" \
             ADMIN_PORT="$(free_port)" UPSTREAM_PORT="$UP_PORT"
         (TURNSTILE_WORKERS=1 TURNSTILE_LOG=warn exec "${VG[@]}" "$TURNSTILE_BIN" run \
             --config "$WORK/px/policies.yaml") >"$WORK/px/log" 2>&1 &

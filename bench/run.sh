@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
 # Turnstile benchmark: in one run on this machine, the same fast upstream measured direct, behind
 # NGINX as a plain reverse proxy, and behind Turnstile, with wrk. Prints req/s, p50, p99 and the
-# Turnstile/NGINX ratios against the targets (throughput >= 0.8x, p99 <= 1.5x).
+# Turnstile/NGINX ratios against issue 14's targets (memory >= 1.0x NGINX with p99 <= 1.0x; Redis
+# >= 1.5x NGINX + ngx_lua and >= 0.6x NGINX; a flood on Redis >= 0.9x the same flood on memory).
 #
 # Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
 #                     [--connections N] [--workers "1 2"] [--no-build] [--turnstile BIN]
-#                     [--max-busy PCT] [--max-wait SECS] [--layout proxy-alone|servers-together]
+#                     [--max-busy PCT] [--max-wait SECS]
+#                     [--layout proxy-alone|servers-together|unpinned|both]
 # Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct);
 #           redis (Turnstile on Redis vs NGINX + ngx_lua vs NGINX proxy, and decisions/s vs the
 #           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh);
-#           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh).
+#           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh);
+#           flood (every request over its limit, on each store; see bench/flood.sh);
+#           rls (the Envoy rate limit service against Limitador: printed as not measured unless
+#           LIMITADOR_BIN names a built limitador-server; see bench/flood.sh).
 #
 # CPU placement (2 cores), 1-worker rows: the proxy under test (NGINX's worker, or Turnstile with
 # TURNSTILE_WORKERS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
 # has that core to itself and wrk shares CPU $BENCH_CPU_LOAD with the upstream; with
 # servers-together the upstream shares the proxy's core and wrk has the other one. The "direct" row
 # uses the same placement. 2-worker rows (2 NGINX workers vs 2 tokio workers) pin neither proxy
-# nor wrk (the upstream stays where the layout put it).
+# nor wrk (the upstream stays where the layout put it). --layout unpinned pins nothing at all (the
+# issue's own layout); --layout both runs the whole benchmark twice, proxy-alone then unpinned.
 set -euo pipefail
+ORIGINAL_ARGS=("$@")
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls)
+SECTIONS_ALL=(memory redis tls flood rls)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -149,6 +156,16 @@ check_ok() {
     body=${body%$'\n'*}
     if [[ "$code" != 200 || "$body" != ok ]]; then
         echo "error: $name answered $code '$body' at $url, expected 200 'ok'" >&2
+        return 1
+    fi
+}
+
+# check_status URL NAME STATUS: the target must answer STATUS (the flood rows: 429).
+check_status() {
+    local url=$1 name=$2 want=$3 code
+    code=$(curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$url" || true)
+    if [[ "$code" != "$want" ]]; then
+        echo "error: $name answered $code at $url, expected $want" >&2
         return 1
     fi
 }
@@ -291,14 +308,16 @@ our_ticks() {
 # softirq (loopback traffic is softirq time, which the kernel also charges to the processes).
 all_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat; }
 
-# run_wrk NAME URL [PID]: warm up, wait for a quiet machine, measure, and append a row to results.tsv.
+# run_wrk NAME URL [PID] [STATUS]: warm up, wait for a quiet machine, measure, and append a row to results.tsv.
 # Other people's CPU use during the measurement (everything but our servers and wrk) is recorded
 # as a share of one core; a run disturbed by more than MAX_OTHERS % is retried (up to RETRIES
 # attempts) and the least disturbed attempt is kept. With PID (the server under test), its CPU use
 # is recorded too: a proxy below 100% of its core is limited by something else (wrk, upstream).
+# STATUS 429 (the flood rows) expects every answer to be a 429: non-2xx answers are then the point,
+# not an error.
 run_wrk() {
-    local name=$1 url=$2 server=${3:-}
-    check_ok "$url" "$name"
+    local name=$1 url=$2 server=${3:-} status=${4:-200}
+    if [[ "$status" == 200 ]]; then check_ok "$url" "$name"; else check_status "$url" "$name" "$status"; fi
     pin "$WRK_CPU" "$WRK" -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "$url" >/dev/null
     local raw="$OUT/raw/round$ROUND-$name.txt" attempt best_others=-1 others a0 o0 a1 o1 busy load
     local s0 s1 server_cpu=- best_server_cpu=-
@@ -328,6 +347,7 @@ run_wrk() {
     p50=$(to_ms "$(awk '$1 == "50%" {print $2}' "$raw")")
     p99=$(to_ms "$(awk '$1 == "99%" {print $2}' "$raw")")
     non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$raw")
+    [[ "$status" != 200 ]] && non2xx=0
     errors=$(awk '/Socket errors:/ {gsub(/,/, ""); print $4 + $6 + $8 + $10}' "$raw")
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "${rps:-0}" "$p50" \
         "$p99" "${non2xx:-0}" "${errors:-0}" "$best_server_cpu" "$busy" "$best_others" "$load" \
@@ -355,7 +375,7 @@ section_memory_setup() {
         # The issue's target is against one NGINX worker; the 2-worker row is for information.
         if [[ "$w" == 1 ]]; then
             add_comparison "Turnstile memory / NGINX proxy, 1 worker (target)" \
-                turnstile-memory-w1 nginx-proxy-w1 0.8 1.5
+                turnstile-memory-w1 nginx-proxy-w1 1.0 1.0
         else
             add_comparison "Turnstile memory / NGINX proxy, $w workers" \
                 "turnstile-memory-w$w" "nginx-proxy-w$w" - -
@@ -386,6 +406,8 @@ section_memory() {
 source "$BENCH_DIR/redis.sh"
 # shellcheck source=bench/tls.sh
 source "$BENCH_DIR/tls.sh"
+# shellcheck source=bench/flood.sh
+source "$BENCH_DIR/flood.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {
@@ -455,7 +477,17 @@ done
 case "$LAYOUT" in
     proxy-alone) CPU_UPSTREAM=$CPU_LOAD ;;
     servers-together) CPU_UPSTREAM=$CPU_PROXY ;;
-    *) echo "unknown layout: $LAYOUT (proxy-alone or servers-together)" >&2; exit 2 ;;
+    unpinned) CPU_PROXY=""; CPU_LOAD=""; CPU_UPSTREAM="" ;;
+    both)
+        # The same benchmark in each layout, one after the other; each prints its own summary.
+        status=0
+        for layout in proxy-alone unpinned; do
+            echo "==== layout: $layout"
+            "${BASH_SOURCE[0]}" "${ORIGINAL_ARGS[@]}" --layout "$layout" || status=$?
+        done
+        exit "$status"
+        ;;
+    *) echo "unknown layout: $LAYOUT (proxy-alone, servers-together, unpinned or both)" >&2; exit 2 ;;
 esac
 
 if [[ -z "$TURNSTILE_BIN" ]]; then

@@ -27,6 +27,11 @@
 -- Every policy's cost is consumed whatever its counter holds (a bucket may go below zero, a
 -- window past its limit). Same reply.
 --
+-- Batch (concurrent requests in one call, src/limiter/redis/batch.rs): ARGV[1] "batch", then per
+-- decision: now ("" for TIME), the number of its keys n, and 6 ARGV per key as above; KEYS are
+-- the decisions' keys one after another. The decisions run in order, each all-or-nothing on its
+-- own. Reply: the decisions' replies one after another.
+--
 -- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
 -- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
 -- exactly what one admitted call consumed from KEYS[i] (tokens capped at the burst; the window
@@ -475,103 +480,142 @@ end
 
 ---------------------------------------------------------------------------------------------------
 
-local policies = #KEYS
+-- One decision: `policies` checks whose keys start after KEYS[kbase] and whose six arguments each
+-- start at ARGV[abase]; appends its reply to `reply`. Returns an error reply on bad arguments.
+local function decide(kbase, abase, policies, now, reply, force)
+  local plans = {}
+  local all_allowed = true
+  for i = 1, policies do
+    local a = abase + 6 * (i - 1)
+    local kind = ARGV[a]
+    local p1, p2, p3, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                             tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+    if not (p1 and p2 and p3 and cost) or cost < 0 then
+      return redis.error_reply('decide.lua: bad arguments for policy ' .. i)
+    end
+    local key = KEYS[kbase + i]
+    local p
+    if kind == 'tb' then
+      if not (p1 > 0) or p2 < 0 then
+        return redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
+      end
+      p = tb_eval(key, p1, p2, cost, now)
+      p.outcome, p.commit = tb_outcome, tb_commit
+    elseif kind == 'sw' then
+      if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
+        return redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
+      end
+      if p3 == 0 then
+        p = sw_eval(key, p1, p2, cost, now)
+        p.outcome, p.commit = sw_outcome, sw_commit
+      else
+        p = swb_eval(key, p1, p2, p3, cost, now)
+        p.outcome, p.commit = swb_outcome, swb_commit
+      end
+    elseif kind == 'cc' then
+      if p1 < 0 or p2 <= 0 or p3 < 0 then
+        return redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
+      end
+      p = cc_eval(key, p1, p2, p3, cost, now)
+      p.outcome, p.commit = cc_outcome, cc_commit
+    elseif kind == 'q' then
+      if p1 < 0 or p2 < 0 or p3 <= p2 then
+        return redis.error_reply('decide.lua: bad quota for policy ' .. i)
+      end
+      p = q_eval(key, p1, p2, p3, cost, now)
+      p.outcome, p.commit = q_outcome, q_commit
+    else
+      return redis.error_reply('decide.lua: unknown kind for policy ' .. i)
+    end
+    plans[i] = p
+    all_allowed = all_allowed and (p.allowed or ARGV[a + 5] == '1')
+  end
+
+  reply[#reply + 1] = all_allowed and 1 or 0
+  local stamps = {}
+  for i = 1, policies do
+    local p = plans[i]
+    -- Consumed only when the request is admitted and this policy allows it; otherwise the
+    -- outcome describes the state without the request.
+    local consumed = (all_allowed and p.allowed) or force
+    local o = p.outcome(p, consumed)
+    reply[#reply + 1] = p.allowed and 1 or 0
+    for _, v in ipairs(o) do
+      reply[#reply + 1] = v
+    end
+    if consumed and p.cost > 0 then
+      p.commit(p)
+    end
+    local s1, s2 = 0, 0
+    if p.t then
+      s1, s2 = p.t, p.count
+    elseif p.current then
+      s1 = p.current
+    elseif p.lease then
+      s1 = p.lease
+    elseif p.period then
+      s1 = p.period
+    end
+    stamps[2 * i - 1], stamps[2 * i] = s1, s2
+  end
+  for _, v in ipairs(stamps) do
+    reply[#reply + 1] = v
+  end
+  return nil
+end
+
+-- Redis TIME in microseconds, read at most once per call.
+local time_now = nil
+local function now_of(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  if not time_now then
+    local t = redis.call('TIME')
+    time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return time_now
+end
+
+local reply = {}
+if ARGV[1] == 'batch' then
+  -- Decisions one after another, each all-or-nothing on its own and seeing the ones before.
+  local k, a = 0, 2
+  while a <= #ARGV do
+    local now, policies = now_of(ARGV[a]), tonumber(ARGV[a + 1])
+    if not now or now < 0 then
+      return redis.error_reply('decide.lua: bad now')
+    end
+    if not policies or policies < 1 or k + policies > #KEYS or a + 1 + 6 * policies > #ARGV then
+      return redis.error_reply('decide.lua: bad batch')
+    end
+    local err = decide(k, a + 2, policies, now, reply, false)
+    if err then
+      return err
+    end
+    k, a = k + policies, a + 2 + 6 * policies
+  end
+  if k ~= #KEYS then
+    return redis.error_reply('decide.lua: bad batch')
+  end
+  return reply
+end
+
 -- A charge consumes every policy's cost unconditionally; its ARGV are shifted by one.
 local force = ARGV[1] == 'charge'
 local base = 0
 if force then
   base = 1
 end
-if #ARGV ~= 1 + base + 6 * policies then
+if #ARGV ~= 1 + base + 6 * #KEYS then
   return redis.error_reply('decide.lua: expected 1 + 6 ARGV per key')
 end
-
-local now
-if ARGV[1 + base] ~= '' then
-  now = tonumber(ARGV[1 + base])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_of(ARGV[1 + base])
 if not now or now < 0 then
   return redis.error_reply('decide.lua: bad now')
 end
-
-local plans = {}
-local all_allowed = true
-for i = 1, policies do
-  local a = 2 + base + 6 * (i - 1)
-  local kind = ARGV[a]
-  local p1, p2, p3, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-                           tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  if not (p1 and p2 and p3 and cost) or cost < 0 then
-    return redis.error_reply('decide.lua: bad arguments for policy ' .. i)
-  end
-  local p
-  if kind == 'tb' then
-    if not (p1 > 0) or p2 < 0 then
-      return redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
-    end
-    p = tb_eval(KEYS[i], p1, p2, cost, now)
-    p.outcome, p.commit = tb_outcome, tb_commit
-  elseif kind == 'sw' then
-    if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
-      return redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
-    end
-    if p3 == 0 then
-      p = sw_eval(KEYS[i], p1, p2, cost, now)
-      p.outcome, p.commit = sw_outcome, sw_commit
-    else
-      p = swb_eval(KEYS[i], p1, p2, p3, cost, now)
-      p.outcome, p.commit = swb_outcome, swb_commit
-    end
-  elseif kind == 'cc' then
-    if p1 < 0 or p2 <= 0 or p3 < 0 then
-      return redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
-    end
-    p = cc_eval(KEYS[i], p1, p2, p3, cost, now)
-    p.outcome, p.commit = cc_outcome, cc_commit
-  elseif kind == 'q' then
-    if p1 < 0 or p2 < 0 or p3 <= p2 then
-      return redis.error_reply('decide.lua: bad quota for policy ' .. i)
-    end
-    p = q_eval(KEYS[i], p1, p2, p3, cost, now)
-    p.outcome, p.commit = q_outcome, q_commit
-  else
-    return redis.error_reply('decide.lua: unknown kind for policy ' .. i)
-  end
-  plans[i] = p
-  all_allowed = all_allowed and (p.allowed or ARGV[a + 5] == '1')
-end
-
-local reply = { all_allowed and 1 or 0 }
-local stamps = {}
-for i = 1, policies do
-  local p = plans[i]
-  -- Consumed only when the request is admitted and this policy allows it; otherwise the outcome
-  -- describes the state without the request.
-  local consumed = (all_allowed and p.allowed) or force
-  local o = p.outcome(p, consumed)
-  reply[#reply + 1] = p.allowed and 1 or 0
-  for _, v in ipairs(o) do
-    reply[#reply + 1] = v
-  end
-  if consumed and p.cost > 0 then
-    p.commit(p)
-  end
-  local s1, s2 = 0, 0
-  if p.t then
-    s1, s2 = p.t, p.count
-  elseif p.current then
-    s1 = p.current
-  elseif p.lease then
-    s1 = p.lease
-  elseif p.period then
-    s1 = p.period
-  end
-  stamps[2 * i - 1], stamps[2 * i] = s1, s2
-end
-for _, v in ipairs(stamps) do
-  reply[#reply + 1] = v
+local err = decide(0, 2 + base, #KEYS, now, reply, force)
+if err then
+  return err
 end
 return reply

@@ -28,6 +28,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
     jwt_tokens: IntCounterVec,
+    deny_cache_hits: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
@@ -278,6 +279,11 @@ impl Metrics {
                 "Bearer tokens verified for `jwt:` keys or `require_jwt`, by route and result.",
                 &["route", "result"],
             ),
+            deny_cache_hits: counter(
+                "turnstile_deny_cache_hits_total",
+                "Decisions answered from the local deny cache, without a store round trip.",
+                &["store"],
+            ),
             rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
             in_flight: {
                 let opts = Opts::new(
@@ -371,6 +377,11 @@ impl Metrics {
     /// The decision latency histogram of one store.
     pub fn decision_duration(&self, store: &str) -> Histogram {
         self.decision_duration.with_label_values(&[store])
+    }
+
+    /// Decisions of one store's engine answered by the deny cache.
+    pub fn deny_cache_hits(&self, store: &str) -> IntCounter {
+        self.deny_cache_hits.with_label_values(&[store])
     }
 
     pub fn store_error(&self, store: &str, kind: &str) -> IntCounter {

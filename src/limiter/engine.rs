@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::deny_cache::{DenyCache, DEFAULT_CAPACITY as DENY_CAPACITY};
 use super::{Check, Clock, Decision, Outcome, Rule, Store, StoreError};
 use crate::metrics::{DecisionLabel, Metrics, PolicyMetrics};
 use crate::rls::metrics::RuleMetrics;
@@ -264,11 +265,19 @@ pub struct Engine {
     /// When a store failure was last logged, in `clock` microseconds plus one (0: never).
     last_logged_us: AtomicU64,
     logged: AtomicU64,
+    /// Refusals still certain, answered without the store (`docs/algorithms.md`, "The deny cache").
+    deny: DenyCache,
+    deny_hits: prometheus::IntCounter,
+    /// When the deny cache is next swept of expired entries (`clock` microseconds).
+    next_sweep_us: AtomicU64,
     /// Lease ids: this process's random start plus a sequence, so instances sharing Redis do not
     /// collide (53 bits, which Lua numbers hold exactly).
     lease_seed: u64,
     lease_seq: AtomicU64,
 }
+
+/// How often the deny cache drops expired entries, so an idle cache costs one atomic load again.
+const DENY_SWEEP_US: u64 = 1_000_000;
 
 /// Lease ids stay below 2^53: decide.lua holds them in doubles.
 const LEASE_MASK: u64 = (1 << 53) - 1;
@@ -276,10 +285,24 @@ const LEASE_MASK: u64 = (1 << 53) - 1;
 impl Engine {
     /// `clock` times the top-limited periods and the throttle of failure logs.
     pub fn new(store: Store, clock: Arc<dyn Clock>, metrics: &Metrics) -> Self {
+        Self::with_deny_cache(store, clock, metrics, DENY_CAPACITY)
+    }
+
+    /// [`Engine::new`] with a deny cache of `capacity` entries (0: none, every decision asks the
+    /// store).
+    pub fn with_deny_cache(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        metrics: &Metrics,
+        capacity: usize,
+    ) -> Self {
         let name = store.name();
         let errors = ["timeout", "connection", "script", "circuit_open"]
             .map(|kind| metrics.store_error(name, kind));
         Engine {
+            deny: DenyCache::new(capacity),
+            deny_hits: metrics.deny_cache_hits(name),
+            next_sweep_us: AtomicU64::new(0),
             decision_seconds: metrics.decision_duration(name),
             errors,
             store,
@@ -324,6 +347,11 @@ impl Engine {
         &self.top_limited
     }
 
+    /// Refusals the deny cache holds now (expired ones until they are swept).
+    pub fn deny_cache_len(&self) -> usize {
+        self.deny.len()
+    }
+
     /// Store failures logged so far (at most one a second).
     pub fn failures_logged(&self) -> u64 {
         self.logged.load(Ordering::Relaxed)
@@ -341,6 +369,30 @@ impl Engine {
                 lease: 0,
             };
         }
+        let (now, epoch) = if self.deny.is_enabled() {
+            (self.clock.now_us(), self.store.epoch())
+        } else {
+            (0, 0)
+        };
+        if !self.deny.is_empty() {
+            self.sweep_deny_cache(now);
+            // Timed like any decision: the histogram counts every one, wherever it was taken.
+            let timer = self.decision_seconds.start_timer();
+            if let Some(decision) = self.cached_refusal(&checks, now, epoch) {
+                timer.observe_duration();
+                self.deny_hits.inc();
+                let verdict = Verdict {
+                    kind: Kind::Limited,
+                    checks,
+                    decision,
+                    error: None,
+                    lease: 0,
+                };
+                self.count(&verdict);
+                return verdict;
+            }
+            timer.stop_and_discard();
+        }
         let lease = if checks
             .items
             .iter()
@@ -355,6 +407,9 @@ impl Engine {
             let timer = self.decision_seconds.start_timer();
             let result = self.store.check_leased(&store_checks, lease).await;
             timer.observe_duration();
+            if let Ok(decision) = &result {
+                self.remember_refusals(&store_checks, decision, (now, epoch));
+            }
             result
         };
         let verdict = match result {
@@ -386,6 +441,58 @@ impl Engine {
         };
         self.count(&verdict);
         verdict
+    }
+
+    /// The store's answer from the deny cache, when it is certain: every distinct check has a live
+    /// cached refusal at its cost or below, and at least one of them is enforced. Anything less
+    /// asks the store, so shadow checks never change an enforced outcome and every check's
+    /// reported outcome is one the store gave.
+    fn cached_refusal(&self, checks: &Checks<'_>, now: u64, epoch: u64) -> Option<Decision> {
+        let mut enforced = false;
+        let mut outcomes = Vec::with_capacity(checks.distinct);
+        for (i, item) in checks.items.iter().enumerate() {
+            if item.leader != i {
+                continue;
+            }
+            let cached = self
+                .deny
+                .lookup(&item.key, item.rule, item.total_cost, now, epoch)?;
+            outcomes.push(cached);
+            enforced |= !item.all_shadow;
+        }
+        enforced.then_some(Decision {
+            allowed: false,
+            outcomes,
+        })
+    }
+
+    /// Caches each refusal of a store decision asked at `asked` (clock, store epoch).
+    fn remember_refusals(&self, checks: &[Check<'_>], decision: &Decision, asked: (u64, u64)) {
+        for (check, outcome) in checks.iter().zip(&decision.outcomes) {
+            // A concurrency slot comes back when a request ends, not with time: never certain.
+            if !outcome.allowed && !matches!(check.rule, Rule::Concurrency(_)) {
+                self.deny
+                    .insert(check.key, check.rule, check.cost, outcome, asked);
+            }
+        }
+    }
+
+    /// At most once a second (one caller wins the race), drops the cache's expired entries.
+    fn sweep_deny_cache(&self, now: u64) {
+        let next = self.next_sweep_us.load(Ordering::Relaxed);
+        if now >= next
+            && self
+                .next_sweep_us
+                .compare_exchange(
+                    next,
+                    now.saturating_add(DENY_SWEEP_US),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.deny.sweep(now);
+        }
     }
 
     fn store_failed(&self, error: &StoreError, failure_mode: FailureMode) {

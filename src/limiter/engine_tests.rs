@@ -329,3 +329,165 @@ async fn nothing_to_check_is_allowed_without_asking_the_store() {
     assert!(verdict.governing().is_none());
     assert_eq!(f.store_errors(), 0.0);
 }
+
+/// `turnstile_deny_cache_hits_total{store="faulty"}`.
+fn deny_hits(f: &Fixture) -> f64 {
+    let series = "turnstile_deny_cache_hits_total{store=\"faulty\"} ";
+    f.metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(series))
+        .map_or(0.0, |v| v.parse().unwrap_or(f64::NAN))
+}
+
+async fn decide_one(f: &Fixture, m: &PolicyMetrics, rule: &Rule, cost: u64, shadow: bool) -> Kind {
+    let mut checks = Checks::with_capacity(1);
+    checks.push("r:a", rule, cost, shadow, policy(m, "p"));
+    f.engine.decide(checks, FailureMode::Open).await.kind
+}
+
+#[tokio::test]
+async fn a_cached_refusal_is_answered_without_the_store_and_counted() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(1.0, 1);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Allowed);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Limited);
+    // The store is down now: only the cache can answer, and it answers what the store did.
+    f.fail(true);
+    let mut checks = Checks::with_capacity(1);
+    checks.push("r:a", &rule, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::Limited);
+    let (_, outcome) = verdict.governing().expect("a governing refusal");
+    assert_eq!(
+        (outcome.allowed, outcome.limit, outcome.remaining),
+        (false, 1, 0)
+    );
+    assert_eq!(outcome.retry_after_us, S);
+    assert_eq!(deny_hits(&f), 1.0);
+    assert_eq!(f.decisions("p", "limited"), 2.0);
+    assert_eq!(f.store_errors(), 0.0);
+    // Until the margin before the refusal ends (1 s / 128 = 7812 µs), then the store again.
+    f.clock.advance_us(S - 7_813);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Limited);
+    assert_eq!(deny_hits(&f), 2.0);
+    f.clock.advance_us(1);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::FailedOpen);
+    f.fail(false);
+    f.clock.advance_us(7_812);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Allowed);
+}
+
+#[tokio::test]
+async fn a_refusal_at_a_cost_never_refuses_a_lower_cost_from_the_cache() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(1.0, 5);
+    assert_eq!(decide_one(&f, &m, &rule, 4, false).await, Kind::Allowed);
+    assert_eq!(decide_one(&f, &m, &rule, 3, false).await, Kind::Limited);
+    // Cost 1 fits in the token left: the store is asked, and admits.
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Allowed);
+    assert_eq!(deny_hits(&f), 0.0);
+    f.fail(true);
+    // Cost 3 and more are certain refusals; cost 2 is not (the store, down, fails open).
+    assert_eq!(decide_one(&f, &m, &rule, 3, false).await, Kind::Limited);
+    assert_eq!(decide_one(&f, &m, &rule, 9, false).await, Kind::Limited);
+    assert_eq!(decide_one(&f, &m, &rule, 2, false).await, Kind::FailedOpen);
+    assert_eq!(deny_hits(&f), 2.0);
+}
+
+#[tokio::test]
+async fn a_changed_rule_misses_the_cache() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let (small, large) = (sw(1, 60 * S), sw(3, 60 * S));
+    assert_eq!(decide_one(&f, &m, &small, 1, false).await, Kind::Allowed);
+    assert_eq!(decide_one(&f, &m, &small, 1, false).await, Kind::Limited);
+    // A reload raised the limit: the refusal under the old rule says nothing.
+    assert_eq!(decide_one(&f, &m, &large, 1, false).await, Kind::Allowed);
+    assert_eq!(deny_hits(&f), 0.0);
+}
+
+#[tokio::test]
+async fn shadow_refusals_never_answer_a_request_alone() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = sw(1, 60 * S);
+    assert_eq!(decide_one(&f, &m, &rule, 1, true).await, Kind::Allowed);
+    // Over the limit, in shadow: admitted, and the refusal is cached for its counter.
+    assert_eq!(decide_one(&f, &m, &rule, 1, true).await, Kind::Allowed);
+    f.fail(true);
+    // A request whose checks are all shadow always asks the store.
+    assert_eq!(decide_one(&f, &m, &rule, 1, true).await, Kind::FailedOpen);
+    // An enforced request on the same counter is a certain refusal.
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Limited);
+    assert_eq!(deny_hits(&f), 1.0);
+}
+
+#[tokio::test]
+async fn a_request_is_answered_from_the_cache_only_when_every_check_is_refused() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let (tight, loose) = (sw(1, 60 * S), sw(100, 60 * S));
+    for expected in [Kind::Allowed, Kind::Limited] {
+        let mut checks = Checks::with_capacity(2);
+        checks.push("r:tight", &tight, 1, false, policy(&m, "p"));
+        checks.push("r:loose", &loose, 1, false, policy(&m, "p"));
+        assert_eq!(
+            f.engine.decide(checks, FailureMode::Open).await.kind,
+            expected
+        );
+    }
+    f.fail(true);
+    // `loose` allowed: its outcome is unknown to the cache, so the store is asked.
+    let mut checks = Checks::with_capacity(2);
+    checks.push("r:tight", &tight, 1, false, policy(&m, "p"));
+    checks.push("r:loose", &loose, 1, false, policy(&m, "p"));
+    let verdict = f.engine.decide(checks, FailureMode::Open).await;
+    assert_eq!(verdict.kind, Kind::FailedOpen);
+    assert_eq!(deny_hits(&f), 0.0);
+}
+
+#[test]
+fn the_deny_cache_holds_at_most_its_capacity() {
+    use super::super::deny_cache::DenyCache;
+    let cache = DenyCache::new(64);
+    let rule = sw(1, 60 * S);
+    let refused = Outcome {
+        allowed: false,
+        limit: 1,
+        remaining: 0,
+        reset_us: 60 * S,
+        retry_after_us: 60 * S,
+    };
+    for i in 0..10_000 {
+        cache.insert(&format!("k{i}"), &rule, 1, &refused, (T + i, 0));
+        assert!(cache.len() <= 64, "{} entries after {i}", cache.len());
+    }
+    // The newest are kept (the oldest end soonest and were dropped first).
+    assert!(cache.lookup("k9999", &rule, 1, T + 10_000, 0).is_some());
+    assert!(cache.lookup("k0", &rule, 1, T + 10_000, 0).is_none());
+    // Nor in another epoch of the store (it lost state: a restarted Redis).
+    assert!(cache.lookup("k9999", &rule, 1, T + 10_000, 1).is_none());
+    // Expired entries go at the sweep.
+    cache.sweep(T + 61 * S);
+    assert_eq!(cache.len(), 0);
+}
+
+#[tokio::test]
+async fn concurrency_refusals_are_never_cached() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = Rule::Concurrency(crate::limiter::Concurrency {
+        limit: 1,
+        lease_ttl_us: 60 * S,
+    });
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Allowed);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::Limited);
+    // A slot comes back when a request ends, not with time: the store is asked again.
+    assert_eq!(f.engine.deny_cache_len(), 0);
+    f.fail(true);
+    assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::FailedOpen);
+    assert_eq!(deny_hits(&f), 0.0);
+}

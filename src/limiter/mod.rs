@@ -11,6 +11,7 @@ pub mod algorithm;
 pub mod breaker;
 pub mod calendar;
 pub mod clock;
+pub mod deny_cache;
 pub mod engine;
 pub mod leases;
 pub mod memory;
@@ -277,6 +278,17 @@ impl Store {
             Store::Redis(_) => {}
             #[cfg(test)]
             Store::Faulty(_) => {}
+        }
+    }
+
+    /// Changes whenever the store may have lost state (a Redis connection failed or was
+    /// re-established, a script cache was found empty): refusals cached before say nothing after.
+    pub fn epoch(&self) -> u64 {
+        match self {
+            Store::Memory(_) => 0,
+            Store::Redis(store) => store.epoch(),
+            #[cfg(test)]
+            Store::Faulty(_) => 0,
         }
     }
 

@@ -57,6 +57,9 @@ pub(super) async fn check(shared: &Shared) -> bool {
     };
     let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
         && matches!(tokio::time::timeout(limit, answers).await, Ok(Ok(true)));
+    if !reachable {
+        shared.lost_state();
+    }
     if reachable {
         shared.breaker.success();
     }
@@ -68,6 +71,21 @@ pub(super) async fn check(shared: &Shared) -> bool {
 /// [`ERROR_LOG_EVERY`]: fred reconnects forever, and an outage must not flood the log.
 pub(super) fn log_connection_errors(shared: &Arc<Shared>) {
     for client in shared.pool.clients() {
+        // A re-established connection may lead to a server that lost its counters.
+        let mut reconnects = client.reconnect_rx();
+        let store = Arc::downgrade(shared);
+        tokio::spawn(async move {
+            loop {
+                match reconnects.recv().await {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+                let Some(shared) = store.upgrade() else {
+                    return;
+                };
+                shared.lost_state();
+            }
+        });
         let mut errors = client.error_rx();
         let store = Arc::downgrade(shared);
         tokio::spawn(async move {
@@ -81,6 +99,7 @@ pub(super) fn log_connection_errors(shared: &Arc<Shared>) {
                 let Some(shared) = store.upgrade() else {
                     return;
                 };
+                shared.lost_state();
                 let now = shared.now_ms() + 1;
                 let last = shared.last_error_log_ms.load(Ordering::Relaxed);
                 let due = last == 0 || now >= last + ERROR_LOG_EVERY.as_millis() as u64;
@@ -105,6 +124,8 @@ async fn script_cached(shared: &Shared) -> Result<(), FredError> {
         if exists.first() == Some(&true) {
             return Ok(());
         }
+        // The script cache is empty: Redis restarted (or failed over), and its counters with it.
+        shared.lost_state();
     }
     shared.load_script().await.map(|_| ())
 }

@@ -20,9 +20,10 @@ use fred::prelude::{
     Builder, ClientLike, ConnectionConfig, Error as FredError, ErrorKind, FromValue, Key,
     LuaInterface, PerformanceConfig, Pool, ReconnectPolicy, TcpConfig, Value,
 };
-use fred::types::config::UnresponsiveConfig;
+use fred::types::config::{Options, UnresponsiveConfig};
 
 mod ask;
+mod batch;
 mod cluster;
 mod health;
 mod overrides;
@@ -69,6 +70,11 @@ struct Shared {
     started: Instant,
     /// Tests only: pass this clock's time as `now` instead of letting the script read `TIME`.
     test_clock: Option<Arc<dyn Clock>>,
+    /// Concurrent decisions, queued for shared script calls (one server; `batch.rs`).
+    batcher: batch::Batcher,
+    /// Bumped whenever Redis may have lost counters (a failed or re-established connection, an
+    /// empty script cache): the engine's deny cache trusts no refusal from an earlier epoch.
+    epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -191,7 +197,12 @@ impl RedisStore {
             .map_err(|e| StoreError::Connection(e.details().to_string()))?;
         // Drives the connections (and reconnections) until `quit`.
         drop(pool.connect());
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|weak| Shared {
+            batcher: {
+                let (batcher, drain) = batch::Batcher::start(weak.clone());
+                tokio::spawn(drain);
+                batcher
+            },
             pool,
             sha: OnceLock::new(),
             key_prefix: key_prefix.to_string(),
@@ -203,10 +214,16 @@ impl RedisStore {
             last_error_log_ms: AtomicU64::new(0),
             started: Instant::now(),
             test_clock,
+            epoch: AtomicU64::new(0),
         });
         tokio::spawn(health::probe(Arc::downgrade(&shared)));
         health::log_connection_errors(&shared);
         Ok(RedisStore { shared })
+    }
+
+    /// See [`crate::limiter::Store::epoch`].
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch.load(Ordering::Relaxed)
     }
 
     /// Whether Redis answered the last probe and holds the script (for `/readyz`).
@@ -333,6 +350,7 @@ impl RedisStore {
             // The store answered: a multi-key call mid-migration, not an outage.
             Err(StoreError::Connection(m)) if m.starts_with("TRYAGAIN") => {}
             Err(StoreError::Timeout(_) | StoreError::Connection(_)) => {
+                shared.lost_state();
                 if shared
                     .breaker
                     .failure(shared.now_ms(), admission == Admission::Probe)
@@ -348,12 +366,25 @@ impl RedisStore {
         result
     }
 
-    /// One script call for all `checks` (which, on a Cluster, share a slot).
+    /// One decision for all `checks` on one server, in a script call it may share with other
+    /// requests' decisions (`batch.rs`).
     async fn evaluate(&self, checks: &[Check<'_>], lease: u64) -> Result<Decision, StoreError> {
-        let reply = self
-            .shared
-            .run(|| (self.keys(checks), self.args(checks, lease)))
-            .await?;
+        let timeout = self.shared.timeout;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = batch::Job {
+            keys: self.keys(checks),
+            args: self.args(checks, lease),
+            deadline: Instant::now() + timeout,
+            reply,
+        };
+        if !self.shared.batcher.submit(job) {
+            return Err(StoreError::Connection("store shut down".to_string()));
+        }
+        let reply = match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(reply)) => reply?,
+            // Dropped unsent: its deadline passed while it waited for a call.
+            Ok(Err(_)) | Err(_) => return Err(StoreError::Timeout(timeout)),
+        };
         wire::decode(&reply, checks.len())
     }
 }
@@ -378,16 +409,41 @@ impl Shared {
     /// also caches it there, within what is left of the timeout. `call` builds the keys and
     /// arguments, twice in that case.
     async fn run(&self, call: impl Fn() -> (Vec<Key>, Vec<Value>)) -> Result<Vec<i64>, StoreError> {
+        self.run_within(self.timeout, call).await
+    }
+
+    /// [`Shared::run`] within `budget` (at most `timeout`): a batch may not outlive the earliest
+    /// deadline among its decisions.
+    async fn run_within(
+        &self,
+        budget: Duration,
+        call: impl Fn() -> (Vec<Key>, Vec<Value>),
+    ) -> Result<Vec<i64>, StoreError> {
         let started = Instant::now();
+        let budget = budget.min(self.timeout);
         let first = match self.sha.get() {
             Some(sha) => {
                 let (keys, args) = call();
-                match self
-                    .pool
-                    .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
-                    .await
-                {
-                    Err(e) if e.details().starts_with("NOSCRIPT") => None,
+                let reply = if budget < self.timeout {
+                    let options = Options {
+                        timeout: Some(budget),
+                        ..Options::default()
+                    };
+                    self.pool
+                        .with_options(&options)
+                        .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
+                        .await
+                } else {
+                    self.pool
+                        .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
+                        .await
+                };
+                match reply {
+                    Err(e) if e.details().starts_with("NOSCRIPT") => {
+                        // A server without the script is a restarted (or new) one.
+                        self.lost_state();
+                        None
+                    }
                     other => Some(other),
                 }
             }
@@ -396,7 +452,7 @@ impl Shared {
         let reply = match first {
             Some(reply) => reply,
             None => {
-                let left = self.timeout.saturating_sub(started.elapsed());
+                let left = budget.saturating_sub(started.elapsed());
                 let (keys, args) = call();
                 match tokio::time::timeout(left, self.pool.eval(DECIDE_LUA, keys, args)).await {
                     Ok(reply) => reply,
@@ -466,6 +522,11 @@ impl Shared {
             }
             _ => StoreError::Script(details.to_string()),
         }
+    }
+
+    /// Redis may have lost counters: see `epoch`.
+    fn lost_state(&self) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 
     fn now_ms(&self) -> u64 {

@@ -1,0 +1,148 @@
+//! Batching concurrent decisions: one script call carries the decisions of every request that
+//! arrived while earlier calls were in flight (`scripts/decide.lua`, "Batch").
+//!
+//! Each decision stays all-or-nothing on its own: the script runs them one after another, each
+//! seeing what the ones before consumed, exactly as if they had been separate calls in that
+//! order. What a batch saves is Redis's per-call cost (parsing, the script's setup) and the
+//! gateway's writes and reads: under load, tens of decisions share one `EVALSHA`.
+//!
+//! A request queues its decision and waits for its own reply. One task drains the queue: it takes
+//! everything waiting (up to [`MAX_BATCH`]) as soon as one of [`MAX_IN_FLIGHT`] calls is free, so
+//! an idle gateway sends each decision alone, at once, and a busy one sends bigger batches rather
+//! than more calls. A decision whose caller has given up (its timeout passed, the client went
+//! away) is dropped before the call is written, so a request that failed open never consumes later.
+//! Used on one server (and Sentinel's master); a Cluster decides per slot (`cluster.rs`).
+
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use fred::prelude::{Key, Value};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::{Shared, StoreError};
+
+/// Decisions in one script call at most (the script's run blocks Redis for about 10 µs each).
+pub const MAX_BATCH: usize = 64;
+/// Script calls in flight at once (fred pipelines them on the pool's connections).
+const MAX_IN_FLIGHT: usize = 2;
+
+/// One request's decision: its keys, its arguments as [`super::wire::args`] writes them (`now`,
+/// then six per check), and where its reply goes.
+pub struct Job {
+    pub keys: Vec<Key>,
+    pub args: Vec<Value>,
+    pub deadline: Instant,
+    pub reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
+}
+
+/// The queue of decisions waiting for a call.
+pub struct Batcher {
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+impl Batcher {
+    /// Starts the task that drains the queue; it ends when `shared` is dropped.
+    pub fn start(shared: Weak<Shared>) -> (Batcher, impl std::future::Future<Output = ()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Batcher { tx }, drain(shared, rx))
+    }
+
+    /// Queues `job`; false when the draining task is gone (the store is shutting down).
+    pub fn submit(&self, job: Job) -> bool {
+        self.tx.send(job).is_ok()
+    }
+}
+
+async fn drain(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Job>) {
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        // Wait for a free call first: whatever queues meanwhile joins the next batch.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut jobs = Vec::with_capacity(rx.len().min(MAX_BATCH - 1) + 1);
+        jobs.push(first);
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            call(&shared, jobs).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One script call for `jobs`, each answered with its own part of the reply.
+async fn call(shared: &Shared, mut jobs: Vec<Job>) {
+    let now = Instant::now();
+    jobs.retain(|job| job.deadline > now && !job.reply.is_closed());
+    let Some(budget) = jobs.iter().map(|job| job.deadline - now).min() else {
+        return;
+    };
+    if jobs.len() == 1 {
+        if let Some(job) = jobs.pop() {
+            let (keys, args) = (job.keys, job.args);
+            let result = shared
+                .run_within(budget, || (keys.clone(), args.clone()))
+                .await;
+            let _ = job.reply.send(result);
+        }
+        return;
+    }
+    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
+    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len() + 1).sum::<usize>());
+    args.push(Value::from_static_str("batch"));
+    let mut shape = Vec::with_capacity(jobs.len());
+    for job in &mut jobs {
+        let n = job.keys.len();
+        shape.push(n);
+        keys.append(&mut job.keys);
+        let mut own = std::mem::take(&mut job.args).into_iter();
+        args.push(own.next().unwrap_or_else(|| Value::from_static_str("")));
+        args.push(Value::Integer(n as i64));
+        args.extend(own);
+    }
+    let result = shared
+        .run_within(budget, || (keys.clone(), args.clone()))
+        .await;
+    match result {
+        Ok(reply) => {
+            let mut at = 0;
+            for (job, n) in jobs.into_iter().zip(shape) {
+                let len = 1 + 7 * n;
+                let part = reply.get(at..at + len).map(<[i64]>::to_vec).ok_or_else(|| {
+                    StoreError::Script(format!(
+                        "decide.lua answered {} values for a batch",
+                        reply.len()
+                    ))
+                });
+                at += len;
+                let _ = job.reply.send(part);
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(same(&e)));
+            }
+        }
+    }
+}
+
+/// The same failure, for each decision of a batch that failed as a whole.
+fn same(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Timeout(d) => StoreError::Timeout(*d),
+        StoreError::Connection(s) => StoreError::Connection(s.clone()),
+        StoreError::Script(s) => StoreError::Script(s.clone()),
+        StoreError::CircuitOpen => StoreError::CircuitOpen,
+    }
+}
