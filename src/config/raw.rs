@@ -129,7 +129,14 @@ pub struct RawServer {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub url: String,
+    /// One target; or `targets` (exactly one of the two).
+    pub url: Option<String>,
+    /// Several targets, balanced (`docs/upstreams.md`).
+    pub targets: Option<Vec<String>>,
+    /// `round_robin` (default) or `least_in_flight`.
+    pub balance: Option<String>,
+    /// How long a target that failed to connect gets no requests (default 10s).
+    pub eject_for: Option<String>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
     /// Open connections to this upstream at most.
@@ -152,6 +159,10 @@ pub struct RawRoute {
     /// Added to the global `exempt` for this route.
     #[serde(default)]
     pub exempt: RawExempt,
+    /// Removed from the start of the forwarded path (`/api`).
+    pub strip_prefix: Option<String>,
+    /// The forwarded path, from the route's captures (`/v2/{*rest}`).
+    pub rewrite: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

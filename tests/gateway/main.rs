@@ -19,3 +19,4 @@ mod pool;
 mod proxy;
 mod routing;
 mod slowloris;
+mod targets;

@@ -1,0 +1,344 @@
+//! Upstreams with several targets (issue 13): round robin and least in flight, passive health
+//! (a target that refuses connections is ejected, its request retried on another target, and it
+//! comes back after `eject_for`), per-target metrics; and the routes' `strip_prefix` and `rewrite`
+//! (what the upstream sees). Two real in-process upstreams on free loopback ports.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::upstream::unreachable_addr;
+use crate::support::{Client, TestGateway, Upstream};
+
+/// One route forwarding everything to an upstream `up` with targets `a` and `b`.
+fn two_targets(a: SocketAddr, b: SocketAddr, extra: &str) -> String {
+    format!(
+        r#"
+upstreams:
+  up:
+    targets: ["http://{a}", "http://{b}"]
+    connect_timeout: 2s
+    timeout: 10s
+{extra}
+routes:
+  - name: all
+    upstream: up
+"#
+    )
+}
+
+async fn requests_metric(gw: &TestGateway, target: SocketAddr, outcome: &str) -> f64 {
+    let target = target.to_string();
+    gw.metric(
+        "turnstile_upstream_requests_total",
+        &[
+            ("upstream", "up"),
+            ("target", &target),
+            ("outcome", outcome),
+        ],
+    )
+    .await
+}
+
+async fn ejections(gw: &TestGateway, target: SocketAddr) -> f64 {
+    let target = target.to_string();
+    gw.metric(
+        "turnstile_upstream_ejections_total",
+        &[("upstream", "up"), ("target", &target)],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn round_robin_splits_requests_exactly_and_counts_them_per_target() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let gw = TestGateway::start(&two_targets(a.addr, b.addr, "")).await;
+    let client = Client::new();
+    for i in 0..10 {
+        let reply = client.get(&gw.url(&format!("/r/{i}"))).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!((a.requests(), b.requests()), (5, 5));
+    for t in [a.addr, b.addr] {
+        assert_eq!(requests_metric(&gw, t, "ok").await, 5.0);
+        assert_eq!(requests_metric(&gw, t, "connect_error").await, 0.0);
+        assert_eq!(ejections(&gw, t).await, 0.0);
+        let target = t.to_string();
+        let labels = [("upstream", "up"), ("target", target.as_str())];
+        assert_eq!(
+            gw.metric("turnstile_upstream_in_flight", &labels).await,
+            0.0
+        );
+    }
+}
+
+#[tokio::test]
+async fn least_in_flight_sends_everything_to_the_idle_target_while_one_is_slow() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let gw = TestGateway::start(&two_targets(a.addr, b.addr, "    balance: least_in_flight")).await;
+    let client = Client::new();
+    let slow_url = gw.url("/slow");
+    let slow_client = client.clone();
+    let slow = tokio::spawn(async move {
+        slow_client
+            .get_with(&slow_url, &[("x-test-hold-head", "1")])
+            .await
+            .status
+    });
+    let deadline = Instant::now() + crate::support::LIVENESS;
+    while a.requests() + b.requests() < 1 {
+        assert!(Instant::now() < deadline, "the slow request never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (busy, idle) = if a.requests() == 1 {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let busy_target = busy.addr.to_string();
+    let in_flight = [("upstream", "up"), ("target", busy_target.as_str())];
+    assert_eq!(
+        gw.metric("turnstile_upstream_in_flight", &in_flight).await,
+        1.0
+    );
+
+    for i in 0..6 {
+        assert_eq!(client.get(&gw.url(&format!("/fast/{i}"))).await.status, 200);
+    }
+    assert_eq!(idle.requests(), 6, "every request went to the idle target");
+    assert_eq!(busy.requests(), 1);
+
+    busy.release(1);
+    assert_eq!(slow.await.expect("slow request"), 200);
+    // Both idle again: ties are taken in turn.
+    for i in 0..4 {
+        assert_eq!(
+            client.get(&gw.url(&format!("/again/{i}"))).await.status,
+            200
+        );
+    }
+    assert_eq!((busy.requests(), idle.requests()), (3, 8));
+    assert_eq!(
+        gw.metric("turnstile_upstream_in_flight", &in_flight).await,
+        0.0
+    );
+}
+
+/// Issue 13: "kill one upstream mid-run: no failed idempotent request after the first ejection".
+/// Four clients send GETs; target `b` is dropped (listener and connections closed) after 20
+/// answers. Requests sent before the gateway noticed may fail (one in flight on `b` when it
+/// died); every request sent after the first ejection must succeed.
+#[tokio::test]
+async fn killing_a_target_mid_run_fails_no_request_after_the_first_ejection() {
+    const WORKERS: usize = 4;
+    const PER_WORKER: usize = 40;
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let b_addr = b.addr;
+    let gw = Arc::new(TestGateway::start(&two_targets(a.addr, b_addr, "    eject_for: 60s")).await);
+    let answered = Arc::new(AtomicUsize::new(0));
+    let failed_before = Arc::new(AtomicUsize::new(0));
+    let failed_after = Arc::new(AtomicUsize::new(0));
+    let sent_after = Arc::new(AtomicUsize::new(0));
+    let ejected = Arc::new(AtomicBool::new(false));
+    let mut b = Some(b);
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..WORKERS {
+        let (gw, answered, ejected) = (gw.clone(), answered.clone(), ejected.clone());
+        let (failed_before, failed_after, sent_after) = (
+            failed_before.clone(),
+            failed_after.clone(),
+            sent_after.clone(),
+        );
+        workers.spawn(async move {
+            let client = Client::new();
+            for i in 0..PER_WORKER {
+                // Read before sending: this request is "after" only if the ejection was visible
+                // before it left the client.
+                let after = ejected.load(Ordering::SeqCst) || {
+                    let seen = ejections(&gw, b_addr).await > 0.0;
+                    if seen {
+                        ejected.store(true, Ordering::SeqCst);
+                    }
+                    seen
+                };
+                let status = client.get(&gw.url(&format!("/w{w}/{i}"))).await.status;
+                if after {
+                    sent_after.fetch_add(1, Ordering::SeqCst);
+                }
+                if status != 200 {
+                    let counter = if after { &failed_after } else { &failed_before };
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                answered.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    let deadline = Instant::now() + crate::support::LIVENESS;
+    while answered.load(Ordering::SeqCst) < 20 {
+        assert!(Instant::now() < deadline, "the run never got going");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let b_requests_at_kill = b.as_ref().map_or(0, Upstream::requests);
+    drop(b.take());
+    while let Some(done) = workers.join_next().await {
+        done.expect("worker");
+    }
+
+    assert!(b_requests_at_kill > 0, "b took part before it died");
+    assert_eq!(
+        ejections(&gw, b_addr).await,
+        1.0,
+        "one ejection, for the whole run"
+    );
+    assert!(requests_metric(&gw, b_addr, "connect_error").await >= 1.0);
+    let after = sent_after.load(Ordering::SeqCst);
+    assert!(
+        after >= 40,
+        "too few requests after the ejection to mean anything: {after}"
+    );
+    assert_eq!(
+        failed_after.load(Ordering::SeqCst),
+        0,
+        "failed after the first ejection"
+    );
+    let before = failed_before.load(Ordering::SeqCst);
+    assert!(
+        before <= WORKERS,
+        "at most the requests in flight on b failed: {before}"
+    );
+    eprintln!(
+        "kill mid-run: {after} requests after the first ejection, 0 failed; {before} failed before"
+    );
+    let ok = WORKERS * PER_WORKER - before;
+    assert!(
+        a.requests() + b_requests_at_kill >= ok,
+        "every success was answered by a or b"
+    );
+}
+
+#[tokio::test]
+async fn a_refusing_target_is_ejected_its_request_retried_and_it_returns_after_the_cool_down() {
+    let a = Upstream::start().await;
+    let b_addr = unreachable_addr().await;
+    let gw = TestGateway::start(&two_targets(a.addr, b_addr, "    eject_for: 2s")).await;
+    let client = Client::new();
+    for i in 0..4 {
+        let reply = client.get(&gw.url(&format!("/down/{i}"))).await;
+        assert_eq!(reply.status, 200, "retried on a: {}", reply.text());
+    }
+    let ejected_at = Instant::now();
+    assert_eq!(
+        a.requests(),
+        4,
+        "a answered every request, the retried one too"
+    );
+    assert_eq!(ejections(&gw, b_addr).await, 1.0);
+    assert_eq!(requests_metric(&gw, b_addr, "connect_error").await, 1.0);
+    assert_eq!(requests_metric(&gw, a.addr, "ok").await, 4.0);
+
+    // b is back, but still ejected: no request reaches it until the cool-down is over.
+    let b = Upstream::start_on(b_addr).await;
+    for i in 0..4 {
+        assert_eq!(client.get(&gw.url(&format!("/cool/{i}"))).await.status, 200);
+    }
+    if ejected_at.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(b.requests(), 0, "an ejected target got a request");
+    }
+    tokio::time::sleep(Duration::from_secs(2).saturating_sub(ejected_at.elapsed())).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = a.requests();
+    for i in 0..4 {
+        assert_eq!(client.get(&gw.url(&format!("/back/{i}"))).await.status, 200);
+    }
+    assert_eq!((a.requests() - before, b.requests()), (2, 2));
+    assert_eq!(requests_metric(&gw, b_addr, "ok").await, 2.0);
+    assert_eq!(ejections(&gw, b_addr).await, 1.0);
+}
+
+#[tokio::test]
+async fn when_every_target_refuses_the_client_gets_502_after_one_retry() {
+    let (a, b) = (unreachable_addr().await, unreachable_addr().await);
+    let gw = TestGateway::start(&two_targets(a, b, "")).await;
+    let reply = Client::new().get(&gw.url("/x")).await;
+    assert_eq!(reply.status, 502, "{}", reply.text());
+    let tried = requests_metric(&gw, a, "connect_error").await
+        + requests_metric(&gw, b, "connect_error").await;
+    assert_eq!(tried, 2.0, "the first target, then one retry on the other");
+    // Both ejected: the next request still tries (the one ejected longest ago) instead of failing
+    // without a connection attempt.
+    assert_eq!(Client::new().get(&gw.url("/y")).await.status, 502);
+    let tried = requests_metric(&gw, a, "connect_error").await
+        + requests_metric(&gw, b, "connect_error").await;
+    assert_eq!(tried, 4.0);
+}
+
+const REWRITES: &str = r#"
+upstreams:
+  up: { url: "http://$UPSTREAM" }
+routes:
+  - name: strip
+    match: { path: "/api/users/{id}" }
+    upstream: up
+    strip_prefix: /api
+  - name: rewrite
+    match: { path: "/svc/{id}/{*rest}" }
+    upstream: up
+    rewrite: "/v2/{*rest}/by/{id}"
+    policies:
+      - name: per_id
+        key: [path:id]
+        sliding_window: { limit: 1, window: 1h }
+  - name: prefix
+    match: { prefix: /old }
+    upstream: up
+    strip_prefix: /old
+"#;
+
+async fn seen_path(client: &Client, gw: &TestGateway, path: &str) -> String {
+    let reply = client.get(&gw.url(path)).await;
+    assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+    reply.json()["path"]
+        .as_str()
+        .expect("echoed path")
+        .to_string()
+}
+
+#[tokio::test]
+async fn strip_prefix_and_rewrite_forward_the_new_path_with_the_query() {
+    let up = Upstream::start().await;
+    let gw = TestGateway::with_upstream(REWRITES, up.addr).await;
+    let client = Client::new();
+    assert_eq!(
+        seen_path(&client, &gw, "/api/users/7?x=1&y=%20").await,
+        "/users/7?x=1&y=%20"
+    );
+    // The canonical path is what is rewritten (dot segments and repeated slashes gone).
+    assert_eq!(
+        seen_path(&client, &gw, "/api//users/./8/").await,
+        "/users/8/"
+    );
+    assert_eq!(seen_path(&client, &gw, "/old").await, "/");
+    assert_eq!(seen_path(&client, &gw, "/old/a/b?q").await, "/a/b?q");
+    assert_eq!(
+        seen_path(&client, &gw, "/svc/42/a/b%2Bc?q=1").await,
+        "/v2/a/b%2Bc/by/42?q=1"
+    );
+}
+
+#[tokio::test]
+async fn rate_limit_keys_come_from_the_request_path_not_the_rewritten_one() {
+    let up = Upstream::start().await;
+    let gw = TestGateway::with_upstream(REWRITES, up.addr).await;
+    let client = Client::new();
+    assert_eq!(client.get(&gw.url("/svc/42/a")).await.status, 200);
+    // Another rest, same id: the same counter.
+    assert_eq!(client.get(&gw.url("/svc/42/b")).await.status, 429);
+    assert_eq!(client.get(&gw.url("/svc/43/a")).await.status, 200);
+    assert_eq!(
+        up.requests(),
+        2,
+        "the refused request never reached the upstream"
+    );
+}
