@@ -342,3 +342,57 @@ async fn rate_limit_keys_come_from_the_request_path_not_the_rewritten_one() {
         "the refused request never reached the upstream"
     );
 }
+
+/// A listener whose accept queue is full and never drained: the kernel drops further SYNs, so a
+/// connection to it neither opens nor is refused (what a blackholed host does), on loopback.
+async fn blackhole() -> (tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let listener = socket.listen(1).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let mut fillers = Vec::new();
+    // A backlog of 1 holds 2 established connections on Linux; a third would hang.
+    for _ in 0..2 {
+        fillers.push(tokio::net::TcpStream::connect(addr).await.expect("filler"));
+    }
+    let probe = tokio::time::timeout(
+        Duration::from_millis(300),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await;
+    assert!(probe.is_err(), "the accept queue is not full: {probe:?}");
+    (listener, fillers)
+}
+
+#[tokio::test]
+async fn a_target_that_times_out_connecting_is_ejected_and_its_request_retried() {
+    let a = Upstream::start().await;
+    let (hole, _fillers) = blackhole().await;
+    let hole_addr = hole.local_addr().expect("addr");
+    let yaml = format!(
+        r#"
+upstreams:
+  up:
+    targets: ["http://{hole_addr}", "http://{a}"]
+    connect_timeout: 300ms
+    timeout: 10s
+    eject_for: 60s
+routes:
+  - name: all
+    upstream: up
+"#,
+        a = a.addr
+    );
+    let gw = TestGateway::start(&yaml).await;
+    let client = Client::new();
+    for i in 0..4 {
+        let reply = client.get(&gw.url(&format!("/t/{i}"))).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(a.requests(), 4);
+    assert_eq!(ejections(&gw, hole_addr).await, 1.0);
+    assert_eq!(requests_metric(&gw, hole_addr, "connect_error").await, 1.0);
+    assert_eq!(requests_metric(&gw, a.addr, "ok").await, 4.0);
+}
