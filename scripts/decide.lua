@@ -11,13 +11,16 @@
 -- then per policy i, from ARGV[2 + 6*(i-1)]: kind, p1, p2, p3, cost, shadow
 --          tb: p1 = rate per second (decimal), p2 = burst, p3 = 0
 --          sw: p1 = limit, p2 = window in microseconds, p3 = buckets (0 = exact log)
+--          q:  p1 = limit, p2 = period start, p3 = period end (epoch microseconds, computed by
+--              the gateway in the quota's time zone: Lua has no time-zone database)
 --          cost: units to consume, 0 checks without consuming
 --          shadow: "1" for report only (Envoy's shadow_mode): its refusal never rejects the
 --                  request, and it consumes only when it allows and the request is admitted
 --
 -- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us,
 --         then per policy a refund stamp of two integers (meaningful when it consumed):
---         tb: 0, 0; sw: the score written, the count before; swb: the bucket index, 0}.
+--         tb: 0, 0; sw: the score written, the count before; swb: the bucket index, 0;
+--         q: the period start, 0}.
 --
 -- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
 -- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
@@ -282,6 +285,53 @@ local function swb_commit(p)
 end
 
 ---------------------------------------------------------------------------------------------------
+-- Calendar quota: HASH {p = period start, e = period end (epoch microseconds), n = units used}.
+--
+-- The counter never goes back to an older period: a gateway whose clock lags keeps counting in
+-- the newest period any instance reached. Redis TIME only measures the time to the period end.
+
+-- Kept past the period end so a gateway clock that lags by up to this much still finds the count.
+local QUOTA_MARGIN_US = 60000000
+
+local function q_eval(key, limit, start, stop, cost, now)
+  local h = redis.call('HMGET', key, 'p', 'e', 'n')
+  local used = 0
+  if h[1] and h[2] and h[3] and tonumber(h[1]) >= start then
+    start, stop, used = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+  end
+  return { key = key, limit = limit, period = start, stop = stop, used = used, cost = cost,
+           now = now, allowed = used + cost <= limit }
+end
+
+local function q_outcome(p, consumed)
+  local after = p.used
+  if consumed then
+    after = p.used + p.cost
+  end
+  local to_end = p.stop - p.now
+  if to_end < 0 then
+    to_end = 0
+  end
+  local reset, retry = 0, 0
+  if after > 0 then
+    reset = to_end
+  end
+  if not p.allowed then
+    retry = to_end
+  end
+  return { p.limit, left(p.limit, after), reset, retry }
+end
+
+local function q_commit(p)
+  redis.call('HSET', p.key, 'p', int(p.period), 'e', int(p.stop), 'n', int(p.used + p.cost))
+  local us = p.stop - p.now
+  if us < 0 then
+    us = 0
+  end
+  redis.call('PEXPIRE', p.key, ttl_ms(us + QUOTA_MARGIN_US))
+end
+
+---------------------------------------------------------------------------------------------------
 -- Refund: undo one consumption, identified by its stamp.
 
 local function refund(key, kind, cost, burst, s1, s2)
@@ -300,6 +350,16 @@ local function refund(key, kind, cost, burst, s1, s2)
         redis.call('ZREM', key, unpack(members))
         members = {}
       end
+    end
+  elseif kind == 'q' then
+    -- Only while the counter is still in the period that was charged.
+    local h = redis.call('HMGET', key, 'p', 'n')
+    if h[1] and h[2] and tonumber(h[1]) == s1 then
+      local n = tonumber(h[2]) - cost
+      if n < 0 then
+        n = 0
+      end
+      redis.call('HSET', key, 'n', int(n))
     end
   elseif kind == 'swb' then
     local field = int(s1)
@@ -379,6 +439,12 @@ for i = 1, policies do
       p = swb_eval(KEYS[i], p1, p2, p3, cost, now)
       p.outcome, p.commit = swb_outcome, swb_commit
     end
+  elseif kind == 'q' then
+    if p1 < 0 or p2 < 0 or p3 <= p2 then
+      return redis.error_reply('decide.lua: bad quota for policy ' .. i)
+    end
+    p = q_eval(KEYS[i], p1, p2, p3, cost, now)
+    p.outcome, p.commit = q_outcome, q_commit
   else
     return redis.error_reply('decide.lua: unknown kind for policy ' .. i)
   end
@@ -406,6 +472,8 @@ for i = 1, policies do
     s1, s2 = p.t, p.count
   elseif p.current then
     s1 = p.current
+  elseif p.period then
+    s1 = p.period
   end
   stamps[2 * i - 1], stamps[2 * i] = s1, s2
 end

@@ -22,7 +22,8 @@ pub struct AdminState {
 
 /// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
 /// we are not draining), `/debug/top-limited` (the keys limited most, `?n=` of them) and `/config`
-/// (the active config's hash and the last reload error); for the
+/// (the active config's hash and the last reload error), `/overrides` (per-key limits,
+/// `crate::overrides::api`); for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
     let rls = crate::rls::RlsService::new(state.state.clone());
@@ -33,8 +34,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/debug/top-limited", get(top_limited))
         .route("/config", get(config_status))
-        .with_state(state)
+        .with_state(state.clone())
         .merge(crate::rls::json::router(rls))
+        .merge(crate::overrides::api::router(state.state))
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {

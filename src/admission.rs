@@ -50,6 +50,8 @@ pub async fn admit<'l>(
         });
     }
     let mut checks = Checks::with_capacity(route.policies.len());
+    // Per-key overrides: a local copy, never a store call (`crate::overrides`).
+    let overrides = state.overrides.active();
     for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
@@ -62,7 +64,8 @@ pub async fn admit<'l>(
                 policy: &policy.name,
                 prefix: policy.key_prefix(),
             };
-            checks.push(key, &policy.rule, policy.cost, false, tally);
+            let rule = overrides.rule(&key).unwrap_or(&policy.rule);
+            checks.push(key, rule, policy.cost, false, tally);
         }
     }
     let verdict = state.engine.decide(checks, route.failure_mode).await;
@@ -70,8 +73,13 @@ pub async fn admit<'l>(
     match (verdict.kind, governing) {
         (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
+            // The route's own name (the verdict's borrows end with the overrides' guard).
             policy: match verdict.tally(i) {
-                Some(Tally::Policy { policy, .. }) => policy,
+                Some(Tally::Policy { policy, .. }) => route
+                    .policies
+                    .iter()
+                    .find(|p| *p.name == *policy)
+                    .map_or("", |p| &p.name),
                 _ => "",
             },
             outcome,

@@ -26,6 +26,8 @@
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
 //!   the [`limiter::Engine`] whose `decide` every door calls: it merges duplicate keys, applies
 //!   the failure mode, counts decisions and picks the governing outcome;
+//! - [`overrides`]: per-key limits from a file and the admin API, shared through Redis, applied
+//!   by [`admission`] from a local copy;
 //! - [`respond`]: every response the gateway writes itself, refusals included;
 //! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
 //! - [`listener`]: the public listener and the bounds on each connection;
@@ -48,6 +50,7 @@ pub mod listener;
 pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
+pub mod overrides;
 pub mod probe;
 pub mod proxy;
 pub mod respond;

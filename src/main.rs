@@ -220,6 +220,11 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     );
 
     tracing::debug!(?watcher, "watching the config file");
+    // The overrides file named at start, reloaded with the config when it changes.
+    let overrides_path = running.state.live.load().config.overrides_file.clone();
+    let mut overrides_watcher = overrides_path
+        .as_deref()
+        .map(turnstile::watch::ConfigWatcher::new);
     loop {
         tokio::select! {
             // Parsing runs on the blocking pool: with one worker, it would otherwise hold up
@@ -227,6 +232,12 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
             _ = hangup.recv() => reload(&running, "SIGHUP").await,
             // Kubernetes ConfigMaps, saves by rename and edits in place: no signal arrives.
             _ = watcher.changed() => reload(&running, "file change").await,
+            _ = async {
+                match overrides_watcher.as_mut() {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => reload(&running, "overrides file change").await,
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }

@@ -28,6 +28,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
+    quota_units: IntCounterVec,
     upstream_requests: IntCounterVec,
     upstream_ejections: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
@@ -164,11 +165,26 @@ impl DecisionLabel {
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
     by_label: [IntCounter; 4],
+    /// Calendar quota policies only: `turnstile_quota_used_units_total`.
+    quota_units: Option<IntCounter>,
 }
 
 impl PolicyMetrics {
     pub fn record(&self, label: DecisionLabel) {
         self.by_label[label as usize].inc();
+    }
+
+    /// Units an admitted request charged to this policy, counted for quota policies only.
+    pub fn record_units(&self, units: u64) {
+        if let Some(c) = &self.quota_units {
+            c.inc_by(units);
+        }
+    }
+
+    /// These counters, and the quota units of (`route`, `policy`) from `metrics`.
+    pub fn with_quota_units(mut self, metrics: &Metrics, route: &str, policy: &str) -> Self {
+        self.quota_units = Some(metrics.quota_units.with_label_values(&[route, policy]));
+        self
     }
 }
 
@@ -313,6 +329,11 @@ impl Metrics {
                     .unwrap_or_else(|e| panic!("metric {name}: {e}"));
                 g
             },
+            quota_units: counter(
+                "turnstile_quota_used_units_total",
+                "Units admitted requests charged to calendar quota policies, all keys together.",
+                &["route", "policy"],
+            ),
             registry,
         };
         let build_info = IntGaugeVec::new(
@@ -348,6 +369,7 @@ impl Metrics {
                 self.decisions
                     .with_label_values(&[route, policy, l.as_str()])
             }),
+            quota_units: None,
         }
     }
 

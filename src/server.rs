@@ -85,6 +85,12 @@ pub async fn start(
     let engine = Engine::new(store, Arc::new(MonotonicClock::new()), &metrics);
     let live = Live::attach(snapshot, &metrics);
     let state = Arc::new(AppState::new(live, engine, metrics));
+    state.overrides.rebuild(&state);
+    if matches!(state.engine.store(), Store::Redis(_)) {
+        // The shared overrides: applied before the first request, then kept current.
+        crate::overrides::refresh(&state).await;
+        tokio::spawn(crate::overrides::sync(Arc::downgrade(&state)));
+    }
     let (shutdown, shutdown_rx) = watch::channel(false);
     let draining = Arc::new(AtomicBool::new(false));
 
@@ -272,6 +278,8 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
     state
         .live
         .store(Arc::new(Live::attach(next, &state.metrics)));
+    // The file's overrides came with the config; the API's may name routes it changed.
+    state.overrides.rebuild(state);
     Ok(pending)
 }
 

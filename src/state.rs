@@ -23,6 +23,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The last reload attempt's outcome, for `/config` on the admin listener.
     pub reload_status: std::sync::Mutex<ReloadStatus>,
+    /// Per-key overrides from the file and the admin API (`crate::overrides`).
+    pub overrides: crate::overrides::Overrides,
 }
 
 impl AppState {
@@ -32,6 +34,7 @@ impl AppState {
             engine,
             metrics,
             reload_status: std::sync::Mutex::default(),
+            overrides: crate::overrides::Overrides::default(),
         }
     }
 }
@@ -83,7 +86,15 @@ impl Live {
                     policies: route
                         .policies
                         .iter()
-                        .map(|p| metrics.policy(&route.name, &p.name))
+                        .map(|p| {
+                            let m = metrics.policy(&route.name, &p.name);
+                            match p.rule {
+                                crate::limiter::Rule::Quota(_) => {
+                                    m.with_quota_units(metrics, &route.name, &p.name)
+                                }
+                                _ => m,
+                            }
+                        })
                         .collect(),
                     client,
                 }

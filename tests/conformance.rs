@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnstile::limiter::algorithm::MAX_US;
+use turnstile::limiter::calendar::Per;
 use turnstile::limiter::{
-    Check, Decision, ManualClock, MemoryStore, Outcome, RedisStore, Rule, SlidingWindow,
+    Check, Decision, ManualClock, MemoryStore, Outcome, Quota, RedisStore, Rule, SlidingWindow,
     TokenBucket,
 };
 
@@ -74,7 +75,112 @@ fn sw(limit: u64, window_us: u64, buckets: u32) -> Rule {
     })
 }
 
+fn quota(limit: u64, per: Per) -> Rule {
+    Rule::Quota(Quota {
+        limit,
+        per,
+        time_zone: chrono_tz::Europe::Berlin,
+    })
+}
+
+/// Epoch microseconds of an RFC 3339 time.
+fn at(text: &str) -> u64 {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .expect("RFC 3339 time")
+        .timestamp_micros() as u64
+}
+
+const H: u64 = 3600 * S;
+
+/// Calendar quotas in Europe/Berlin: midnight, the DST days of 23 and 25 hours, a month and an
+/// ISO week boundary, and a clock stepped back over midnight.
+fn quota_cases() -> Vec<Case> {
+    let before_midnight = at("2026-11-23T23:59:58+01:00");
+    vec![
+        Case {
+            name: "quota_day_crosses_midnight",
+            shadow: &[],
+            counters: vec![quota(2, Per::Day)],
+            steps: vec![
+                one(before_midnight, 1, (true, 2, 1, 2 * S, 0)),
+                one(before_midnight + S, 1, (true, 2, 0, S, 0)),
+                one(before_midnight + S, 1, (false, 2, 0, S, S)),
+                // Midnight: a new period with the whole quota, 24 h to the next reset.
+                one(before_midnight + 2 * S, 1, (true, 2, 1, 24 * H, 0)),
+                // Stepped back before midnight: the counter stays in the newest period.
+                one(before_midnight + S, 0, (true, 2, 1, 24 * H + S, 0)),
+                one(before_midnight + S, 1, (true, 2, 0, 24 * H + S, 0)),
+            ],
+        },
+        Case {
+            name: "quota_dst_spring_forward_day_is_23_hours",
+            shadow: &[],
+            counters: vec![quota(1, Per::Day)],
+            steps: vec![
+                one(at("2026-03-29T00:00:00+01:00"), 1, (true, 1, 0, 23 * H, 0)),
+                one(
+                    at("2026-03-29T12:00:00+02:00"),
+                    1,
+                    (false, 1, 0, 12 * H, 12 * H),
+                ),
+                one(at("2026-03-29T23:59:59+02:00"), 1, (false, 1, 0, S, S)),
+                one(at("2026-03-30T00:00:00+02:00"), 1, (true, 1, 0, 24 * H, 0)),
+            ],
+        },
+        Case {
+            name: "quota_dst_fall_back_day_is_25_hours",
+            shadow: &[],
+            counters: vec![quota(1, Per::Day)],
+            steps: vec![
+                one(at("2026-10-25T00:00:00+02:00"), 1, (true, 1, 0, 25 * H, 0)),
+                // The second 02:30 of the day (after the clocks went back).
+                one(
+                    at("2026-10-25T02:30:00+01:00"),
+                    1,
+                    (false, 1, 0, 21 * H + H / 2, 21 * H + H / 2),
+                ),
+                one(at("2026-10-26T00:00:00+01:00"), 1, (true, 1, 0, 24 * H, 0)),
+            ],
+        },
+        Case {
+            name: "quota_month_boundary",
+            shadow: &[],
+            counters: vec![quota(3, Per::Month)],
+            steps: vec![
+                one(at("2026-02-28T23:00:00+01:00"), 2, (true, 3, 1, H, 0)),
+                one(at("2026-02-28T23:00:00+01:00"), 2, (false, 3, 1, H, H)),
+                // March 2026 has 31 days less the hour of its DST change.
+                one(at("2026-03-01T00:00:00+01:00"), 2, (true, 3, 1, 743 * H, 0)),
+            ],
+        },
+        Case {
+            name: "quota_iso_week_starts_monday",
+            shadow: &[],
+            counters: vec![quota(1, Per::Week)],
+            steps: vec![
+                one(at("2026-11-29T23:00:00+01:00"), 1, (true, 1, 0, H, 0)),
+                one(
+                    at("2026-11-29T23:30:00+01:00"),
+                    1,
+                    (false, 1, 0, H / 2, H / 2),
+                ),
+                one(
+                    at("2026-11-30T00:00:00+01:00"),
+                    1,
+                    (true, 1, 0, 7 * 24 * H, 0),
+                ),
+            ],
+        },
+    ]
+}
+
 fn cases() -> Vec<Case> {
+    let mut cases = rule_cases();
+    cases.extend(quota_cases());
+    cases
+}
+
+fn rule_cases() -> Vec<Case> {
     vec![
         Case {
             name: "token_bucket",
@@ -368,7 +474,7 @@ async fn every_key_written_has_a_ttl() {
         remote.check(&checks).await.expect("decision");
     }
     let keys = redis.keys();
-    assert_eq!(keys.len(), 17, "one key per counter of the cases: {keys:?}");
+    assert_eq!(keys.len(), 22, "one key per counter of the cases: {keys:?}");
     for key in keys {
         assert!(
             key.starts_with("ttl:{"),

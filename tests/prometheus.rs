@@ -88,6 +88,9 @@ routes:
       - name: per_ip
         key: [client_ip]
         sliding_window: {{ limit: 100000, window: 1m }}
+      - name: daily
+        key: [client_ip]
+        quota: {{ limit: 1000000, per: day, time_zone: UTC }}
   - name: broken
     match:
       prefix: /broken
@@ -150,6 +153,8 @@ routes:
         "sum(turnstile_decisions_total{route=\"users\",policy=\"per_user\",decision=\"limited\"})",
         200.0,
     );
+    // The quota charges only admitted requests.
+    scraped("sum(turnstile_quota_used_units_total)", 100.0);
     scraped(
         "sum(turnstile_upstream_errors_total{route=\"broken\",kind=\"connect\"})",
         4.0,

@@ -292,3 +292,54 @@ async fn healthcheck_exits_0_when_ready_and_1_with_the_reason_when_not() {
         "{down:?}"
     );
 }
+
+/// The overrides file (issue 15) is watched as the config is: an edit in place applies within
+/// [`APPLY_WITHIN`], without a signal, and the counter carries over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_the_overrides_file_applies_without_a_signal() {
+    let yaml = support::process::with_free_ports(
+        "overrides: overrides.yaml
+routes:
+  - name: api
+    respond: {body: ok}
+    policies:
+      - name: tenant
+        key: ['header:x-tenant']
+        sliding_window: {limit: 1, window: 1h}
+",
+    );
+    let (dir, path) = support::process::config_file(&yaml);
+    let overrides = dir.path().join("overrides.yaml");
+    let entry =
+        |limit: u32| format!("- {{route: api, policy: tenant, key: acme, limit: {limit}}}\n");
+    std::fs::write(&overrides, entry(2)).expect("write overrides");
+    let gw = GatewayProcess::spawn_at(dir, path, &[]).await;
+    let c = Client::new();
+    let status = |c: &Client| {
+        let url = gw.url("/");
+        let c = c.clone();
+        async move { c.get_with(&url, &[("x-tenant", "acme")]).await.status }
+    };
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(status(&c).await);
+    }
+    assert_eq!(got, [200, 200, 429]);
+
+    std::fs::write(&overrides, entry(5)).expect("rewrite overrides");
+    let written = Instant::now();
+    // Refusals consume nothing, so polling until the first admission leaves the count exact.
+    while status(&c).await != 200 {
+        assert!(
+            written.elapsed() < APPLY_WITHIN,
+            "the overrides edit did not apply within {APPLY_WITHIN:?}:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(status(&c).await);
+    }
+    assert_eq!(got, [200, 200, 429], "3 of 5 used, then 2 more");
+}

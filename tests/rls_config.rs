@@ -245,3 +245,52 @@ fn a_missing_path_names_the_path() {
         "{err}"
     );
 }
+
+/// `unit_multiplier` (issue 15): N units make the window; without it a file keeps
+/// envoyproxy/ratelimit's meaning; 0, a negative number or a window past a century is an error
+/// at the field's line.
+#[test]
+fn unit_multiplier_scales_the_window_and_bad_values_name_file_and_line() {
+    use std::time::Duration;
+    use turnstile::rls::Algorithm;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let load_text = |text: &str| {
+        let path = dir.path().join("m.yaml");
+        std::fs::write(&path, text).expect("write");
+        RlsConfig::load(&path, LoadOptions::default())
+    };
+    let config = load_text(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, unit_multiplier: 30}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .expect("loads");
+    let (_, a) = config.lookup("d", &[("a", "x")]).expect("a");
+    assert_eq!(
+        a.algorithm,
+        Algorithm::SlidingWindow {
+            limit: 5,
+            window: Duration::from_secs(30)
+        }
+    );
+    let (_, b) = config.lookup("d", &[("b", "x")]).expect("b");
+    assert_eq!(
+        b.algorithm,
+        Algorithm::SlidingWindow {
+            limit: 5,
+            window: Duration::from_secs(60)
+        }
+    );
+    for (value, message) in [
+        ("0", "unit_multiplier must be at least 1"),
+        ("-2", "-2 is not an unsigned 32-bit integer"),
+        ("4000000000", "more than 100 years"),
+    ] {
+        let err = load_text(&format!(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: 5\n      unit_multiplier: {value}\n"
+        ))
+        .expect_err(value);
+        let text = err.to_string();
+        assert!(text.contains("m.yaml:7: "), "{text}");
+        assert!(text.contains(message), "{text}");
+        assert!(text.contains("unit_multiplier"), "{text}");
+    }
+}

@@ -37,6 +37,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2, algorithm: fixed_window}
   - key: bucket
     token_bucket: {unit: hour, requests_per_unit: 1, burst: 2}
+  - key: half_hour
+    rate_limit: {unit: minute, unit_multiplier: 30, requests_per_unit: 2}
+  - key: half_hour_fixed
+    rate_limit: {unit: minute, unit_multiplier: 30, requests_per_unit: 2, algorithm: fixed_window}
 ";
 
 async fn exact_counts_statuses_in_order_and_unknowns(store: TestStore) {
@@ -410,7 +414,36 @@ async fn a_store_failure_is_answered_by_the_failure_mode_and_counted_once() {
     }
 }
 
+/// `unit_multiplier: 30` on `unit: minute` (issue 15): one window of 30 minutes, so the refusal
+/// waits for the oldest hit to leave it (about 30 min, never a minute); Envoy is told the unit.
+async fn unit_multiplier_makes_a_window_of_n_units(store: TestStore) {
+    let rls = start_with(&[("shop.yaml", CONFIG)], "", &store.yaml()).await;
+    let mut c = rls.client().await;
+    for key in ["half_hour", "half_hour_fixed"] {
+        let mut got = Vec::new();
+        let mut last = None;
+        for _ in 0..4 {
+            let r = call(&mut c, request("shop", vec![descriptor(&[(key, "t")])])).await;
+            got.push(r.overall_code);
+            let limit = r.statuses[0].current_limit.clone().expect("limit");
+            assert_eq!((limit.requests_per_unit, limit.unit), (2, 2), "{key}");
+            last = r.statuses[0].duration_until_reset;
+        }
+        assert_eq!(got, [OK, OK, OVER, OVER], "{key}");
+        let reset = last.expect("reset").seconds;
+        assert!(reset <= 1800, "{key}: {reset} s");
+        if key == "half_hour" {
+            assert!(
+                reset > 1700,
+                "{key}: the oldest hit leaves after 30 min, not {reset} s"
+            );
+        }
+    }
+    rls.stop().await;
+}
+
 crate::store_matrix!(
+    unit_multiplier_makes_a_window_of_n_units,
     exact_counts_statuses_in_order_and_unknowns,
     shadow_mode_counts_but_never_rejects,
     depth_replaces_and_two_descriptors_in_one_request,

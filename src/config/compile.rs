@@ -16,8 +16,9 @@ use super::raw::*;
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
 use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
+use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
-use crate::limiter::{Rule, SlidingWindow, TokenBucket};
+use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::proxy::rewrite::{PathRewrite, RouteShape};
 use crate::route::RouteMatch;
@@ -157,6 +158,11 @@ pub fn compile(
                 routes,
                 rls,
                 forward_auth,
+                overrides_file: raw.overrides.as_ref().map(|file| match source.parent() {
+                    Some(dir) => dir.join(file),
+                    None => file.into(),
+                }),
+                overrides: Vec::new(),
                 warnings: Vec::new(),
             },
             errors.1,
@@ -970,6 +976,16 @@ fn policy(
         );
     }
     let rule = match (&raw.token_bucket, &raw.sliding_window) {
+        (Some(_), _) | (_, Some(_)) if raw.quota.is_some() => {
+            e.add(
+                path,
+                "give one of `token_bucket`, `sliding_window` or `quota`",
+            );
+            None
+        }
+        (None, None) if raw.quota.is_some() => {
+            raw.quota.as_ref().and_then(|q| quota(e, path, q, cost))
+        }
         (Some(tb), None) => {
             let rate = e.take(format!("{path}.token_bucket.rate"), parse_rate(&tb.rate));
             // The bucket refills from empty in burst / rate, which bounds `Reset` and
@@ -1054,7 +1070,8 @@ fn policy(
         (None, None) => {
             e.add(
                 path,
-                "needs `token_bucket: {rate, burst}` or `sliding_window: {limit, window}`",
+                "needs `token_bucket: {rate, burst}`, `sliding_window: {limit, window}` or \
+                 `quota: {limit, per}`",
             );
             None
         }
@@ -1063,6 +1080,41 @@ fn policy(
         return None;
     }
     Some(Policy::new(route, &raw.name, key, rule?, cost))
+}
+
+/// A calendar quota: `{limit, per: day | week | month, time_zone}`.
+fn quota(e: &mut Errors, path: &str, raw: &RawQuota, cost: u64) -> Option<Rule> {
+    if raw.limit == 0 {
+        e.add(format!("{path}.quota.limit"), "must be at least 1");
+    } else if cost > raw.limit {
+        e.add(
+            format!("{path}.cost"),
+            format!(
+                "{cost} is more than the limit ({}): no request could ever pass",
+                raw.limit
+            ),
+        );
+    }
+    let per = Per::parse(&raw.per);
+    if per.is_none() {
+        e.add(
+            format!("{path}.quota.per"),
+            format!("`{}`: expected day, week or month", raw.per),
+        );
+    }
+    let zone = raw.time_zone.as_deref().unwrap_or("UTC");
+    let time_zone = zone.parse::<chrono_tz::Tz>().ok();
+    if time_zone.is_none() {
+        e.add(
+            format!("{path}.quota.time_zone"),
+            format!("`{zone}` is not an IANA time zone (such as UTC or Europe/Berlin)"),
+        );
+    }
+    Some(Rule::Quota(Quota {
+        limit: raw.limit,
+        per: per?,
+        time_zone: time_zone?,
+    }))
 }
 
 fn key_part(text: &str, params: &[String]) -> Result<KeyPart, String> {

@@ -144,6 +144,10 @@ pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
         snapshot.warnings = locate(warnings);
     }
     snapshot.source_info = SourceInfo::of(source);
+    if let Some(file) = &snapshot.overrides_file {
+        snapshot.overrides =
+            crate::overrides::load_file(file, &snapshot.routes).map_err(ConfigErrors)?;
+    }
     Ok(snapshot)
 }
 

@@ -31,6 +31,8 @@ pub struct RawConfig {
     /// Requests no policy of any route applies to.
     #[serde(default)]
     pub exempt: RawExempt,
+    /// A YAML file of per-key overrides (`crate::overrides`), relative to this file.
+    pub overrides: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -197,6 +199,8 @@ pub struct RawPolicy {
     pub key: Vec<String>,
     pub token_bucket: Option<RawTokenBucket>,
     pub sliding_window: Option<RawSlidingWindow>,
+    /// A calendar quota (`docs/algorithms.md`, "Calendar quota").
+    pub quota: Option<RawQuota>,
     pub cost: Option<u64>,
 }
 
@@ -213,4 +217,14 @@ pub struct RawSlidingWindow {
     pub limit: u64,
     pub window: String,
     pub buckets: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    pub limit: u64,
+    /// `day`, `week` (ISO, from Monday) or `month`.
+    pub per: String,
+    /// An IANA zone name (`Europe/Berlin`); default `UTC`.
+    pub time_zone: Option<String>,
 }

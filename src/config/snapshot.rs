@@ -208,6 +208,10 @@ pub struct Snapshot {
     pub rls: Option<crate::rls::RlsSnapshot>,
     /// The ingress door, when `forward_auth:` is set.
     pub forward_auth: Option<ForwardAuthSettings>,
+    /// `overrides:`, resolved against the config's directory.
+    pub overrides_file: Option<PathBuf>,
+    /// The overrides file's entries, validated against `routes` (`crate::overrides`).
+    pub overrides: Vec<crate::overrides::Override>,
     /// What is valid but probably not meant (a check-only route): `turnstile check` prints them.
     pub warnings: Vec<super::ConfigError>,
 }

@@ -9,7 +9,8 @@
 
 use std::collections::VecDeque;
 
-use super::{Outcome, SlidingWindow, TokenBucket};
+use super::calendar::{self, Period};
+use super::{Outcome, Quota, SlidingWindow, TokenBucket};
 
 const MICROS: f64 = 1_000_000.0;
 
@@ -330,6 +331,89 @@ impl WindowBuckets {
         self.counts
             .back()
             .map_or(0, |&(j, _)| (j + u64::from(rule.buckets) + 1) * width)
+    }
+}
+
+/// Calendar quota state (decide.lua's `q_*`): units used in one period. A store keeps one per
+/// counter, and a counter never goes back to an older period: when instances disagree on the
+/// time near a boundary, the first to reach the new period moves the counter for everyone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaCount {
+    pub period: Option<Period>,
+    pub used: u64,
+}
+
+/// What [`QuotaCount::eval`] learned (decide.lua's `q_eval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaPlan {
+    pub now: u64,
+    pub period: Period,
+    pub used: u64,
+    pub cost: u64,
+    pub allowed: bool,
+}
+
+impl QuotaCount {
+    /// The period at `now` for `rule` and the check of `cost` in it, changing nothing. `period`
+    /// is [`calendar::period`] at the caller's time (the gateway's, for Redis); `now` is the
+    /// store's, which only measures the time to the period's end.
+    pub fn eval(&self, rule: &Quota, period: Period, now: u64, cost: u64) -> QuotaPlan {
+        let (period, used) = match self.period {
+            Some(stored) if stored.start >= period.start => (stored, self.used),
+            _ => (period, 0),
+        };
+        QuotaPlan {
+            now,
+            period,
+            used,
+            cost,
+            allowed: used.saturating_add(cost) <= rule.limit,
+        }
+    }
+
+    /// [`QuotaCount::eval`] at the period of `now` itself (the in-process store, whose one clock
+    /// is both), and the outcome of a request decided alone.
+    pub fn evaluate(&self, rule: &Quota, now: u64, cost: u64) -> (QuotaPlan, Outcome) {
+        let period = calendar::period(rule.per, rule.time_zone, now);
+        let plan = self.eval(rule, period, now, cost);
+        (plan, plan.outcome(rule, plan.allowed))
+    }
+
+    /// Writes a plan that was consumed (decide.lua's `q_commit`).
+    pub fn commit(&mut self, plan: &QuotaPlan) {
+        self.period = Some(plan.period);
+        self.used = plan.used + plan.cost;
+    }
+
+    /// A counter whose period is over holds no information.
+    pub fn is_idle(&self, now: u64) -> bool {
+        self.idle_at() <= now
+    }
+
+    /// The end of the counter's period (0 when it has none).
+    pub fn idle_at(&self) -> u64 {
+        self.period.map_or(0, |p| p.end)
+    }
+}
+
+impl QuotaPlan {
+    /// The outcome, `consumed` or not (decide.lua's `q_outcome`): the whole quota comes back at
+    /// the period's end, so both `reset` (when anything is used) and `retry_after` (when refused)
+    /// are the time to it.
+    pub fn outcome(&self, rule: &Quota, consumed: bool) -> Outcome {
+        let after = if consumed {
+            self.used + self.cost
+        } else {
+            self.used
+        };
+        let to_end = self.period.end.saturating_sub(self.now);
+        Outcome {
+            allowed: self.allowed,
+            limit: rule.limit,
+            remaining: rule.limit.saturating_sub(after),
+            reset_us: if after > 0 { to_end } else { 0 },
+            retry_after_us: if self.allowed { 0 } else { to_end },
+        }
     }
 }
 

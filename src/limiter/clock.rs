@@ -10,17 +10,25 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_us(&self) -> u64;
 }
 
-/// The production clock: microseconds since the store was created, from a monotonic source, so a
-/// wall-clock step never refills or drains a bucket.
+/// The production clock: microseconds since the Unix epoch as read once at creation, advanced by
+/// a monotonic source, so a wall-clock step never refills or drains a bucket. Starting at the
+/// wall time (rather than 0) lets calendar quotas read local dates from it; it follows NTP's
+/// slewing but not a step of the system clock, which a calendar quota of the in-process store
+/// therefore sees only after a restart.
 #[derive(Debug)]
 pub struct MonotonicClock {
     start: Instant,
+    origin_us: u64,
 }
 
 impl MonotonicClock {
     pub fn new() -> Self {
+        let origin_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(0));
         MonotonicClock {
             start: Instant::now(),
+            origin_us,
         }
     }
 }
@@ -33,7 +41,8 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_us(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64
+        self.origin_us
+            .saturating_add(self.start.elapsed().as_micros() as u64)
     }
 }
 

@@ -377,6 +377,9 @@ impl Engine {
                 ) => {
                     if verdict.decision.allowed || o.allowed {
                         metrics.record(DecisionLabel::Allowed);
+                        if verdict.decision.allowed {
+                            metrics.record_units(item.cost);
+                        }
                     } else {
                         metrics.record(DecisionLabel::Limited);
                         let value = item.key.strip_prefix(prefix).unwrap_or(&item.key);

@@ -21,7 +21,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::{BucketState, WindowBuckets, WindowLog};
+use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
 #[path = "overflow.rs"]
@@ -43,6 +43,7 @@ enum State {
     Bucket(BucketState),
     Log(WindowLog),
     Buckets(WindowBuckets),
+    Quota(QuotaCount),
 }
 
 #[derive(Debug)]
@@ -69,6 +70,7 @@ impl Entry {
             (State::Bucket(s), Rule::TokenBucket(tb)) => s.is_idle(tb, now),
             (State::Log(s), Rule::SlidingWindow(sw)) => s.is_idle(sw, now),
             (State::Buckets(s), Rule::SlidingWindow(sw)) => s.is_idle(sw, now),
+            (State::Quota(s), Rule::Quota(_)) => s.is_idle(now),
             _ => true,
         }
     }
@@ -79,6 +81,7 @@ impl Entry {
             (State::Bucket(s), Rule::TokenBucket(tb)) => s.idle_at(tb),
             (State::Log(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
             (State::Buckets(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
+            (State::Quota(s), Rule::Quota(_)) => s.idle_at(),
             _ => 0,
         }
     }
@@ -100,6 +103,13 @@ impl Entry {
                 let (current, _) = s.evaluate(sw, now, 0);
                 s.consume(current, units as u64);
             }
+            (State::Quota(s), Rule::Quota(q)) => {
+                let (plan, _) = s.evaluate(q, now, 0);
+                s.commit(&QuotaPlan {
+                    cost: units as u64,
+                    ..plan
+                });
+            }
             _ => {}
         }
     }
@@ -111,6 +121,7 @@ impl State {
             Rule::TokenBucket(tb) => State::Bucket(BucketState::full(tb, now)),
             Rule::SlidingWindow(sw) if sw.buckets == 0 => State::Log(WindowLog::default()),
             Rule::SlidingWindow(_) => State::Buckets(WindowBuckets::default()),
+            Rule::Quota(_) => State::Quota(QuotaCount::default()),
         }
     }
 }
@@ -120,6 +131,7 @@ enum Pending {
     Bucket(BucketState),
     Log(u64),
     Buckets(u64),
+    Quota(QuotaPlan),
     /// Counted in the overflow sketch: the debt (µs) the key owes once committed.
     Overflow(f64),
 }
@@ -350,6 +362,10 @@ impl MemoryStore {
                     (old.buckets == 0 && new.buckets == 0)
                         || (old.buckets == new.buckets && old.window_us == new.window_us)
                 }
+                // The same period in the same zone: the units used so far still count.
+                (Rule::Quota(old), Rule::Quota(new)) => {
+                    old.per == new.per && old.time_zone == new.time_zone
+                }
                 _ => false,
             };
             entry.rule = *check.rule;
@@ -373,6 +389,7 @@ fn first_idle_at(entry: &Entry, check: &Check<'_>, now: u64) -> u64 {
             idle_at.saturating_add((check.cost as f64 * 1e6 / tb.rate).floor() as u64)
         }
         Rule::SlidingWindow(sw) => idle_at.max(now.saturating_add(sw.window_us)),
+        Rule::Quota(q) => idle_at.max(super::calendar::period(q.per, q.time_zone, now).end),
     }
 }
 
@@ -417,6 +434,10 @@ fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome
         (State::Buckets(buckets), Rule::SlidingWindow(sw)) => {
             let (current, outcome) = buckets.evaluate(sw, now, check.cost);
             (Pending::Buckets(current), outcome)
+        }
+        (State::Quota(count), Rule::Quota(q)) => {
+            let (plan, outcome) = count.evaluate(q, now, check.cost);
+            (Pending::Quota(plan), outcome)
         }
         // `entry()` always aligns state with rule; this arm only keeps the match total.
         _ => {
@@ -464,6 +485,7 @@ fn commit(
         (State::Buckets(buckets), Pending::Buckets(current)) => {
             buckets.consume(current, check.cost)
         }
+        (State::Quota(count), Pending::Quota(plan)) => count.commit(&plan),
         _ => {}
     }
 }

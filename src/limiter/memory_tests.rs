@@ -368,3 +368,51 @@ fn one_shadow_check_over_its_limit_admits_and_consumes_nothing() {
     let peek = Check { cost: 0, ..shadow };
     assert_eq!(store.check(&[peek]).outcomes[0].remaining, 2);
 }
+
+/// A calendar quota's counter holds information until its period ends, then the sweeper drops it;
+/// an override (another limit, same period) keeps what was used.
+#[test]
+fn a_quota_counter_lives_until_its_period_ends() {
+    use crate::limiter::calendar::Per;
+    let (clock, store) = store(100);
+    let day = 86_400 * S;
+    clock.set(10 * day + 3_600 * S);
+    let rule = Rule::Quota(crate::limiter::Quota {
+        limit: 3,
+        per: Per::Day,
+        time_zone: chrono_tz::UTC,
+    });
+    assert!(store.check(&[check("q", &rule)]).allowed);
+    assert!(store.check(&[check("q", &rule)]).allowed);
+    let raised = Rule::Quota(crate::limiter::Quota {
+        limit: 10,
+        per: Per::Day,
+        time_zone: chrono_tz::UTC,
+    });
+    assert_eq!(store.check(&[check("q", &raised)]).outcomes[0].remaining, 7);
+    clock.set(11 * day - 1);
+    assert_eq!(store.sweep(), 0, "still in its period");
+    clock.set(11 * day);
+    assert_eq!(store.sweep(), 1, "the day is over");
+    assert_eq!(store.check(&[check("q", &rule)]).outcomes[0].remaining, 2);
+}
+
+/// A full store counts a new quota key in the overflow sketch, read as a window of the longest
+/// period: it may refuse early, never admit past the limit.
+#[test]
+fn a_full_store_never_admits_a_quota_key_past_its_limit() {
+    use crate::limiter::calendar::Per;
+    let (clock, store) = store(1);
+    clock.set(86_400 * S * 100);
+    let rule = Rule::Quota(crate::limiter::Quota {
+        limit: 2,
+        per: Per::Month,
+        time_zone: chrono_tz::UTC,
+    });
+    assert!(store.check(&[check("held", &rule)]).allowed);
+    let admitted = (0..5)
+        .filter(|_| store.check(&[check("overflowing", &rule)]).allowed)
+        .count();
+    assert_eq!(admitted, 2);
+    assert!(store.overflowed() > 0);
+}

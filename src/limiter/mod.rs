@@ -9,6 +9,7 @@
 
 pub mod algorithm;
 pub mod breaker;
+pub mod calendar;
 pub mod clock;
 pub mod engine;
 pub mod memory;
@@ -38,11 +39,22 @@ pub struct SlidingWindow {
     pub buckets: u32,
 }
 
+/// At most `limit` units per calendar period (a day, an ISO week from Monday, a month) in a named
+/// time zone: the counter resets at local midnight of the period's first day, DST included
+/// (`calendar.rs` computes the period, `docs/algorithms.md` "Calendar quota" has the math).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub limit: u64,
+    pub per: calendar::Per,
+    pub time_zone: chrono_tz::Tz,
+}
+
 /// One rate-limiting rule, already validated: the hot path never looks at config strings again.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Rule {
     TokenBucket(TokenBucket),
     SlidingWindow(SlidingWindow),
+    Quota(Quota),
 }
 
 impl Rule {
@@ -51,6 +63,7 @@ impl Rule {
         match self {
             Rule::TokenBucket(tb) => tb.burst,
             Rule::SlidingWindow(sw) => sw.limit,
+            Rule::Quota(q) => q.limit,
         }
     }
 
@@ -60,6 +73,7 @@ impl Rule {
             Rule::TokenBucket(_) => "tb",
             Rule::SlidingWindow(SlidingWindow { buckets: 0, .. }) => "sw",
             Rule::SlidingWindow(_) => "swb",
+            Rule::Quota(_) => "q",
         }
     }
 }

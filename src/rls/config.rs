@@ -16,6 +16,7 @@
 //!       name: per-ip               # what `replaces` refers to
 //!       replaces: [{name: other}]  # drop these limits from the same request
 //!       algorithm: sliding_window  # extension: sliding_window (default) | fixed_window
+//!       unit_multiplier: 5         # extension: the window is 5 units (default 1)
 //!     token_bucket:                # extension, instead of rate_limit
 //!       unit: second
 //!       requests_per_unit: 10      # refill rate
@@ -115,6 +116,9 @@ pub(crate) struct RawLimit {
     pub(crate) replaces: Vec<String>,
     pub(crate) requests_per_unit: u32,
     pub(crate) unit: Option<Unit>,
+    /// `unit_multiplier` (an extension proposed upstream, envoyproxy/ratelimit#190): the window
+    /// is this many units; 1 when absent, envoyproxy/ratelimit's meaning.
+    pub(crate) unit_multiplier: u32,
     pub(crate) kind: RawKind,
 }
 

@@ -9,6 +9,9 @@ use envoy_types::pb::google::protobuf::{ListValue, Struct as ProtoStruct, Value 
 
 use super::yaml::{Node, ScalarKind, Value};
 
+/// The longest window `unit_multiplier` may make: 100 years of 365 days.
+const MAX_WINDOW_S: u64 = 100 * 365 * 86_400;
+
 /// Reads nodes of one file, turning every mistake into an error that names the file.
 pub(crate) struct Reader<'a> {
     pub(crate) file: &'a str,
@@ -251,6 +254,7 @@ impl Reader<'_> {
                 "name",
                 "replaces",
                 "algorithm",
+                "unit_multiplier",
             ]
         };
         let mut unit = (String::new(), node, join(field, "unit"));
@@ -260,6 +264,7 @@ impl Reader<'_> {
         let mut replaces = Vec::new();
         let mut algorithm = None;
         let mut burst = None;
+        let mut multiplier = None;
         for (key, value) in self.map(node, field, keys)? {
             let path = join(field, key);
             match key {
@@ -269,6 +274,7 @@ impl Reader<'_> {
                 "name" => name = Some(self.string(value, &path)?).filter(|n| !n.is_empty()),
                 "algorithm" => algorithm = Some(self.window_kind(value, &path)?),
                 "burst" => burst = Some((self.count(value, &path)?, value, path)),
+                "unit_multiplier" => multiplier = Some((self.count(value, &path)?, value, path)),
                 _ => {
                     for (i, item) in self.list_of_maps(value, &path)?.iter().enumerate() {
                         let item_path = format!("{path}[{i}]");
@@ -300,6 +306,28 @@ impl Reader<'_> {
         let (unit_text, unit_node, unit_path) = unit;
         let parsed_unit = Unit::parse(&unit_text);
         let requests_per_unit = requests_per_unit.unwrap_or(0);
+        let unit_multiplier = match multiplier {
+            None => 1,
+            Some((_, value, path)) if unlimited => {
+                let message = "should not specify unit_multiplier when unlimited".to_owned();
+                return Err(self.err(value, &path, message));
+            }
+            Some((0, value, path)) => {
+                let message = "unit_multiplier must be at least 1".to_owned();
+                return Err(self.err(value, &path, message));
+            }
+            Some((n, value, path)) => {
+                // A century bounds every reset and TTL, as the gateway's own policies.
+                let seconds = parsed_unit.map_or(0, |u| u.seconds()) * u64::from(n);
+                if seconds > MAX_WINDOW_S {
+                    let message = format!(
+                        "unit_multiplier {n} makes a window of {seconds} s, more than 100 years"
+                    );
+                    return Err(self.err(value, &path, message));
+                }
+                n
+            }
+        };
         let kind = if unlimited {
             if parsed_unit.is_some() {
                 let message = "should not specify rate limit unit when unlimited".to_owned();
@@ -332,6 +360,7 @@ impl Reader<'_> {
             replaces,
             requests_per_unit,
             unit: if unlimited { None } else { parsed_unit },
+            unit_multiplier,
             kind,
         }))
     }

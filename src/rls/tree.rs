@@ -193,7 +193,8 @@ impl RlsConfig {
                 burst: *burst,
             },
             (RawKind::Window(kind), Some(unit)) => {
-                let (limit, window) = (limit.requests_per_unit, unit.duration());
+                let window = unit.duration() * limit.unit_multiplier;
+                let limit = limit.requests_per_unit;
                 match kind.or(file.algorithm).unwrap_or(WindowKind::Sliding) {
                     WindowKind::Sliding => Algorithm::SlidingWindow { limit, window },
                     WindowKind::Fixed => Algorithm::FixedWindow { limit, window },

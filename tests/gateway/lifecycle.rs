@@ -394,7 +394,11 @@ routes:
     let not_yaml = "routes:\n  - name: users\n    respond: { body: ok\n";
     let lines = check_errors(not_yaml);
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("4:1: "), "{lines:?}");
+    // At the `{` left open, not at the end of the file where the parser gave up.
+    assert!(
+        lines[0].starts_with("3:14: routes[0].respond: this `{` is never closed"),
+        "{lines:?}"
+    );
 }
 
 /// Regression: the binary announced its addresses before installing its signal handlers, so a

@@ -23,6 +23,7 @@ use fred::types::config::UnresponsiveConfig;
 
 mod cluster;
 mod health;
+mod overrides;
 mod target;
 mod wire;
 

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use fred::prelude::Value;
 
-use crate::limiter::{Check, Decision, Outcome, Rule, StoreError};
+use crate::limiter::{calendar, Check, Clock, Decision, Outcome, Rule, StoreError, SystemClock};
 
 /// The Redis key of a check: `key_prefix{identity}:kind`. The hash tag puts each counter in
 /// one Cluster slot; the kind suffix keeps one data type per key, and for the bucketed window
@@ -22,12 +22,19 @@ pub fn key(prefix: &str, check: &Check<'_>) -> String {
             let _ = write!(key, ":{}:{}", sw.window_us, sw.buckets);
         }
     }
+    if let Rule::Quota(q) = check.rule {
+        // One counter per period length; the period itself is inside (decide.lua's `q_eval`).
+        key.push(':');
+        key.push_str(q.per.as_str());
+    }
     key
 }
 
 /// The script's ARGV: `now` (`None`: the script reads Redis `TIME`), then
-/// `kind, p1, p2, p3, cost, shadow` per check.
+/// `kind, p1, p2, p3, cost, shadow` per check. A calendar quota's period is computed here, at
+/// `now` or else at this gateway's wall clock (`docs/algorithms.md` on clock skew).
 pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+    let mut wall = now;
     let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
     let mut args = Vec::with_capacity(1 + 6 * checks.len());
     args.push(match now {
@@ -48,6 +55,14 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
                 args.push(int(sw.limit));
                 args.push(int(sw.window_us));
                 args.push(int(u64::from(sw.buckets)));
+            }
+            Rule::Quota(q) => {
+                let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
+                let period = calendar::period(q.per, q.time_zone, at);
+                args.push(Value::from_static_str("q"));
+                args.push(int(q.limit));
+                args.push(int(period.start));
+                args.push(int(period.end));
             }
         }
         args.push(int(check.cost));
@@ -116,7 +131,7 @@ pub fn refund_args(entries: &[(Check<'_>, [i64; 2])]) -> Vec<Value> {
         args.push(int(check.cost));
         args.push(match check.rule {
             Rule::TokenBucket(tb) => int(tb.burst),
-            Rule::SlidingWindow(_) => Value::Integer(0),
+            Rule::SlidingWindow(_) | Rule::Quota(_) => Value::Integer(0),
         });
         args.push(Value::Integer(stamp[0]));
         args.push(Value::Integer(stamp[1]));

@@ -1,0 +1,437 @@
+//! Per-key overrides: another limit for one key value of one policy (a premium tenant), changed
+//! without a restart.
+//!
+//! Two sources, layered: the `overrides:` file named by `policies.yaml` (validated with the
+//! config, reloaded with it, and on its own change), and the admin API ([`api`]), which wins over
+//! the file for the same key. With the Redis store the API's overrides live in Redis, so every
+//! instance applies them: each keeps a local copy that a background task refreshes
+//! ([`sync`], every [`SYNC_EVERY`]), and the hot path reads only that copy, so an override adds
+//! no Redis round trip to any request. The price is staleness: an instance applies a change made
+//! on another within one refresh interval (plus one Redis call).
+//!
+//! An override keeps the policy's algorithm, key and window or period; it changes the numbers
+//! only (`limit`, or a bucket's `rate` and `burst`). The counter keeps its state: a tenant who
+//! used 90 of 100 and gets 1000 has 910 left.
+
+pub mod api;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, Guard};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, Policy, Route};
+use crate::limiter::{Rule, SlidingWindow, TokenBucket};
+use crate::state::AppState;
+
+/// The most overrides, from the file and from the API each: bounds memory and the size of every
+/// refresh, whatever an admin client sends.
+pub const MAX_OVERRIDES: usize = 10_000;
+
+/// The longest key value an override may name, in bytes (a counter key's values are bounded the
+/// same way by [`crate::keys`], a long one becoming a digest).
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// How often an instance on the Redis store refreshes its copy of the shared overrides: the bound
+/// on how long another instance's change takes to apply here.
+pub const SYNC_EVERY: Duration = Duration::from_millis(250);
+
+/// The new numbers for one key: the ones the policy's algorithm has.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// `sliding_window` and `quota`: units per window or period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// `token_bucket`: the refill rate (`100/s`, `5/m`); the policy's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// `token_bucket`: the bucket size; the policy's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+}
+
+/// One override: route, policy, the key value as it appears after `route:policy:` in the counter
+/// key (what `/debug/top-limited` shows with `show_key_values`), and the new limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Override {
+    pub route: String,
+    pub policy: String,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+}
+
+impl Override {
+    pub fn new(route: &str, policy: &str, key: &str, limits: Limits) -> Self {
+        Override {
+            route: route.to_owned(),
+            policy: policy.to_owned(),
+            key: key.to_owned(),
+            limit: limits.limit,
+            rate: limits.rate,
+            burst: limits.burst,
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            limit: self.limit,
+            rate: self.rate.clone(),
+            burst: self.burst,
+        }
+    }
+
+    /// The counter key this override applies to: `route:policy:key`.
+    pub fn counter_key(&self) -> String {
+        format!("{}:{}:{}", self.route, self.policy, self.key)
+    }
+}
+
+/// Why an override cannot apply, with the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub field: &'static str,
+    pub message: String,
+    /// The route or policy does not exist (404 from the API, not 400).
+    pub missing: bool,
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        field,
+        message: message.into(),
+        missing: false,
+    }
+}
+
+/// The policy `o` names in `routes`, and the rule it gives that policy for its key.
+pub fn resolve<'r>(routes: &'r [Route], o: &Override) -> Result<(&'r Policy, Rule), Invalid> {
+    let missing = |field, message: String| Invalid {
+        field,
+        message,
+        missing: true,
+    };
+    let route = routes
+        .iter()
+        .find(|r| *r.name == *o.route)
+        .ok_or_else(|| missing("route", format!("no route `{}`", o.route)))?;
+    let policy = route
+        .policies
+        .iter()
+        .find(|p| *p.name == *o.policy)
+        .ok_or_else(|| {
+            missing(
+                "policy",
+                format!("route `{}` has no policy `{}`", o.route, o.policy),
+            )
+        })?;
+    if o.key.is_empty() || o.key.len() > MAX_KEY_BYTES {
+        return Err(invalid(
+            "key",
+            format!("must be 1 to {MAX_KEY_BYTES} bytes"),
+        ));
+    }
+    Ok((policy, rule_for(policy, &o.limits())?))
+}
+
+/// `policy`'s rule with `limits` in place of its numbers, validated as the config validates them.
+pub fn rule_for(policy: &Policy, limits: &Limits) -> Result<Rule, Invalid> {
+    let too_small = |field, what: u64| {
+        invalid(
+            field,
+            format!(
+                "{what} is less than the policy's cost ({}): no request could ever pass",
+                policy.cost
+            ),
+        )
+    };
+    let limit = || -> Result<u64, Invalid> {
+        match limits.limit {
+            None => Err(invalid("limit", "is required for this policy's algorithm")),
+            Some(0) => Err(invalid("limit", "must be at least 1")),
+            Some(n) if n < policy.cost => Err(too_small("limit", n)),
+            Some(n) => Ok(n),
+        }
+    };
+    match policy.rule {
+        Rule::TokenBucket(tb) => {
+            if limits.limit.is_some() {
+                return Err(invalid(
+                    "limit",
+                    "a token bucket policy takes `rate` and `burst`",
+                ));
+            }
+            if limits.rate.is_none() && limits.burst.is_none() {
+                return Err(invalid("rate", "give `rate`, `burst` or both"));
+            }
+            let rate = match &limits.rate {
+                Some(text) => {
+                    crate::config::units::parse_rate(text).map_err(|m| invalid("rate", m))?
+                }
+                None => tb.rate,
+            };
+            let burst = limits.burst.unwrap_or(tb.burst);
+            if burst == 0 {
+                return Err(invalid("burst", "must be at least 1"));
+            }
+            if burst < policy.cost {
+                return Err(too_small("burst", burst));
+            }
+            if burst as f64 / rate > MAX_REFILL_S {
+                return Err(invalid(
+                    "rate",
+                    "burst / rate must be at most 100 years (the bucket must refill)",
+                ));
+            }
+            Ok(Rule::TokenBucket(TokenBucket { rate, burst }))
+        }
+        Rule::SlidingWindow(sw) => {
+            no_bucket_fields(limits)?;
+            Ok(Rule::SlidingWindow(SlidingWindow {
+                limit: limit()?,
+                ..sw
+            }))
+        }
+        Rule::Quota(q) => {
+            no_bucket_fields(limits)?;
+            Ok(Rule::Quota(crate::limiter::Quota {
+                limit: limit()?,
+                ..q
+            }))
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(invalid(
+            "policy",
+            "this policy's algorithm has no overrides",
+        )),
+    }
+}
+
+/// 100 years, as the config allows a bucket to take to refill.
+const MAX_REFILL_S: f64 = 100.0 * 365.0 * 86_400.0 * (1.0 + 1e-12);
+
+fn no_bucket_fields(limits: &Limits) -> Result<(), Invalid> {
+    if limits.rate.is_some() || limits.burst.is_some() {
+        return Err(invalid(
+            "rate",
+            "`rate` and `burst` are for token bucket policies; give `limit`",
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and validates the overrides file against the config's routes. Errors name the file,
+/// line and column of the field at fault.
+pub fn load_file(path: &Path, routes: &[Route]) -> Result<Vec<Override>, Vec<ConfigError>> {
+    let error = |line, column, field: String, message: String| ConfigError {
+        file: path.to_path_buf(),
+        line,
+        column,
+        field,
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        vec![error(
+            0,
+            0,
+            String::new(),
+            format!("cannot read the overrides file: {e}"),
+        )]
+    })?;
+    let list: Vec<Override> = if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        serde_norway::from_str(&text).map_err(|e| {
+            let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+            vec![error(line, column, String::new(), e.to_string())]
+        })?
+    };
+    let positions = crate::config::locate::Positions::index(&text);
+    let at = |field: String, message: String| {
+        let pos = positions.find(&field);
+        error(
+            pos.map_or(1, |p| p.line),
+            pos.map_or(1, |p| p.column),
+            field,
+            message,
+        )
+    };
+    let mut errors = Vec::new();
+    if list.len() > MAX_OVERRIDES {
+        errors.push(at(
+            String::new(),
+            format!(
+                "{} overrides; at most {MAX_OVERRIDES} are allowed",
+                list.len()
+            ),
+        ));
+    }
+    let mut seen = HashMap::new();
+    for (i, o) in list.iter().enumerate() {
+        if let Err(e) = resolve(routes, o) {
+            errors.push(at(format!("[{i}].{}", e.field), e.message));
+        }
+        if let Some(first) = seen.insert(o.counter_key(), i) {
+            errors.push(at(
+                format!("[{i}].key"),
+                format!("overrides[{first}] already sets this key"),
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(list)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The rules in force, by counter key: what admission reads on every request.
+#[derive(Debug, Default)]
+pub struct Table {
+    rules: HashMap<Box<str>, Rule>,
+}
+
+impl Table {
+    /// The override for `counter_key`, if any (no hashing at all while there are none).
+    pub fn rule(&self, counter_key: &str) -> Option<&Rule> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        self.rules.get(counter_key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+}
+
+/// Every instance's overrides: the API's (local, or this instance's copy of Redis's) and the
+/// table in force, rebuilt from those and the live config's file overrides on every change.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    active: ArcSwap<Table>,
+    /// By counter key. With Redis, replaced whole by each refresh that finds a change.
+    api: Mutex<BTreeMap<String, Override>>,
+    /// Redis's version of the shared overrides this copy reflects (`None`: never fetched).
+    pub(crate) version: Mutex<Option<String>>,
+    /// One refresh at a time, so a slow one can never apply an older copy over a newer one.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// One line of `GET /overrides`.
+#[derive(Debug, Serialize)]
+pub struct Listed {
+    #[serde(flatten)]
+    pub o: Override,
+    /// `file` or `api`.
+    pub source: &'static str,
+    /// False when the live config has no such route or policy (or the numbers do not fit it): the
+    /// override is kept but not applied.
+    pub active: bool,
+}
+
+impl Overrides {
+    /// The table in force; cheap (no lock), for the hot path.
+    pub fn active(&self) -> Guard<Arc<Table>> {
+        self.active.load()
+    }
+
+    pub(crate) fn api(&self) -> MutexGuard<'_, BTreeMap<String, Override>> {
+        self.api.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rebuilds the table from the live config (its routes and file overrides) and the API's.
+    pub fn rebuild(&self, state: &AppState) {
+        let live = state.live.load();
+        let config = &live.config;
+        let mut rules = HashMap::new();
+        let api = self.api();
+        for o in config.overrides.iter().chain(api.values()) {
+            match resolve(&config.routes, o) {
+                Ok((_, rule)) => {
+                    rules.insert(o.counter_key().into_boxed_str(), rule);
+                }
+                Err(e) => tracing::debug!(
+                    route = %o.route, policy = %o.policy, field = e.field, error = %e.message,
+                    "override not applied"
+                ),
+            }
+        }
+        drop(api);
+        self.active.store(Arc::new(Table { rules }));
+    }
+
+    /// Every override, file first, with whether it applies.
+    pub fn list(&self, state: &AppState) -> Vec<Listed> {
+        let live = state.live.load();
+        let config = &live.config;
+        let api = self.api();
+        let listed = |o: &Override, source| Listed {
+            o: o.clone(),
+            source,
+            active: resolve(&config.routes, o).is_ok(),
+        };
+        config
+            .overrides
+            .iter()
+            .map(|o| listed(o, "file"))
+            .chain(api.values().map(|o| listed(o, "api")))
+            .collect()
+    }
+}
+
+/// Keeps this instance's copy of Redis's overrides current until the state is dropped: one small
+/// call every [`SYNC_EVERY`], which returns the entries only when their version changed.
+pub async fn sync(state: std::sync::Weak<AppState>) {
+    let mut tick = tokio::time::interval(SYNC_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        refresh(&state).await;
+    }
+}
+
+/// One refresh from Redis (a no-op on the in-process store).
+pub async fn refresh(state: &AppState) {
+    let crate::limiter::Store::Redis(store) = state.engine.store() else {
+        return;
+    };
+    let _one = state.overrides.refreshing.lock().await;
+    let known = state.overrides.version.lock().ok().and_then(|v| v.clone());
+    match store.overrides_fetch(known.as_deref()).await {
+        Ok(Some((version, entries))) => {
+            let mut api = BTreeMap::new();
+            for (field, json) in entries.into_iter().take(MAX_OVERRIDES) {
+                match serde_json::from_str::<Override>(&json) {
+                    Ok(o) if o.counter_key() == field => {
+                        api.insert(field, o);
+                    }
+                    _ => tracing::warn!(field, "ignoring a malformed override in Redis"),
+                }
+            }
+            *state.overrides.api() = api;
+            if let Ok(mut v) = state.overrides.version.lock() {
+                *v = Some(version);
+            }
+            state.overrides.rebuild(state);
+        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!(error = %e, "overrides refresh failed; keeping the last copy"),
+    }
+}
