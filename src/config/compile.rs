@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
@@ -619,19 +619,27 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
         raw.eject_for.as_deref(),
         DEFAULT_EJECT_FOR,
     );
-    let targets: Vec<Authority> = match (&raw.url, &raw.targets) {
+    let targets: Vec<(Scheme, Authority)> = match (&raw.url, &raw.targets) {
         (Some(url), None) => vec![target_url(e, &format!("{path}.url"), url)?],
         (None, Some(list)) if !list.is_empty() => {
-            let mut targets: Vec<Authority> = Vec::new();
+            let mut targets: Vec<(Scheme, Authority)> = Vec::new();
             let mut ok = true;
             for (i, url) in list.iter().enumerate() {
                 let tpath = format!("{path}.targets[{i}]");
                 match target_url(e, &tpath, url) {
-                    Some(a) if targets.contains(&a) => {
+                    Some(t) if targets.iter().any(|(_, a)| *a == t.1) => {
                         e.add(tpath, format!("`{url}` is listed twice"));
                         ok = false;
                     }
-                    Some(a) => targets.push(a),
+                    // One scheme per upstream: its TLS settings apply to every target or none.
+                    Some(t) if targets.first().is_some_and(|(first, _)| *first != t.0) => {
+                        e.add(
+                            tpath,
+                            "every target of an upstream must use the same scheme",
+                        );
+                        ok = false;
+                    }
+                    Some(t) => targets.push(t),
                     None => ok = false,
                 }
             }
@@ -659,9 +667,11 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
             return None;
         }
     };
+    let scheme = targets[0].0.clone();
+    let targets: Vec<Authority> = targets.into_iter().map(|(_, a)| a).collect();
     Some(Upstream {
         name: name.to_string(),
-        scheme: http::uri::Scheme::HTTP,
+        scheme,
         authority: targets[0].clone(),
         targets,
         balance,
@@ -678,7 +688,7 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream) -> Option<Upstream> {
 const DEFAULT_EJECT_FOR: Duration = Duration::from_secs(10);
 
 /// One target: `http://HOST:PORT`, no path (the request's own path is forwarded).
-fn target_url(e: &mut Errors, path: &str, url: &str) -> Option<Authority> {
+fn target_url(e: &mut Errors, path: &str, url: &str) -> Option<(Scheme, Authority)> {
     let uri = match url.parse::<Uri>() {
         Ok(uri) => uri,
         Err(_) => {
@@ -690,7 +700,7 @@ fn target_url(e: &mut Errors, path: &str, url: &str) -> Option<Authority> {
         }
     };
     match (uri.scheme_str(), uri.authority(), uri.path()) {
-        (Some("http"), Some(authority), "" | "/") => Some(authority.clone()),
+        (Some("http"), Some(authority), "" | "/") => Some((Scheme::HTTP, authority.clone())),
         (Some("http"), Some(_), _) => {
             e.add(
                 path,
