@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::upstream::unreachable_addr;
-use crate::support::{Client, TestGateway, Upstream};
+use crate::support::{Client, Nginx, TestGateway, Upstream};
 
 /// One route forwarding everything to an upstream `up` with targets `a` and `b`.
 fn two_targets(a: SocketAddr, b: SocketAddr, extra: &str) -> String {
@@ -125,24 +125,26 @@ async fn least_in_flight_sends_everything_to_the_idle_target_while_one_is_slow()
     );
 }
 
-/// Issue 13: "kill one upstream mid-run: no failed idempotent request after the first ejection".
-/// Four clients send GETs; target `b` is dropped (listener and connections closed) after 20
-/// answers. Requests sent before the gateway noticed may fail (one in flight on `b` when it
-/// died); every request sent after the first ejection must succeed.
-#[tokio::test]
-async fn killing_a_target_mid_run_fails_no_request_after_the_first_ejection() {
-    const WORKERS: usize = 4;
-    const PER_WORKER: usize = 40;
-    let a = Upstream::start().await;
-    let b = Upstream::start().await;
-    let b_addr = b.addr;
-    let gw = Arc::new(TestGateway::start(&two_targets(a.addr, b_addr, "    eject_for: 60s")).await);
+const WORKERS: usize = 4;
+const PER_WORKER: usize = 40;
+
+/// What [`kill_mid_run`] counted.
+struct KillRun {
+    /// Requests sent once the first ejection was visible.
+    sent_after: usize,
+    failed_after: usize,
+    failed_before: usize,
+}
+
+/// Four clients send GETs through `gw` (targets a and `b`); `kill` stops `b` after 20 answers. A
+/// request is "after" the first ejection when the ejection counter was already up before it was
+/// sent; requests in flight on `b` when it dies may fail, later ones must not.
+async fn kill_mid_run(gw: &Arc<TestGateway>, b: SocketAddr, kill: impl FnOnce()) -> KillRun {
     let answered = Arc::new(AtomicUsize::new(0));
     let failed_before = Arc::new(AtomicUsize::new(0));
     let failed_after = Arc::new(AtomicUsize::new(0));
     let sent_after = Arc::new(AtomicUsize::new(0));
     let ejected = Arc::new(AtomicBool::new(false));
-    let mut b = Some(b);
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..WORKERS {
         let (gw, answered, ejected) = (gw.clone(), answered.clone(), ejected.clone());
@@ -154,10 +156,8 @@ async fn killing_a_target_mid_run_fails_no_request_after_the_first_ejection() {
         workers.spawn(async move {
             let client = Client::new();
             for i in 0..PER_WORKER {
-                // Read before sending: this request is "after" only if the ejection was visible
-                // before it left the client.
                 let after = ejected.load(Ordering::SeqCst) || {
-                    let seen = ejections(&gw, b_addr).await > 0.0;
+                    let seen = ejections(&gw, b).await > 0.0;
                     if seen {
                         ejected.store(true, Ordering::SeqCst);
                     }
@@ -180,41 +180,75 @@ async fn killing_a_target_mid_run_fails_no_request_after_the_first_ejection() {
         assert!(Instant::now() < deadline, "the run never got going");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let b_requests_at_kill = b.as_ref().map_or(0, Upstream::requests);
-    drop(b.take());
+    kill();
     while let Some(done) = workers.join_next().await {
         done.expect("worker");
     }
-
-    assert!(b_requests_at_kill > 0, "b took part before it died");
+    let run = KillRun {
+        sent_after: sent_after.load(Ordering::SeqCst),
+        failed_after: failed_after.load(Ordering::SeqCst),
+        failed_before: failed_before.load(Ordering::SeqCst),
+    };
     assert_eq!(
-        ejections(&gw, b_addr).await,
+        ejections(gw, b).await,
         1.0,
         "one ejection, for the whole run"
     );
-    assert!(requests_metric(&gw, b_addr, "connect_error").await >= 1.0);
-    let after = sent_after.load(Ordering::SeqCst);
+    assert!(requests_metric(gw, b, "connect_error").await >= 1.0);
     assert!(
-        after >= 40,
-        "too few requests after the ejection to mean anything: {after}"
+        run.sent_after >= 40,
+        "too few requests after the ejection to mean anything: {}",
+        run.sent_after
     );
-    assert_eq!(
-        failed_after.load(Ordering::SeqCst),
-        0,
-        "failed after the first ejection"
-    );
-    let before = failed_before.load(Ordering::SeqCst);
+    assert_eq!(run.failed_after, 0, "failed after the first ejection");
     assert!(
-        before <= WORKERS,
-        "at most the requests in flight on b failed: {before}"
+        run.failed_before <= WORKERS,
+        "at most the requests in flight on b failed: {}",
+        run.failed_before
     );
     eprintln!(
-        "kill mid-run: {after} requests after the first ejection, 0 failed; {before} failed before"
+        "kill mid-run: {} requests after the first ejection, 0 failed; {} failed before",
+        run.sent_after, run.failed_before
     );
-    let ok = WORKERS * PER_WORKER - before;
+    run
+}
+
+/// Issue 13: "kill one upstream mid-run: no failed idempotent request after the first ejection".
+/// Target `b` is dropped (listener and connections closed) mid-run.
+#[tokio::test]
+async fn killing_a_target_mid_run_fails_no_request_after_the_first_ejection() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let b_addr = b.addr;
+    let gw = Arc::new(TestGateway::start(&two_targets(a.addr, b_addr, "    eject_for: 60s")).await);
+    let b_at_kill = Arc::new(AtomicUsize::new(0));
+    let seen = b_at_kill.clone();
+    let run = kill_mid_run(&gw, b_addr, move || {
+        seen.store(b.requests(), Ordering::SeqCst);
+        drop(b);
+    })
+    .await;
+    let b_at_kill = b_at_kill.load(Ordering::SeqCst);
+    assert!(b_at_kill > 0, "b took part before it died");
     assert!(
-        a.requests() + b_requests_at_kill >= ok,
+        a.requests() + b_at_kill >= WORKERS * PER_WORKER - run.failed_before,
         "every success was answered by a or b"
+    );
+}
+
+/// The same with real NGINX processes, `b` killed with SIGKILL by its PID.
+#[tokio::test]
+async fn killing_an_nginx_target_with_sigkill_fails_no_request_after_the_first_ejection() {
+    const OK: &str = r#"location / { return 200 "nginx $uri\n"; }"#;
+    let a = Nginx::start(OK);
+    let b = Nginx::start(OK);
+    let b_addr = b.addr;
+    let gw = Arc::new(TestGateway::start(&two_targets(a.addr, b_addr, "    eject_for: 60s")).await);
+    kill_mid_run(&gw, b_addr, move || drop(b)).await;
+    let served_by_a = a.access_log().len();
+    assert!(
+        served_by_a >= WORKERS * PER_WORKER / 2,
+        "a took over: {served_by_a}"
     );
 }
 
