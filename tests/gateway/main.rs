@@ -19,6 +19,7 @@ mod overrides;
 mod pool;
 mod proxy;
 mod quota;
+mod rewrite;
 mod routing;
 mod slowloris;
 mod targets;
