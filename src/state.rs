@@ -3,14 +3,13 @@
 //! all hold an `Arc<AppState>`; none reaches another door's type.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Action, ReloadStatus, Snapshot};
 use crate::limiter::Engine;
 use crate::metrics::{Metrics, PolicyMetrics, RouteMetrics};
-use std::sync::Arc;
-
 use crate::proxy::balance::Balancer;
 use crate::rls::settings::RlsResources;
 
