@@ -72,7 +72,7 @@ pub struct Upstream {
     pub connect_timeout: Duration,
     /// Until the response head arrives; then 504.
     pub timeout: Duration,
-    /// Open connections to this upstream at most (busy and idle together).
+    /// Open connections to each target at most (busy and idle together).
     pub max_connections: usize,
     /// How long a request waits for one of `max_connections` to be free; then 503.
     pub pool_timeout: Duration,
