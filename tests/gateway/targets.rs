@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::Method;
+
+use crate::support::client::{full, request};
 use crate::support::upstream::unreachable_addr;
 use crate::support::{Client, Nginx, TestGateway, Upstream};
 
@@ -300,6 +303,24 @@ async fn a_refusing_target_is_ejected_its_request_retried_and_it_returns_after_t
     assert_eq!((a.requests() - before, b.requests()), (2, 2));
     assert_eq!(requests_metric(&gw, b_addr, "ok").await, 2.0);
     assert_eq!(ejections(&gw, b_addr).await, 1.0);
+}
+
+/// Nothing of a request is sent before its connection opens, so a POST is retried too, body whole.
+#[tokio::test]
+async fn a_post_whose_target_refused_is_retried_with_its_whole_body() {
+    let a = Upstream::start().await;
+    let refusing = unreachable_addr().await;
+    let gw = TestGateway::start(&two_targets(refusing, a.addr, "")).await;
+    let body = vec![b'x'; 100_000];
+    let req = request(Method::POST, &gw.url("/upload"))
+        .body(full(body))
+        .expect("request");
+    let reply = Client::new().send(req).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["body_len"], 100_000);
+    assert_eq!(reply.json()["method"], "POST");
+    assert_eq!(requests_metric(&gw, refusing, "connect_error").await, 1.0);
+    assert_eq!(a.requests(), 1);
 }
 
 #[tokio::test]
