@@ -11,6 +11,7 @@
 -- then per policy i, from ARGV[2 + 6*(i-1)]: kind, p1, p2, p3, cost, shadow
 --          tb: p1 = rate per second (decimal), p2 = burst, p3 = 0
 --          sw: p1 = limit, p2 = window in microseconds, p3 = buckets (0 = exact log)
+--          cc: p1 = limit, p2 = lease TTL in microseconds, p3 = the lease id to take (< 2^53)
 --          q:  p1 = limit, p2 = period start, p3 = period end (epoch microseconds, computed by
 --              the gateway in the quota's time zone: Lua has no time-zone database)
 --          cost: units to consume, 0 checks without consuming
@@ -20,12 +21,16 @@
 -- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us,
 --         then per policy a refund stamp of two integers (meaningful when it consumed):
 --         tb: 0, 0; sw: the score written, the count before; swb: the bucket index, 0;
---         q: the period start, 0}.
+--         cc: the lease id, 0; q: the period start, 0}.
+--
+-- Charge (cost from the response; docs/algorithms.md): ARGV[1] "charge", then the ARGV above.
+-- Every policy's cost is consumed whatever its counter holds (a bucket may go below zero, a
+-- window past its limit). Same reply.
 --
 -- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
 -- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
 -- exactly what one admitted call consumed from KEYS[i] (tokens capped at the burst; the window
--- entries it wrote). Reply: {1}.
+-- entries it wrote; the lease, which is how a finished request releases it). Reply: {1}.
 --
 -- Every policy is evaluated from the stored state first; only if all allow (shadow policies aside)
 -- is anything written, so a rejected request consumes nothing anywhere. Every written key gets a
@@ -104,7 +109,12 @@ local function tb_outcome(p, consumed)
     end
   end
   p.reset = reset
-  return { p.burst, math.floor(after), reset, retry }
+  -- A charge after the response may leave the bucket below zero: nothing is left.
+  local remaining = math.floor(after)
+  if remaining < 0 then
+    remaining = 0
+  end
+  return { p.burst, remaining, reset, retry }
 end
 
 local function tb_commit(p)
@@ -285,6 +295,49 @@ local function swb_commit(p)
 end
 
 ---------------------------------------------------------------------------------------------------
+-- Concurrency: ZSET, one member per lease (its id), scored by when it expires in microseconds.
+-- Expired leases are removed by every decision, so a crashed instance's leases stop counting
+-- after their TTL; a finished request removes its own (refund below).
+
+local function cc_eval(key, limit, ttl, lease, cost, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  local count = redis.call('ZCARD', key)
+  return { key = key, limit = limit, ttl = ttl, lease = lease, cost = cost, now = now,
+           count = count, allowed = count + cost <= limit }
+end
+
+local function cc_last(key)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then
+    return tonumber(last[2])
+  end
+  return nil
+end
+
+local function cc_outcome(p, consumed)
+  local after = p.count
+  local last = cc_last(p.key)
+  if consumed and p.cost > 0 then
+    after = p.count + p.cost
+    last = p.now + p.ttl
+  end
+  local reset = 0
+  if last and last > p.now then
+    reset = last - p.now
+  end
+  local retry = 0
+  if not p.allowed then
+    retry = 1000000
+  end
+  return { p.limit, left(p.limit, after), reset, retry }
+end
+
+local function cc_commit(p)
+  redis.call('ZADD', p.key, int(p.now + p.ttl), int(p.lease))
+  -- The key lives as long as its last lease (a reload may have shortened the TTL since).
+  redis.call('PEXPIRE', p.key, ttl_ms(cc_last(p.key) - p.now))
+end
+
 -- Calendar quota: HASH {p = period start, e = period end (epoch microseconds), n = units used}.
 --
 -- The counter never goes back to an older period: a gateway whose clock lags keeps counting in
@@ -351,6 +404,8 @@ local function refund(key, kind, cost, burst, s1, s2)
         members = {}
       end
     end
+  elseif kind == 'cc' then
+    redis.call('ZREM', key, int(s1))
   elseif kind == 'q' then
     -- Only while the counter is still in the period that was charged.
     local h = redis.call('HMGET', key, 'p', 'n')
@@ -375,6 +430,31 @@ local function refund(key, kind, cost, burst, s1, s2)
   return true
 end
 
+-- Renew (a request still running): ARGV[1] "renew", ARGV[2] now ("" for TIME), then per key from
+-- ARGV[3 + 2*(i-1)]: lease TTL (µs), lease id. A lease still held expires at now + TTL again; an
+-- expired or released one stays gone. Reply: {1}.
+if ARGV[1] == 'renew' then
+  if #ARGV ~= 2 + 2 * #KEYS then
+    return redis.error_reply('decide.lua: expected 2 + 2 ARGV per key to renew')
+  end
+  local now
+  if ARGV[2] ~= '' then
+    now = tonumber(ARGV[2])
+  else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  for i = 1, #KEYS do
+    local ttl, lease = tonumber(ARGV[1 + 2 * i]), ARGV[2 + 2 * i]
+    local score = redis.call('ZSCORE', KEYS[i], lease)
+    if ttl and score and tonumber(score) > now then
+      redis.call('ZADD', KEYS[i], 'XX', int(now + ttl), lease)
+      redis.call('PEXPIRE', KEYS[i], ttl_ms(cc_last(KEYS[i]) - now))
+    end
+  end
+  return { 1 }
+end
+
 if ARGV[1] == 'refund' then
   if #ARGV ~= 1 + 5 * #KEYS then
     return redis.error_reply('decide.lua: expected 1 + 5 ARGV per key to refund')
@@ -396,13 +476,19 @@ end
 ---------------------------------------------------------------------------------------------------
 
 local policies = #KEYS
-if #ARGV ~= 1 + 6 * policies then
+-- A charge consumes every policy's cost unconditionally; its ARGV are shifted by one.
+local force = ARGV[1] == 'charge'
+local base = 0
+if force then
+  base = 1
+end
+if #ARGV ~= 1 + base + 6 * policies then
   return redis.error_reply('decide.lua: expected 1 + 6 ARGV per key')
 end
 
 local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
+if ARGV[1 + base] ~= '' then
+  now = tonumber(ARGV[1 + base])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -414,7 +500,7 @@ end
 local plans = {}
 local all_allowed = true
 for i = 1, policies do
-  local a = 2 + 6 * (i - 1)
+  local a = 2 + base + 6 * (i - 1)
   local kind = ARGV[a]
   local p1, p2, p3, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
                            tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -439,6 +525,12 @@ for i = 1, policies do
       p = swb_eval(KEYS[i], p1, p2, p3, cost, now)
       p.outcome, p.commit = swb_outcome, swb_commit
     end
+  elseif kind == 'cc' then
+    if p1 < 0 or p2 <= 0 or p3 < 0 then
+      return redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
+    end
+    p = cc_eval(KEYS[i], p1, p2, p3, cost, now)
+    p.outcome, p.commit = cc_outcome, cc_commit
   elseif kind == 'q' then
     if p1 < 0 or p2 < 0 or p3 <= p2 then
       return redis.error_reply('decide.lua: bad quota for policy ' .. i)
@@ -458,7 +550,7 @@ for i = 1, policies do
   local p = plans[i]
   -- Consumed only when the request is admitted and this policy allows it; otherwise the outcome
   -- describes the state without the request.
-  local consumed = all_allowed and p.allowed
+  local consumed = (all_allowed and p.allowed) or force
   local o = p.outcome(p, consumed)
   reply[#reply + 1] = p.allowed and 1 or 0
   for _, v in ipairs(o) do
@@ -472,6 +564,8 @@ for i = 1, policies do
     s1, s2 = p.t, p.count
   elseif p.current then
     s1 = p.current
+  elseif p.lease then
+    s1 = p.lease
   elseif p.period then
     s1 = p.period
   end

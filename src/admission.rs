@@ -10,8 +10,9 @@ use std::net::IpAddr;
 use http::Request;
 
 use crate::config::Route;
+use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
-use crate::limiter::{Checks, Kind, Outcome, Tally};
+use crate::limiter::{Checks, Kind, Outcome, Rule, Tally};
 use crate::normalize;
 use crate::respond::Refusal;
 use crate::route::{PathParams, RequestHead};
@@ -34,25 +35,57 @@ pub fn route_for(live: &Live, head: &RequestHead<'_>) -> Option<(usize, PathPara
         .find_map(|(i, r)| r.matcher.matches(head).map(|p| (i, p)))
 }
 
-/// The policies whose key parts are all present, decided together by the engine.
+/// The policies whose key parts are all present, decided together by the engine, for a door that
+/// never sees the response (forward-auth, ext_authz): concurrency policies do not apply there,
+/// and a cost from the response is charged up front as `max(fallback, min_cost)`.
 pub async fn admit<'l>(
     state: &AppState,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
 ) -> Result<Admitted, Refusal<'l>> {
+    admit_with(state, route, resources, view, false)
+        .await
+        .map(|(admitted, _)| admitted)
+}
+
+/// [`admit`] for the inline gateway, which sees the response: concurrency policies take a lease,
+/// and what must happen after admission (release it, charge the response's cost) is returned.
+pub async fn admit_inline<'l>(
+    state: &AppState,
+    route: &'l Route,
+    resources: &'l RouteResources,
+    view: &RequestView<'_>,
+) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+    admit_with(state, route, resources, view, true).await
+}
+
+async fn admit_with<'l>(
+    state: &AppState,
+    route: &'l Route,
+    resources: &'l RouteResources,
+    view: &RequestView<'_>,
+    inline: bool,
+) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
     // An exempt request skips every policy and consumes nothing (`exempt:`).
     if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
         resources.metrics.record_exempt();
-        return Ok(Admitted {
+        let admitted = Admitted {
             governing: None,
             kind: Kind::Allowed,
-        });
+        };
+        return Ok((admitted, AfterAdmission::default()));
     }
     let mut checks = Checks::with_capacity(route.policies.len());
     // Per-key overrides: a local copy, never a store call (`crate::overrides`).
     let overrides = state.overrides.active();
-    for (policy, metrics) in route.policies.iter().zip(&resources.policies) {
+    // (pushed index, policy index) of the checks that need something after admission.
+    let mut later: Vec<(usize, usize)> = Vec::new();
+    for (j, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
+        let concurrency = matches!(policy.rule, Rule::Concurrency(_));
+        if concurrency && !inline {
+            continue;
+        }
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
             .counter_key(view)
@@ -65,10 +98,22 @@ pub async fn admit<'l>(
                 prefix: policy.key_prefix(),
             };
             let rule = overrides.rule(&key).unwrap_or(&policy.rule);
-            checks.push(key, rule, policy.cost, false, tally);
+            let cost = match &policy.response_cost {
+                Some(rc) if !inline => rc.total(None),
+                _ => policy.cost,
+            };
+            let i = checks.push(key, rule, cost, false, tally);
+            if inline && (concurrency || policy.response_cost.is_some()) {
+                later.push((i, j));
+            }
         }
     }
     let verdict = state.engine.decide(checks, route.failure_mode).await;
+    let after = if later.is_empty() || !verdict.admits() {
+        AfterAdmission::default()
+    } else {
+        AfterAdmission::new(route, &verdict, &later)
+    };
     let governing = verdict.governing().map(|(i, o)| (i, *o));
     match (verdict.kind, governing) {
         (Kind::Limited, Some((i, outcome))) => Err(Refusal::RateLimited {
@@ -88,10 +133,13 @@ pub async fn admit<'l>(
         (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
             Err(Refusal::StoreUnavailable(&route.name))
         }
-        (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => Ok(Admitted {
-            governing: governing.map(|(_, o)| o),
-            kind,
-        }),
+        (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => Ok((
+            Admitted {
+                governing: governing.map(|(_, o)| o),
+                kind,
+            },
+            after,
+        )),
     }
 }
 

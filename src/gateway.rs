@@ -57,7 +57,7 @@ pub async fn handle(
     let resources = &live.routes[index];
     let response = serve_route(&state, &live, route, resources, &params, peer, req)
         .await
-        .unwrap_or_else(|refusal| respond::refusal(&refusal));
+        .unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
     resources
         .metrics
         .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
@@ -65,7 +65,7 @@ pub async fn handle(
 }
 
 async fn serve_route<'l>(
-    state: &AppState,
+    state: &Arc<AppState>,
     live: &'l Live,
     route: &'l Route,
     resources: &'l RouteResources,
@@ -97,9 +97,10 @@ async fn serve_route<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
     };
-    let governing = admission::admit(state, route, resources, &view)
-        .await?
-        .governing;
+    let (admitted, mut after) = admission::admit_inline(state, route, resources, &view).await?;
+    let governing = admitted.governing;
+    // Held from here: a failure below, or the client going away, drops it (released).
+    let lease = after.lease(state, &resources.metrics.in_flight);
 
     let mut response = match &route.action {
         Action::Respond(direct) => {
@@ -131,8 +132,12 @@ async fn serve_route<'l>(
         }
         Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
+    after.charge(state, route, resources, response.headers());
     if let Some(outcome) = governing {
         respond::insert_rate_limit_headers(response.headers_mut(), &outcome);
+    }
+    if let Some(lease) = lease {
+        response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
     }
     Ok(response)
 }

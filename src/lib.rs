@@ -44,6 +44,7 @@ pub mod config;
 pub mod forward_auth;
 pub mod gateway;
 pub mod import;
+pub mod inflight;
 pub mod keys;
 pub mod limiter;
 pub mod listener;

@@ -28,6 +28,8 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
     rls: crate::rls::metrics::RlsMetricVecs,
+    in_flight: IntGaugeVec,
+    cost_charged: IntCounterVec,
     quota_units: IntCounterVec,
     upstream_requests: IntCounterVec,
     upstream_ejections: IntCounterVec,
@@ -165,6 +167,8 @@ impl DecisionLabel {
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
     by_label: [IntCounter; 4],
+    /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
+    pub cost_charged: IntCounter,
     /// Calendar quota policies only: `turnstile_quota_used_units_total`.
     quota_units: Option<IntCounter>,
 }
@@ -198,6 +202,8 @@ pub struct RouteMetrics {
     upstream_timeout: IntCounter,
     upstream_other: IntCounter,
     exempt: IntCounter,
+    /// Requests holding a concurrency lease now (admitted, response body not yet ended).
+    pub in_flight: IntGauge,
 }
 
 /// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
@@ -303,6 +309,23 @@ impl Metrics {
                 &["door", "result"],
             ),
             rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
+            in_flight: {
+                let opts = Opts::new(
+                    "turnstile_in_flight_requests",
+                    "Requests holding a concurrency lease, per route (admitted, response not ended).",
+                );
+                let g = IntGaugeVec::new(opts, &["route"])
+                    .unwrap_or_else(|e| panic!("metric turnstile_in_flight_requests: {e}"));
+                registry
+                    .register(Box::new(g.clone()))
+                    .unwrap_or_else(|e| panic!("metric turnstile_in_flight_requests: {e}"));
+                g
+            },
+            cost_charged: counter(
+                "turnstile_cost_charged_total",
+                "Units charged after the response (cost from a response header), per policy.",
+                &["route", "policy"],
+            ),
             upstream_requests: counter(
                 "turnstile_upstream_requests_total",
                 "Attempts on each upstream target, by outcome (a connect error retried elsewhere \
@@ -369,6 +392,7 @@ impl Metrics {
                 self.decisions
                     .with_label_values(&[route, policy, l.as_str()])
             }),
+            cost_charged: self.cost_charged.with_label_values(&[route, policy]),
             quota_units: None,
         }
     }
@@ -389,6 +413,7 @@ impl Metrics {
             upstream_timeout: upstream("timeout"),
             upstream_other: upstream("other"),
             exempt: self.exempt.with_label_values(&[route]),
+            in_flight: self.in_flight.with_label_values(&[route]),
         }
     }
 

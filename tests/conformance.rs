@@ -11,8 +11,8 @@ use std::time::Duration;
 use turnstile::limiter::algorithm::MAX_US;
 use turnstile::limiter::calendar::Per;
 use turnstile::limiter::{
-    Check, Decision, ManualClock, MemoryStore, Outcome, Quota, RedisStore, Rule, SlidingWindow,
-    TokenBucket,
+    Check, Concurrency, Decision, ManualClock, MemoryStore, Outcome, Quota, RedisStore, Rule,
+    SlidingWindow, TokenBucket,
 };
 
 const T: u64 = 1_000_000_000;
@@ -480,6 +480,158 @@ async fn every_key_written_has_a_ttl() {
             key.starts_with("ttl:{"),
             "key {key} lacks the prefix and hash tag"
         );
+        let ttl: i64 = redis.cli(&["pttl", &key])[0].parse().expect("pttl");
+        assert!(ttl > 0, "key {key} has no TTL ({ttl})");
+    }
+}
+
+/// What happens to the counters of a lease or charge case, in order.
+enum Op {
+    /// At `now`, check these (counter, cost) taking lease `lease`; the expected outcomes.
+    Take(u64, Vec<(usize, u64)>, u64, Vec<(bool, u64, u64, u64, u64)>),
+    /// Release lease `lease` on counter `i`.
+    Release(usize, u64),
+    /// At `now`, charge `cost` to counter `i` whatever it holds (cost from the response).
+    Charge(u64, usize, u64),
+    /// At `now`, renew lease `lease` on counter `i` (its request still runs).
+    Renew(u64, usize, u64),
+}
+
+fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
+    Rule::Concurrency(Concurrency {
+        limit,
+        lease_ttl_us,
+    })
+}
+
+/// Leases (acquire, release, expiry, all-or-nothing with a refusing bucket) and charges after
+/// admission (a bucket and a window pushed past their limit, refusing until they recover).
+fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
+    use Op::*;
+    vec![
+        (
+            "concurrency",
+            vec![cc(2, 10 * S), tb(1.0 / 3600.0, 1), cc(1, 10 * S)],
+            vec![
+                Take(T, vec![(0, 1)], 1, vec![(true, 2, 1, 10 * S, 0)]),
+                Take(T + S, vec![(0, 1)], 2, vec![(true, 2, 0, 10 * S, 0)]),
+                // Full: refused for a second; the last lease expires at T + 11 s.
+                Take(T + 2 * S, vec![(0, 1)], 3, vec![(false, 2, 0, 9 * S, S)]),
+                Release(0, 1),
+                Release(0, 1),
+                Take(T + 3 * S, vec![(0, 1)], 4, vec![(true, 2, 0, 10 * S, 0)]),
+                // Lease 2 expires at T + 11 s exactly: never released, it stops counting.
+                Take(T + 11 * S, vec![(0, 1)], 5, vec![(true, 2, 0, 10 * S, 0)]),
+                // Lease 4 (expiring at T + 13 s) is renewed at T + 12 s to T + 22 s; lease 2,
+                // expired, stays gone.
+                Renew(T + 12 * S, 0, 4),
+                Renew(T + 12 * S, 0, 2),
+                Take(T + 13 * S, vec![(0, 0)], 0, vec![(true, 2, 0, 9 * S, 0)]),
+                // All or nothing: the bucket refuses the second time, so no lease is taken.
+                Take(
+                    T + 14 * S,
+                    vec![(2, 1), (1, 1)],
+                    6,
+                    vec![(true, 1, 0, 10 * S, 0), (true, 1, 0, 3600 * S, 0)],
+                ),
+                Release(2, 6),
+                Take(
+                    T + 15 * S,
+                    vec![(2, 1), (1, 1)],
+                    7,
+                    vec![(true, 1, 1, 0, 0), (false, 1, 0, 3599 * S, 3599 * S)],
+                ),
+                Take(T + 15 * S, vec![(2, 1)], 8, vec![(true, 1, 0, 10 * S, 0)]),
+            ],
+        ),
+        (
+            "charge_bucket",
+            vec![tb(1.0, 10)],
+            vec![
+                Take(T, vec![(0, 1)], 0, vec![(true, 10, 9, S, 0)]),
+                // The response reports 20 more: 9 - 20 = -11 tokens.
+                Charge(T, 0, 20),
+                Take(T, vec![(0, 1)], 0, vec![(false, 10, 0, 21 * S, 12 * S)]),
+                Take(T + 11 * S, vec![(0, 1)], 0, vec![(false, 10, 0, 10 * S, S)]),
+                Take(T + 12 * S, vec![(0, 1)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+            ],
+        ),
+        (
+            "charge_window",
+            vec![sw(5, 10 * S, 0)],
+            vec![
+                Take(T, vec![(0, 1)], 0, vec![(true, 5, 4, 10 * S, 0)]),
+                Charge(T + S, 0, 6),
+                // 7 units in the window, limit 5: refused until the sixth-newest leaves.
+                Take(
+                    T + 2 * S,
+                    vec![(0, 1)],
+                    0,
+                    vec![(false, 5, 0, 9 * S, 9 * S)],
+                ),
+                Take(T + 11 * S, vec![(0, 1)], 0, vec![(true, 5, 4, 10 * S, 0)]),
+            ],
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn leases_and_charges_follow_the_spec() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "leases:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    for (name, counters, ops) in lease_and_charge_cases() {
+        let keys: Vec<String> = (0..counters.len()).map(|i| format!("{name}:{i}")).collect();
+        let check = |i: usize, cost: u64| Check {
+            key: &keys[i],
+            rule: &counters[i],
+            cost,
+            shadow: false,
+        };
+        for (n, op) in ops.iter().enumerate() {
+            match op {
+                Op::Take(now, items, lease, outcomes) => {
+                    clock.set(*now);
+                    let checks: Vec<Check<'_>> = items.iter().map(|&(i, c)| check(i, c)).collect();
+                    let want = expected(&step(*now, items, outcomes));
+                    assert_eq!(
+                        memory.check_leased(&checks, *lease),
+                        want,
+                        "memory store, {name} op {n}"
+                    );
+                    let got = remote.check_leased(&checks, *lease).await.expect("redis");
+                    assert_eq!(got, want, "redis store, {name} op {n}");
+                }
+                Op::Release(i, lease) => {
+                    memory.release(&[check(*i, 1)], *lease);
+                    remote
+                        .release(&[check(*i, 1)], *lease)
+                        .await
+                        .expect("release");
+                }
+                Op::Renew(now, i, lease) => {
+                    clock.set(*now);
+                    memory.renew(&[check(*i, 1)], *lease);
+                    remote.renew(&[check(*i, 1)], *lease).await.expect("renew");
+                }
+                Op::Charge(now, i, cost) => {
+                    clock.set(*now);
+                    memory.charge(&[check(*i, *cost)]);
+                    remote.charge(&[check(*i, *cost)]).await.expect("charge");
+                }
+            }
+        }
+    }
+    // Every lease key expires on its own: a crashed instance's leases cannot outlive their TTL.
+    for key in redis.keys() {
         let ttl: i64 = redis.cli(&["pttl", &key])[0].parse().expect("pttl");
         assert!(ttl > 0, "key {key} has no TTL ({ttl})");
     }

@@ -378,3 +378,69 @@ async fn startup_while_redis_connects_admits_no_more_than_the_burst() {
         "no false unreachable warning at a normal start:\n{log}"
     );
 }
+
+/// Concurrency leases survive the instance that took them only for their TTL: two requests hold
+/// both leases through instance A, A is killed with SIGKILL (nothing released), and instance B is
+/// refused until the leases expire, then admitted (issue 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_of_a_killed_instance_expire_after_their_ttl() {
+    const TTL: Duration = Duration::from_secs(4);
+    let redis = RedisServer::start();
+    let upstream = support::Upstream::start().await;
+    let config = format!(
+        "{}upstreams:\n  up: {{ url: \"http://{}\" }}\nroutes:\n  - name: api\n    upstream: up\n    \
+         policies:\n      - name: inflight\n        key: [method]\n        \
+         concurrency: {{ limit: 2, lease_ttl: 4s }}\n",
+        store(&redis, "2s", "closed"),
+        upstream.addr,
+    );
+    let mut a = GatewayProcess::spawn(&config).await;
+    let b = GatewayProcess::spawn(&config).await;
+    wait_ready(&a, 200, READY).await;
+    wait_ready(&b, 200, READY).await;
+    // wait_ready's requests went through: only the held ones below may hold leases.
+    let before = upstream.requests();
+
+    let sent = Instant::now();
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = a.url("/held");
+            tokio::spawn(async move {
+                Client::new()
+                    .try_get_with(&url, &[("x-test-hold-head", "1")])
+                    .await
+            })
+        })
+        .collect();
+    upstream.wait_for_requests(before + 2).await;
+    assert_eq!(Client::new().get(&b.url("/x")).await.status, 429);
+
+    a.signal("KILL");
+    a.wait().await;
+    for task in held {
+        assert!(
+            task.await.expect("task").is_err(),
+            "a killed gateway answered"
+        );
+    }
+    // Nothing released them: still held, until the TTL.
+    if sent.elapsed() < TTL - Duration::from_millis(500) {
+        assert_eq!(Client::new().get(&b.url("/x")).await.status, 429);
+    }
+    let deadline = Instant::now() + TTL + support::LIVENESS;
+    loop {
+        let status = Client::new().get(&b.url("/x")).await.status;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(Instant::now() < deadline, "capacity never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let back = sent.elapsed();
+    assert!(
+        back >= TTL - Duration::from_millis(50),
+        "capacity came back after {back:?}, before the {TTL:?} lease TTL"
+    );
+    upstream.release(2);
+}

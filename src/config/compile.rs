@@ -23,6 +23,9 @@ use crate::normalize::{EscapedSlashes, PathOptions};
 use crate::proxy::rewrite::{PathRewrite, RouteShape};
 use crate::route::RouteMatch;
 
+#[path = "inflight.rs"]
+mod inflight;
+
 /// A problem at a field path such as `routes[1].policies[0].token_bucket.rate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
@@ -792,6 +795,7 @@ fn route(
             );
         }
         if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params) {
+            inflight::check_door(e, &ppath, &p, action.as_ref());
             policies.push(p);
         }
     }
@@ -977,7 +981,7 @@ fn policy(
         let part = key_part(text, params).map_err(|m| format!("`{text}`: {m}"));
         key.extend(e.take(format!("{path}.key[{k}]"), part));
     }
-    let cost = raw.cost.unwrap_or(1);
+    let cost = inflight::admission_cost(raw);
     if cost == 0 {
         // A zero cost would check without ever consuming: the policy would never limit.
         e.add(
@@ -986,6 +990,7 @@ fn policy(
         );
     }
     let rule = match (&raw.token_bucket, &raw.sliding_window) {
+        _ if raw.concurrency.is_some() => inflight::concurrency(e, path, raw),
         (Some(_), _) | (_, Some(_)) if raw.quota.is_some() => {
             e.add(
                 path,
@@ -1080,8 +1085,8 @@ fn policy(
         (None, None) => {
             e.add(
                 path,
-                "needs `token_bucket: {rate, burst}`, `sliding_window: {limit, window}` or \
-                 `quota: {limit, per}`",
+                "needs `token_bucket: {rate, burst}`, `sliding_window: {limit, window}`, \
+                 `quota: {limit, per}` or `concurrency: {limit}`",
             );
             None
         }
@@ -1089,7 +1094,9 @@ fn policy(
     if key.len() != raw.key.len() {
         return None;
     }
-    Some(Policy::new(route, &raw.name, key, rule?, cost))
+    let mut policy = Policy::new(route, &raw.name, key, rule?, cost);
+    inflight::finish(e, path, raw, &mut policy);
+    Some(policy)
 }
 
 /// A calendar quota: `{limit, per: day | week | month, time_zone}`.

@@ -201,7 +201,42 @@ pub struct RawPolicy {
     pub sliding_window: Option<RawSlidingWindow>,
     /// A calendar quota (`docs/algorithms.md`, "Calendar quota").
     pub quota: Option<RawQuota>,
-    pub cost: Option<u64>,
+    /// At most `limit` requests in flight per key.
+    pub concurrency: Option<RawConcurrency>,
+    /// Units per request: a number, or `{response_header, fallback, min_cost, max_cost}`.
+    pub cost: Option<RawCost>,
+}
+
+/// `concurrency: {limit, lease_ttl, refuse_with}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    pub limit: u64,
+    /// How long a lease lives if its request never ends (a crashed instance): default 60s.
+    pub lease_ttl: Option<String>,
+    /// The refusal's status: 429 (default) or 503.
+    pub refuse_with: Option<u16>,
+}
+
+/// `cost:` either a fixed number of units or the cost the upstream reports in a response header.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawCost {
+    Fixed(u64),
+    Response(RawResponseCost),
+}
+
+/// `cost: {response_header: x-usage-tokens, fallback: 1, min_cost: 1, max_cost: N}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponseCost {
+    pub response_header: String,
+    /// Charged when the header is absent or not a whole number (default 1).
+    pub fallback: Option<u64>,
+    /// Required at admission and taken then (default 1).
+    pub min_cost: Option<u64>,
+    /// The most one response may be charged (default: the burst or limit).
+    pub max_cost: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

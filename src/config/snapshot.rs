@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::keys::{self, ClientPrefix, KeyError, KeyPart, RequestView, TrustedProxies};
 use crate::limiter::Rule;
@@ -113,6 +113,35 @@ pub struct Policy {
     pub cost: u64,
     /// `route:policy:`, the start of every counter key of this policy.
     key_prefix: String,
+    /// `cost: {response_header: ...}`: `cost` is taken at admission, the rest after the response.
+    pub response_cost: Option<ResponseCost>,
+    /// The status of a refusal by a concurrency policy (`refuse_with`, 429 by default).
+    pub refuse_with: StatusCode,
+}
+
+/// The cost a response reports (`docs/algorithms.md`, "Cost from the response").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCost {
+    pub header: HeaderName,
+    /// Charged when the header is absent or unparsable.
+    pub fallback: u64,
+    /// Taken at admission (the policy's `cost`); the response's amount is never charged below it.
+    pub min_cost: u64,
+    /// The most one response is charged: bounds how far one request can take the counter below 0.
+    pub max_cost: u64,
+}
+
+impl ResponseCost {
+    /// What a response with `value` in the header costs in all (`min_cost` of it already taken):
+    /// the whole number it holds (RFC 9110 §5.5 field value, surrounding whitespace trimmed), or
+    /// `fallback`, clamped to `[min_cost, max_cost]`.
+    pub fn total(&self, value: Option<&HeaderValue>) -> u64 {
+        let reported = value
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(self.fallback);
+        reported.clamp(self.min_cost, self.max_cost.max(self.min_cost))
+    }
 }
 
 impl Policy {
@@ -123,6 +152,8 @@ impl Policy {
             rule,
             cost,
             key_prefix: format!("{route}:{name}:"),
+            response_cost: None,
+            refuse_with: StatusCode::TOO_MANY_REQUESTS,
         }
     }
 

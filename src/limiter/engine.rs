@@ -180,6 +180,8 @@ pub struct Verdict<'a> {
     /// One outcome per distinct check; empty when the store failed.
     decision: Decision,
     error: Option<StoreError>,
+    /// The lease id the concurrency checks took (0: none asked for).
+    lease: u64,
 }
 
 impl<'a> Verdict<'a> {
@@ -203,6 +205,12 @@ impl<'a> Verdict<'a> {
     /// The key of the check pushed at `index`.
     pub fn key(&self, index: usize) -> &str {
         self.checks.items.get(index).map_or("", |i| &i.key)
+    }
+
+    /// The lease id this request's concurrency checks hold when it was admitted (`None`: no
+    /// concurrency check, or nothing taken). Give it back with [`Engine::release`].
+    pub fn lease(&self) -> Option<u64> {
+        (self.lease != 0 && self.kind == Kind::Allowed).then_some(self.lease)
     }
 
     /// The store's error, when it failed.
@@ -255,7 +263,14 @@ pub struct Engine {
     /// When a store failure was last logged, in `clock` microseconds plus one (0: never).
     last_logged_us: AtomicU64,
     logged: AtomicU64,
+    /// Lease ids: this process's random start plus a sequence, so instances sharing Redis do not
+    /// collide (53 bits, which Lua numbers hold exactly).
+    lease_seed: u64,
+    lease_seq: AtomicU64,
 }
+
+/// Lease ids stay below 2^53: decide.lua holds them in doubles.
+const LEASE_MASK: u64 = (1 << 53) - 1;
 
 impl Engine {
     /// `clock` times the top-limited periods and the throttle of failure logs.
@@ -271,7 +286,33 @@ impl Engine {
             clock,
             last_logged_us: AtomicU64::new(0),
             logged: AtomicU64::new(0),
+            lease_seed: random_seed(),
+            lease_seq: AtomicU64::new(0),
         }
+    }
+
+    /// A new lease id: never 0, unique in this process until 2^53 leases have been taken.
+    fn next_lease(&self) -> u64 {
+        loop {
+            let seq = self.lease_seq.fetch_add(1, Ordering::Relaxed);
+            let id = self.lease_seed.wrapping_add(seq) & LEASE_MASK;
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
+    /// Gives lease `lease` back on the concurrency checks among `checks` (a request ended). A
+    /// failure is logged: the lease then stops counting when its TTL passes.
+    pub async fn release(&self, checks: &[Check<'_>], lease: u64) {
+        if let Err(error) = self.store.release(checks, lease).await {
+            tracing::debug!(%error, "releasing a concurrency lease failed; it expires by its TTL");
+        }
+    }
+
+    /// Charges a cost known after admission (from the response), whatever the counters hold.
+    pub async fn charge(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        self.store.charge(checks).await
     }
 
     pub fn store(&self) -> &Store {
@@ -296,12 +337,22 @@ impl Engine {
                 checks,
                 decision: Decision::from_outcomes(Vec::new()),
                 error: None,
+                lease: 0,
             };
         }
+        let lease = if checks
+            .items
+            .iter()
+            .any(|i| matches!(i.rule, Rule::Concurrency(_)))
+        {
+            self.next_lease()
+        } else {
+            0
+        };
         let result = {
             let store_checks = checks.store_checks();
             let timer = self.decision_seconds.start_timer();
-            let result = self.store.check(&store_checks).await;
+            let result = self.store.check_leased(&store_checks, lease).await;
             timer.observe_duration();
             result
         };
@@ -315,6 +366,7 @@ impl Engine {
                 checks,
                 decision,
                 error: None,
+                lease,
             },
             Err(error) => {
                 self.store_failed(&error, failure_mode);
@@ -327,6 +379,7 @@ impl Engine {
                     checks,
                     decision: Decision::from_outcomes(Vec::new()),
                     error: Some(error),
+                    lease: 0,
                 }
             }
         };
@@ -399,3 +452,16 @@ impl Engine {
 #[cfg(test)]
 #[path = "engine_tests.rs"]
 pub(crate) mod tests;
+
+/// A random 64-bit start for lease ids, from the standard library's per-process hash keys and the
+/// time (no dependency: uniqueness across instances, not secrecy, is what matters).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.finish()
+}

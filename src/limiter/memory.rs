@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
+use super::leases::{LeasePlan, Leases};
 use super::{Check, Clock, Decision, Outcome, Rule};
 
 #[path = "overflow.rs"]
@@ -43,6 +44,7 @@ enum State {
     Bucket(BucketState),
     Log(WindowLog),
     Buckets(WindowBuckets),
+    Leases(Leases),
     Quota(QuotaCount),
 }
 
@@ -70,6 +72,7 @@ impl Entry {
             (State::Bucket(s), Rule::TokenBucket(tb)) => s.is_idle(tb, now),
             (State::Log(s), Rule::SlidingWindow(sw)) => s.is_idle(sw, now),
             (State::Buckets(s), Rule::SlidingWindow(sw)) => s.is_idle(sw, now),
+            (State::Leases(s), Rule::Concurrency(_)) => s.is_idle(now),
             (State::Quota(s), Rule::Quota(_)) => s.is_idle(now),
             _ => true,
         }
@@ -81,6 +84,7 @@ impl Entry {
             (State::Bucket(s), Rule::TokenBucket(tb)) => s.idle_at(tb),
             (State::Log(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
             (State::Buckets(s), Rule::SlidingWindow(sw)) => s.idle_at(sw),
+            (State::Leases(s), Rule::Concurrency(_)) => s.idle_at(),
             (State::Quota(s), Rule::Quota(_)) => s.idle_at(),
             _ => 0,
         }
@@ -121,6 +125,7 @@ impl State {
             Rule::TokenBucket(tb) => State::Bucket(BucketState::full(tb, now)),
             Rule::SlidingWindow(sw) if sw.buckets == 0 => State::Log(WindowLog::default()),
             Rule::SlidingWindow(_) => State::Buckets(WindowBuckets::default()),
+            Rule::Concurrency(_) => State::Leases(Leases::default()),
             Rule::Quota(_) => State::Quota(QuotaCount::default()),
         }
     }
@@ -131,6 +136,7 @@ enum Pending {
     Bucket(BucketState),
     Log(u64),
     Buckets(u64),
+    Leases(LeasePlan),
     Quota(QuotaPlan),
     /// Counted in the overflow sketch: the debt (µs) the key owes once committed.
     Overflow(f64),
@@ -218,8 +224,13 @@ impl MemoryStore {
 
     /// Checks all; consumes only if all allow (shadow checks aside, see [`Check::shadow`]).
     pub fn check(&self, checks: &[Check<'_>]) -> Decision {
+        self.check_leased(checks, 0)
+    }
+
+    /// [`MemoryStore::check`], a concurrency check that commits taking lease `lease`.
+    pub fn check_leased(&self, checks: &[Check<'_>], lease: u64) -> Decision {
         if let [check] = checks {
-            return self.check_one(check);
+            return self.check_one(check, lease);
         }
         let now = self.clock.now_us();
         let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
@@ -257,7 +268,8 @@ impl MemoryStore {
             let all = checks.iter().zip(&shard_of).zip(&hashes).zip(pending);
             for (i, (((check, &shard), &hash), p)) in all.enumerate() {
                 if decision.commits(i) {
-                    commit(self, shard_mut(&mut guards, shard), hash, check, p, now);
+                    let shard = shard_mut(&mut guards, shard);
+                    commit(self, shard, hash, check, p, now, lease);
                 }
             }
         }
@@ -267,16 +279,61 @@ impl MemoryStore {
     /// The common case, a route with one policy: one lock and none of the scratch vectors that
     /// ordering several locks needs. With one check a rejection consumes nothing anyway, so there
     /// is nothing to re-evaluate.
-    fn check_one(&self, check: &Check<'_>) -> Decision {
+    fn check_one(&self, check: &Check<'_>, lease: u64) -> Decision {
         let now = self.clock.now_us();
         let hash = self.hasher.hash_one(check.key);
         let mut shard = lock(&self.shards[self.shard_index(hash)]);
         let (pending, outcome) = self.evaluate(&mut shard, hash, check, now);
         let decision = Decision::from_checks(std::slice::from_ref(check), vec![outcome]);
         if decision.commits(0) {
-            commit(self, &mut shard, hash, check, pending, now);
+            commit(self, &mut shard, hash, check, pending, now, lease);
         }
         decision
+    }
+
+    /// Consumes every check's cost whatever the counter holds (cost from the response, charged
+    /// after the request was admitted): a bucket may go below zero, a window past its limit.
+    pub fn charge(&self, checks: &[Check<'_>]) {
+        let now = self.clock.now_us();
+        for check in checks.iter().filter(|c| c.cost > 0) {
+            let hash = self.hasher.hash_one(check.key);
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            let (pending, _) = self.evaluate(&mut shard, hash, check, now);
+            commit(self, &mut shard, hash, check, pending, now, 0);
+        }
+    }
+
+    /// Extends lease `lease` on every concurrency check of `checks` to now + its TTL.
+    pub fn renew(&self, checks: &[Check<'_>], lease: u64) {
+        let now = self.clock.now_us();
+        for check in checks {
+            let Rule::Concurrency(cc) = check.rule else {
+                continue;
+            };
+            let hash = self.hasher.hash_one(check.key);
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            if let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) {
+                if let State::Leases(leases) = &mut entry.state {
+                    leases.renew(cc, now, lease);
+                }
+            }
+        }
+    }
+
+    /// Gives back lease `lease` on every concurrency check of `checks` (the others are skipped).
+    pub fn release(&self, checks: &[Check<'_>], lease: u64) {
+        for check in checks {
+            if !matches!(check.rule, Rule::Concurrency(_)) {
+                continue;
+            }
+            let hash = self.hasher.hash_one(check.key);
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            if let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) {
+                if let State::Leases(leases) = &mut entry.state {
+                    leases.release(lease);
+                }
+            }
+        }
     }
 
     /// Phase one for one check: its counter's outcome, or the overflow's when there is no room.
@@ -358,6 +415,7 @@ impl MemoryStore {
             // The config changed under this counter: keep state that means the same thing.
             let keeps_state = match (entry.rule, check.rule) {
                 (Rule::TokenBucket(_), Rule::TokenBucket(_)) => true,
+                (Rule::Concurrency(_), Rule::Concurrency(_)) => true,
                 (Rule::SlidingWindow(old), Rule::SlidingWindow(new)) => {
                     (old.buckets == 0 && new.buckets == 0)
                         || (old.buckets == new.buckets && old.window_us == new.window_us)
@@ -389,6 +447,7 @@ fn first_idle_at(entry: &Entry, check: &Check<'_>, now: u64) -> u64 {
             idle_at.saturating_add((check.cost as f64 * 1e6 / tb.rate).floor() as u64)
         }
         Rule::SlidingWindow(sw) => idle_at.max(now.saturating_add(sw.window_us)),
+        Rule::Concurrency(cc) => idle_at.max(now.saturating_add(cc.lease_ttl_us)),
         Rule::Quota(q) => idle_at.max(super::calendar::period(q.per, q.time_zone, now).end),
     }
 }
@@ -435,6 +494,11 @@ fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome
             let (current, outcome) = buckets.evaluate(sw, now, check.cost);
             (Pending::Buckets(current), outcome)
         }
+        (State::Leases(leases), Rule::Concurrency(cc)) => {
+            let plan = leases.eval(cc, now, check.cost);
+            let outcome = leases.outcome(cc, &plan, plan.allowed);
+            (Pending::Leases(plan), outcome)
+        }
         (State::Quota(count), Rule::Quota(q)) => {
             let (plan, outcome) = count.evaluate(q, now, check.cost);
             (Pending::Quota(plan), outcome)
@@ -456,6 +520,7 @@ fn commit(
     check: &Check<'_>,
     pending: Pending,
     now: u64,
+    lease: u64,
 ) {
     if check.cost == 0 {
         return;
@@ -484,6 +549,11 @@ fn commit(
         (State::Log(log), Pending::Log(at)) => log.consume(at, check.cost),
         (State::Buckets(buckets), Pending::Buckets(current)) => {
             buckets.consume(current, check.cost)
+        }
+        (State::Leases(leases), Pending::Leases(plan)) => {
+            if let Rule::Concurrency(cc) = check.rule {
+                leases.commit(cc, &plan, lease);
+            }
         }
         (State::Quota(count), Pending::Quota(plan)) => count.commit(&plan),
         _ => {}

@@ -12,6 +12,7 @@ pub mod breaker;
 pub mod calendar;
 pub mod clock;
 pub mod engine;
+pub mod leases;
 pub mod memory;
 pub mod redis;
 
@@ -39,6 +40,14 @@ pub struct SlidingWindow {
     pub buckets: u32,
 }
 
+/// At most `limit` requests in flight: each admitted request holds a lease until it is released,
+/// or for `lease_ttl_us` at most (a crashed instance cannot leak capacity for longer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Concurrency {
+    pub limit: u64,
+    pub lease_ttl_us: u64,
+}
+
 /// At most `limit` units per calendar period (a day, an ISO week from Monday, a month) in a named
 /// time zone: the counter resets at local midnight of the period's first day, DST included
 /// (`calendar.rs` computes the period, `docs/algorithms.md` "Calendar quota" has the math).
@@ -54,6 +63,7 @@ pub struct Quota {
 pub enum Rule {
     TokenBucket(TokenBucket),
     SlidingWindow(SlidingWindow),
+    Concurrency(Concurrency),
     Quota(Quota),
 }
 
@@ -63,6 +73,7 @@ impl Rule {
         match self {
             Rule::TokenBucket(tb) => tb.burst,
             Rule::SlidingWindow(sw) => sw.limit,
+            Rule::Concurrency(cc) => cc.limit,
             Rule::Quota(q) => q.limit,
         }
     }
@@ -73,6 +84,7 @@ impl Rule {
             Rule::TokenBucket(_) => "tb",
             Rule::SlidingWindow(SlidingWindow { buckets: 0, .. }) => "sw",
             Rule::SlidingWindow(_) => "swb",
+            Rule::Concurrency(_) => "cc",
             Rule::Quota(_) => "q",
         }
     }
@@ -188,11 +200,61 @@ pub enum Store {
 impl Store {
     /// Checks every counter and consumes from all of them only if all allow.
     pub async fn check(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        self.check_leased(checks, 0).await
+    }
+
+    /// [`Store::check`], where a concurrency check that commits takes lease `lease` (an id unique
+    /// among the leases held, below 2^53 so Lua holds it exactly).
+    pub async fn check_leased(
+        &self,
+        checks: &[Check<'_>],
+        lease: u64,
+    ) -> Result<Decision, StoreError> {
         match self {
-            Store::Memory(store) => Ok(store.check(checks)),
-            Store::Redis(store) => store.check(checks).await,
+            Store::Memory(store) => Ok(store.check_leased(checks, lease)),
+            Store::Redis(store) => store.check_leased(checks, lease).await,
             #[cfg(test)]
             Store::Faulty(store) => store.check(checks),
+        }
+    }
+
+    /// Consumes every check's cost whatever the counters hold: the charge of a cost known only
+    /// from the response, after the request was admitted (`docs/algorithms.md`).
+    pub async fn charge(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.charge(checks);
+                Ok(())
+            }
+            Store::Redis(store) => store.charge(checks).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(()),
+        }
+    }
+
+    /// Extends lease `lease` on the concurrency checks among `checks` (a request still running).
+    pub async fn renew(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.renew(checks, lease);
+                Ok(())
+            }
+            Store::Redis(store) => store.renew(checks, lease).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(()),
+        }
+    }
+
+    /// Releases lease `lease` on the concurrency checks among `checks`.
+    pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.release(checks, lease);
+                Ok(())
+            }
+            Store::Redis(store) => store.release(checks, lease).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(()),
         }
     }
 

@@ -110,6 +110,8 @@ pub(super) fn unit(rule: &Rule) -> (f64, u64) {
     match rule {
         Rule::TokenBucket(tb) => (1e6 / tb.rate, tb.burst),
         Rule::SlidingWindow(sw) => (sw.window_us as f64, sw.limit),
+        // A lease counted here is never released: it holds its slot for the whole TTL.
+        Rule::Concurrency(cc) => (cc.lease_ttl_us as f64, cc.limit),
         // Read as a sliding window as long as the longest period: never laxer than the quota.
         Rule::Quota(q) => (crate::limiter::calendar::longest_us(q.per) as f64, q.limit),
     }

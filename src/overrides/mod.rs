@@ -208,6 +208,14 @@ pub fn rule_for(policy: &Policy, limits: &Limits) -> Result<Rule, Invalid> {
                 ..q
             }))
         }
+        // More (or fewer) requests in flight for one key; the lease TTL stays the policy's.
+        Rule::Concurrency(cc) => {
+            no_bucket_fields(limits)?;
+            Ok(Rule::Concurrency(crate::limiter::Concurrency {
+                limit: limit()?,
+                ..cc
+            }))
+        }
         #[allow(unreachable_patterns)]
         _ => Err(invalid(
             "policy",

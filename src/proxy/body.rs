@@ -19,6 +19,8 @@ pub enum ResponseBody {
     /// An upstream body whose target counts it in flight until it ends or drops.
     Balanced(super::pool::UpstreamBody, super::balance::InFlight),
     Full(Option<Bytes>),
+    /// Either of the above holding a concurrency lease until it ends (`crate::inflight`).
+    Leased(Box<crate::inflight::Leased>),
 }
 
 impl ResponseBody {
@@ -44,6 +46,7 @@ impl Body for ResponseBody {
                 Pin::new(body).poll_frame(cx).map_err(Into::into)
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Leased(body) => Pin::new(&mut **body).poll_frame(cx),
         }
     }
 
@@ -51,6 +54,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Leased(body) => body.is_end_stream(),
         }
     }
 
@@ -59,6 +63,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.size_hint(),
             ResponseBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
+            ResponseBody::Leased(body) => body.size_hint(),
         }
     }
 }

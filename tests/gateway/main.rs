@@ -11,6 +11,7 @@ mod concurrency;
 mod exempt;
 mod flood;
 mod hardening;
+mod inflight;
 mod keys;
 mod lifecycle;
 mod limits;

@@ -432,3 +432,34 @@ async fn exempt_requests_pass_the_door_without_consuming() {
         "nothing was consumed"
     );
 }
+
+/// forward-auth never sees the response: it does not apply concurrency policies (no lease could
+/// ever be released), and charges a cost from the response as its `fallback`, up front (issue 15).
+#[tokio::test]
+async fn forward_auth_skips_concurrency_and_charges_the_fallback_cost() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+forward_auth: { listen: 127.0.0.1:0 }
+routes:
+  - name: llm
+    respond: { status: 200 }
+    policies:
+      - { name: inflight, key: [method], concurrency: { limit: 1 } }
+      - name: tokens
+        key: [method]
+        token_bucket: { rate: 1/d, burst: 10 }
+        cost: { response_header: x-usage-tokens, fallback: 3 }
+"#;
+    let gw = TestGateway::start(yaml).await;
+    let check = gw.running().forward_auth_addr.expect("check listener");
+    for remaining in ["7", "4", "1"] {
+        let reply = call(check, "", &[("x-forwarded-uri", "/v1/chat")]).await;
+        assert_eq!(reply.status, 200, "a concurrency limit of 1 is not applied");
+        assert_eq!(header(&reply, "x-ratelimit-remaining"), remaining);
+    }
+    let refused = call(check, "", &[("x-forwarded-uri", "/v1/chat")]).await;
+    assert_eq!(refused.status, 429, "3 tokens needed, 1 left");
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).expect("JSON");
+    assert_eq!(body["policy"], "tokens");
+}

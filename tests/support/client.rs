@@ -72,9 +72,16 @@ impl Client {
 
     /// GET that reports failure instead of failing the test: for load loops that count errors.
     pub async fn try_get(&self, url: &str) -> Result<Reply, String> {
-        let req = request(Method::GET, url)
-            .body(empty())
-            .map_err(|e| e.to_string())?;
+        self.try_get_with(url, &[]).await
+    }
+
+    /// [`Client::try_get`] with extra headers.
+    pub async fn try_get_with(&self, url: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
+        let mut builder = request(Method::GET, url);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let req = builder.body(empty()).map_err(|e| e.to_string())?;
         let response = tokio::time::timeout(LIVENESS, self.inner.request(req))
             .await
             .map_err(|_| "timed out".to_string())?

@@ -12,10 +12,13 @@
 //!   arrives, then answer with the total length;
 //! - `x-test-hop-response: 1`: add hop-by-hop fields to the response;
 //! - `x-test-big: N`: answer with a body of N bytes streamed in 16 KiB chunks;
+//! - `x-test-sleep-ms: N`: answer after N ms (a slow request);
+//! - `x-test-cost: V`: report V in the response header `x-usage-tokens` (cost from the response);
 //! - `Connection: upgrade` + `Upgrade`: answer 101 and echo the tunnel's bytes.
 //!
-//! It counts TCP connections accepted, open now and open at most at once, and requests received,
-//! and stops on drop.
+//! It counts TCP connections accepted, open now and open at most at once, requests received, and
+//! requests in flight (head received, response not yet handed back) now and at most at once, and
+//! stops on drop.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -48,6 +51,25 @@ struct Shared {
     gate: Semaphore,
     frames_tx: mpsc::UnboundedSender<Bytes>,
     frames_rx: Mutex<mpsc::UnboundedReceiver<Bytes>>,
+    in_flight: AtomicUsize,
+    peak_in_flight: AtomicUsize,
+}
+
+/// One request in flight at the upstream, counted until dropped.
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> InFlight {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A running upstream. Dropping it closes the listener and every connection.
@@ -76,6 +98,8 @@ impl Upstream {
             gate: Semaphore::new(0),
             frames_tx,
             frames_rx: Mutex::new(frames_rx),
+            in_flight: AtomicUsize::new(0),
+            peak_in_flight: AtomicUsize::new(0),
         });
         let accept_shared = shared.clone();
         let task = tokio::spawn(async move {
@@ -132,6 +156,16 @@ impl Upstream {
         }
     }
 
+    /// Requests in flight now: head received, response not yet handed back (nor abandoned).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most requests that were in flight at once.
+    pub fn peak_in_flight(&self) -> usize {
+        self.shared.peak_in_flight.load(Ordering::SeqCst)
+    }
+
     /// Request heads received so far (a rejected request must never add to this).
     pub fn requests(&self) -> usize {
         *self.shared.requests.borrow()
@@ -176,6 +210,16 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<UpBody>, Infallible> {
     shared.requests.send_modify(|n| *n += 1);
+    let _in_flight = InFlight::new(&shared);
+    if let Some(ms) = req
+        .headers()
+        .get("x-test-sleep-ms")
+        .and_then(|v| v.to_str().ok())
+    {
+        let ms = ms.parse().expect("x-test-sleep-ms: N");
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+    let cost = req.headers().get("x-test-cost").cloned();
 
     let connection = req.headers().get(http::header::CONNECTION);
     let upgrading = connection.is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"upgrade"));
@@ -228,6 +272,9 @@ async fn handle(
     let mut response = Response::new(full(echo.to_string()));
     let h = response.headers_mut();
     h.insert("content-type", HeaderValue::from_static("application/json"));
+    if let Some(cost) = cost {
+        h.insert("x-usage-tokens", cost);
+    }
     if hop {
         // RFC 9110 §7.6.1: none of these may reach the client.
         h.insert("connection", HeaderValue::from_static("x-hop"));

@@ -24,6 +24,7 @@ type Consumed = (usize, [i64; 2]);
 pub(super) async fn check(
     store: &RedisStore,
     checks: &[Check<'_>],
+    lease: u64,
 ) -> Result<Decision, StoreError> {
     let keys: Vec<String> = checks.iter().map(|c| store.redis_key(c)).collect();
     let slots: Vec<u16> = keys.iter().map(|k| redis_keyslot(k.as_bytes())).collect();
@@ -32,7 +33,7 @@ pub(super) async fn check(
             .shared
             .run(|| {
                 let keys = keys.iter().map(|k| Key::from(k.as_str()));
-                (keys.collect(), store.args(checks))
+                (keys.collect(), store.args(checks, lease))
             })
             .await?;
         return wire::decode(&reply, checks.len());
@@ -53,7 +54,7 @@ pub(super) async fn check(
                 .shared
                 .run(|| {
                     let keys = members.iter().map(|&i| Key::from(keys[i].as_str()));
-                    (keys.collect(), wire::args(now, &subset))
+                    (keys.collect(), wire::args(now, &subset, lease))
                 })
                 .await?;
             wire::decode(&reply, subset.len()).map(|d| (d, reply))

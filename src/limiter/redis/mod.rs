@@ -230,13 +230,75 @@ impl RedisStore {
             .collect()
     }
 
-    fn args(&self, checks: &[Check<'_>]) -> Vec<Value> {
-        let now = self.shared.test_clock.as_ref().map(|c| c.now_us());
-        wire::args(now, checks)
+    fn args(&self, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
+        wire::args(self.test_now(), checks, lease)
+    }
+
+    fn test_now(&self) -> Option<u64> {
+        self.shared.test_clock.as_ref().map(|c| c.now_us())
     }
 
     /// Checks every counter in one script call, consuming from all only if all allow.
     pub async fn check(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        self.check_leased(checks, 0).await
+    }
+
+    /// Consumes every check's cost whatever the counters hold (cost from the response): one call,
+    /// or on a Cluster one per check (a charge needs no atomicity across keys).
+    pub async fn charge(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        let now = self.test_now();
+        self.per_slot(checks, |subset| wire::charge_args(now, subset))
+            .await
+    }
+
+    /// Releases lease `lease` on every concurrency check of `checks` (decide.lua's refund).
+    pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+        self.per_slot(checks, |subset| wire::release_args(subset, lease))
+            .await
+    }
+
+    /// Extends lease `lease` on every concurrency check of `checks` (a request still running).
+    pub async fn renew(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+        let now = self.test_now();
+        self.per_slot(checks, |subset| wire::renew_args(now, subset, lease))
+            .await
+    }
+
+    /// One script call with `args` over all `checks`, or on a Cluster one per check, concurrently.
+    async fn per_slot(
+        &self,
+        checks: &[Check<'_>],
+        args: impl Fn(&[Check<'_>]) -> Vec<Value>,
+    ) -> Result<(), StoreError> {
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let groups: Vec<&[Check<'_>]> = if self.shared.cluster {
+            checks.chunks(1).collect()
+        } else {
+            vec![checks]
+        };
+        let calls = groups.into_iter().map(|group| {
+            let args = &args;
+            async move {
+                self.shared
+                    .run(|| (self.keys(group), args(group)))
+                    .await
+                    .map(|_| ())
+            }
+        });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// [`RedisStore::check`], a concurrency check that commits taking lease `lease`.
+    pub async fn check_leased(
+        &self,
+        checks: &[Check<'_>],
+        lease: u64,
+    ) -> Result<Decision, StoreError> {
         if checks.is_empty() {
             return Ok(Decision::from_outcomes(Vec::new()));
         }
@@ -248,9 +310,9 @@ impl RedisStore {
         let result = if !shared.pool.clients().iter().any(|c| c.is_connected()) {
             Err(StoreError::Connection("not connected".to_string()))
         } else if shared.cluster {
-            cluster::check(self, checks).await
+            cluster::check(self, checks, lease).await
         } else {
-            self.evaluate(checks).await
+            self.evaluate(checks, lease).await
         };
         match &result {
             Err(StoreError::Timeout(_) | StoreError::Connection(_)) => {
@@ -270,10 +332,10 @@ impl RedisStore {
     }
 
     /// One script call for all `checks` (which, on a Cluster, share a slot).
-    async fn evaluate(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+    async fn evaluate(&self, checks: &[Check<'_>], lease: u64) -> Result<Decision, StoreError> {
         let reply = self
             .shared
-            .run(|| (self.keys(checks), self.args(checks)))
+            .run(|| (self.keys(checks), self.args(checks, lease)))
             .await?;
         wire::decode(&reply, checks.len())
     }

@@ -31,9 +31,10 @@ pub fn key(prefix: &str, check: &Check<'_>) -> String {
 }
 
 /// The script's ARGV: `now` (`None`: the script reads Redis `TIME`), then
-/// `kind, p1, p2, p3, cost, shadow` per check. A calendar quota's period is computed here, at
-/// `now` or else at this gateway's wall clock (`docs/algorithms.md` on clock skew).
-pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+/// `kind, p1, p2, p3, cost, shadow` per check; a concurrency check that commits takes `lease`.
+/// A calendar quota's period is computed here, at `now` or else at this gateway's wall clock
+/// (`docs/algorithms.md` on clock skew).
+pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     let mut wall = now;
     let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
     let mut args = Vec::with_capacity(1 + 6 * checks.len());
@@ -55,6 +56,12 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
                 args.push(int(sw.limit));
                 args.push(int(sw.window_us));
                 args.push(int(u64::from(sw.buckets)));
+            }
+            Rule::Concurrency(cc) => {
+                args.push(Value::from_static_str("cc"));
+                args.push(int(cc.limit));
+                args.push(int(cc.lease_ttl_us));
+                args.push(int(lease));
             }
             Rule::Quota(q) => {
                 let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
@@ -114,6 +121,42 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     })
 }
 
+/// The charge's ARGV: `"charge"`, then [`args`]: every check's cost is consumed whatever the
+/// counter holds (cost from the response).
+pub fn charge_args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(2 + 6 * checks.len());
+    out.push(Value::from_static_str("charge"));
+    out.extend(args(now, checks, 0));
+    out
+}
+
+/// The renewal's ARGV: `"renew"`, `now`, then `lease TTL, lease` per concurrency check.
+pub fn renew_args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let mut args = Vec::with_capacity(2 + 2 * checks.len());
+    args.push(Value::from_static_str("renew"));
+    args.push(match now {
+        Some(now) => int(now),
+        None => Value::from_static_str(""),
+    });
+    for check in checks {
+        let ttl = match check.rule {
+            Rule::Concurrency(cc) => cc.lease_ttl_us,
+            _ => 0,
+        };
+        args.push(int(ttl));
+        args.push(int(lease));
+    }
+    args
+}
+
+/// The release's ARGV: a refund of lease `lease` on each concurrency check of `checks`.
+pub fn release_args(checks: &[Check<'_>], lease: u64) -> Vec<Value> {
+    let lease = i64::try_from(lease).unwrap_or(i64::MAX);
+    let entries: Vec<(Check<'_>, [i64; 2])> = checks.iter().map(|c| (*c, [lease, 0])).collect();
+    refund_args(&entries)
+}
+
 /// What identifies the consumption of check `i` for a refund (only after [`decode`] accepted the
 /// reply's length).
 pub fn stamp(reply: &[i64], checks: usize, i: usize) -> [i64; 2] {
@@ -131,7 +174,7 @@ pub fn refund_args(entries: &[(Check<'_>, [i64; 2])]) -> Vec<Value> {
         args.push(int(check.cost));
         args.push(match check.rule {
             Rule::TokenBucket(tb) => int(tb.burst),
-            Rule::SlidingWindow(_) | Rule::Quota(_) => Value::Integer(0),
+            Rule::SlidingWindow(_) | Rule::Concurrency(_) | Rule::Quota(_) => Value::Integer(0),
         });
         args.push(Value::Integer(stamp[0]));
         args.push(Value::Integer(stamp[1]));

@@ -1,0 +1,269 @@
+//! After admission, for the inline gateway: concurrency leases held until the response ends, and
+//! costs charged when the response head arrives (`docs/algorithms.md`, "Concurrency" and "Cost
+//! from the response").
+//!
+//! A lease is a [`LeaseGuard`]: taken from [`AfterAdmission::lease`] right after the decision, it
+//! lives in the request's future and then in the response body ([`Leased`]), so it is released
+//! when the body ends, when the client goes away (hyper drops the body or the future), and when
+//! the request fails after admission (the guard is dropped with the error). Release is one more
+//! store call (Redis: spawned, off the client's path); a release that never happens (a crash) is
+//! bounded by the lease TTL.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use prometheus::{IntCounter, IntGauge};
+
+use crate::config::Route;
+use crate::limiter::{Check, Rule, Store, Verdict};
+use crate::proxy::body::{BoxError, ResponseBody};
+use crate::state::{AppState, RouteResources};
+
+/// What the inline gateway owes an admitted request: the lease its concurrency policies hold and
+/// the policies whose cost comes from the response.
+#[derive(Debug, Default)]
+pub struct AfterAdmission {
+    lease: Option<u64>,
+    /// (counter key, rule) of each concurrency check holding `lease`.
+    leased: Vec<(String, Rule)>,
+    /// (counter key, rule, policy index in the route) of each cost from the response.
+    charges: Vec<(String, Rule, usize)>,
+}
+
+impl AfterAdmission {
+    /// From an admitting `verdict`: `later` pairs the index each check was pushed at with its
+    /// policy's index in `route`.
+    pub(crate) fn new(route: &Route, verdict: &Verdict<'_>, later: &[(usize, usize)]) -> Self {
+        let mut after = AfterAdmission {
+            lease: verdict.lease(),
+            ..AfterAdmission::default()
+        };
+        for &(i, j) in later {
+            let Some(policy) = route.policies.get(j) else {
+                continue;
+            };
+            let key = verdict.key(i).to_string();
+            if matches!(policy.rule, Rule::Concurrency(_)) {
+                if after.lease.is_some() {
+                    after.leased.push((key, policy.rule));
+                }
+            } else if policy.response_cost.is_some() {
+                after.charges.push((key, policy.rule, j));
+            }
+        }
+        after
+    }
+
+    /// The guard of this request's lease, counted in `in_flight` until it is released.
+    pub fn lease(&mut self, state: &Arc<AppState>, in_flight: &IntGauge) -> Option<LeaseGuard> {
+        let lease = self.lease?;
+        if self.leased.is_empty() {
+            return None;
+        }
+        in_flight.inc();
+        let leased = std::mem::take(&mut self.leased);
+        Some(LeaseGuard {
+            renewing: Some(renew_while_held(state, &leased, lease)),
+            state: state.clone(),
+            lease,
+            leased,
+            in_flight: in_flight.clone(),
+            released: false,
+        })
+    }
+
+    /// Charges each cost from the response now that its head is here: the header's amount (or
+    /// the fallback) less the `min_cost` admission took. In-process at once; on Redis in a
+    /// spawned task, so the client's response is not held up by the extra round trip.
+    pub fn charge(
+        &self,
+        state: &Arc<AppState>,
+        route: &Route,
+        resources: &RouteResources,
+        headers: &HeaderMap,
+    ) {
+        let mut due: Vec<(String, Rule, u64, IntCounter)> = Vec::new();
+        for (key, rule, j) in &self.charges {
+            let (Some(policy), Some(metrics)) =
+                (route.policies.get(*j), resources.policies.get(*j))
+            else {
+                continue;
+            };
+            let Some(rc) = &policy.response_cost else {
+                continue;
+            };
+            let extra = rc.total(headers.get(&rc.header)) - rc.min_cost;
+            if extra > 0 {
+                due.push((key.clone(), *rule, extra, metrics.cost_charged.clone()));
+            }
+        }
+        if due.is_empty() {
+            return;
+        }
+        if let Store::Memory(store) = state.engine.store() {
+            store.charge(&checks(&due));
+            due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra));
+            return;
+        }
+        let state = state.clone();
+        tokio::spawn(async move {
+            match state.engine.charge(&checks(&due)).await {
+                Ok(()) => due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra)),
+                Err(error) => tracing::warn!(%error, "charging a cost from the response failed"),
+            }
+        });
+    }
+}
+
+/// Renews the lease every half of its (shortest) TTL until aborted by the guard's release, so a
+/// request running longer than `lease_ttl` keeps counting; only a dead instance stops renewing.
+fn renew_while_held(
+    state: &Arc<AppState>,
+    leased: &[(String, Rule)],
+    lease: u64,
+) -> tokio::task::JoinHandle<()> {
+    let ttl_us = leased
+        .iter()
+        .filter_map(|(_, rule)| match rule {
+            Rule::Concurrency(cc) => Some(cc.lease_ttl_us),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(u64::MAX / 4);
+    let period = Duration::from_micros((ttl_us / 2).max(500));
+    let due: Vec<(String, Rule, u64, ())> =
+        leased.iter().map(|(k, r)| (k.clone(), *r, 1, ())).collect();
+    let state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tick.tick().await;
+            if let Err(error) = state.engine.store().renew(&checks(&due), lease).await {
+                tracing::debug!(%error, "renewing a concurrency lease failed");
+            }
+        }
+    })
+}
+
+fn checks<'a, T>(due: &'a [(String, Rule, u64, T)]) -> Vec<Check<'a>> {
+    due.iter()
+        .map(|(key, rule, cost, _)| Check {
+            key,
+            rule,
+            cost: *cost,
+            shadow: false,
+        })
+        .collect()
+}
+
+/// A held concurrency lease; released once, on [`LeaseGuard::release`] or on drop.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    state: Arc<AppState>,
+    lease: u64,
+    leased: Vec<(String, Rule)>,
+    in_flight: IntGauge,
+    released: bool,
+    /// The task renewing the lease while the request runs.
+    renewing: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl LeaseGuard {
+    /// Gives the lease back: in-process at once, on Redis in a spawned task.
+    pub fn release(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        self.in_flight.dec();
+        if let Some(renewing) = self.renewing.take() {
+            renewing.abort();
+        }
+        let leased = std::mem::take(&mut self.leased);
+        let lease = self.lease;
+        let to_checks = |leased: &[(String, Rule)]| -> Vec<(String, Rule, u64, ())> {
+            leased.iter().map(|(k, r)| (k.clone(), *r, 1, ())).collect()
+        };
+        if let Store::Memory(store) = self.state.engine.store() {
+            store.release(&checks(&to_checks(&leased)), lease);
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime (shutdown): the lease expires by its TTL.
+            return;
+        };
+        let state = self.state.clone();
+        runtime.spawn(async move {
+            let due = to_checks(&leased);
+            state.engine.release(&checks(&due), lease).await;
+        });
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A response body that holds a lease until it ends (or is dropped: the client went away).
+#[derive(Debug)]
+pub struct Leased {
+    body: ResponseBody,
+    guard: LeaseGuard,
+}
+
+impl Leased {
+    pub fn wrap(body: ResponseBody, guard: LeaseGuard) -> ResponseBody {
+        ResponseBody::Leased(Box::new(Leased { body, guard }))
+    }
+}
+
+impl Body for Leased {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || this.body.is_end_stream() {
+            this.guard.release();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The response for `refusal` on `route`: a concurrency policy's refusal carries its
+/// `refuse_with` status (503 if so configured; 429 and its headers otherwise).
+pub fn refusal(
+    route: &Route,
+    refusal: &crate::respond::Refusal<'_>,
+) -> http::Response<ResponseBody> {
+    let mut response = crate::respond::refusal(refusal);
+    if let crate::respond::Refusal::RateLimited { policy, .. } = refusal {
+        let status = route
+            .policies
+            .iter()
+            .find(|p| &*p.name == *policy)
+            .map(|p| p.refuse_with);
+        if let Some(status) = status.filter(|s| *s != http::StatusCode::TOO_MANY_REQUESTS) {
+            *response.status_mut() = status;
+        }
+    }
+    response
+}
