@@ -115,6 +115,14 @@ async fn serve_route<'l>(
             r
         }
         Action::Forward(upstream) => {
+            // After the decision: keys were made from the request's own path.
+            let mut req = req;
+            if let Some(rewrite) = &route.rewrite {
+                match rewrite.apply(req.uri(), params) {
+                    Some(uri) => *req.uri_mut() = uri,
+                    None => return Err(Refusal::BadRequest("unforwardable path".to_string())),
+                }
+            }
             let client_side = ClientSide {
                 peer: peer_ip,
                 peer_trusted: live.config.trusted_proxies.contains(&peer_ip),

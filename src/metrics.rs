@@ -33,6 +33,60 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
     quota_units: IntCounterVec,
+    upstream_requests: IntCounterVec,
+    upstream_ejections: IntCounterVec,
+    upstream_in_flight: IntGaugeVec,
+}
+
+/// How one attempt on an upstream target ended, as counted by
+/// `turnstile_upstream_requests_total{upstream, target, outcome}`. A request retried on another
+/// target after a connect error counts once on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetOutcome {
+    /// A response head arrived.
+    Ok,
+    /// No connection could be opened (refused, unreachable, connect timeout).
+    ConnectError,
+    /// No response head within the upstream's `timeout`.
+    Timeout,
+    /// Every connection the pool may have stayed busy for `pool_timeout`.
+    Busy,
+    /// The exchange broke on an open connection (or the request body failed).
+    Error,
+}
+
+impl TargetOutcome {
+    const ALL: [TargetOutcome; 5] = [
+        TargetOutcome::Ok,
+        TargetOutcome::ConnectError,
+        TargetOutcome::Timeout,
+        TargetOutcome::Busy,
+        TargetOutcome::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetOutcome::Ok => "ok",
+            TargetOutcome::ConnectError => "connect_error",
+            TargetOutcome::Timeout => "timeout",
+            TargetOutcome::Busy => "busy",
+            TargetOutcome::Error => "error",
+        }
+    }
+}
+
+/// The series of one upstream target, resolved when the config loads.
+#[derive(Debug, Clone)]
+pub struct TargetMetrics {
+    by_outcome: [IntCounter; 5],
+    pub ejections: IntCounter,
+    pub in_flight: IntGauge,
+}
+
+impl TargetMetrics {
+    pub fn record(&self, outcome: TargetOutcome) {
+        self.by_outcome[outcome as usize].inc();
+    }
 }
 
 /// How a deciding door (forward-auth, ext_authz) answered, as counted by
@@ -302,6 +356,32 @@ impl Metrics {
                 "Units charged after the response (cost from a response header), per policy.",
                 &["route", "policy"],
             ),
+            upstream_requests: counter(
+                "turnstile_upstream_requests_total",
+                "Attempts on each upstream target, by outcome (a connect error retried elsewhere \
+                 counts on both targets).",
+                &["upstream", "target", "outcome"],
+            ),
+            upstream_ejections: counter(
+                "turnstile_upstream_ejections_total",
+                "Times a target was left out for `eject_for` after failing to connect.",
+                &["upstream", "target"],
+            ),
+            upstream_in_flight: {
+                let name = "turnstile_upstream_in_flight";
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        name,
+                        "Requests on each upstream target now, until their body ends.",
+                    ),
+                    &["upstream", "target"],
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                registry
+                    .register(Box::new(g.clone()))
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                g
+            },
             quota_units: counter(
                 "turnstile_quota_used_units_total",
                 "Units admitted requests charged to calendar quota policies, all keys together.",
@@ -366,6 +446,22 @@ impl Metrics {
             jwt: ["valid", "invalid", "missing"]
                 .map(|r| self.jwt_tokens.with_label_values(&[route, r])),
             in_flight: self.in_flight.with_label_values(&[route]),
+        }
+    }
+
+    /// The series of one target of `upstream` (labels from the config only), at 0 from the start.
+    pub fn target(&self, upstream: &str, target: &str) -> TargetMetrics {
+        TargetMetrics {
+            by_outcome: TargetOutcome::ALL.map(|o| {
+                self.upstream_requests
+                    .with_label_values(&[upstream, target, o.as_str()])
+            }),
+            ejections: self
+                .upstream_ejections
+                .with_label_values(&[upstream, target]),
+            in_flight: self
+                .upstream_in_flight
+                .with_label_values(&[upstream, target]),
         }
     }
 

@@ -3,13 +3,14 @@
 //! all hold an `Arc<AppState>`; none reaches another door's type.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Action, ReloadStatus, Snapshot};
 use crate::limiter::Engine;
 use crate::metrics::{Metrics, PolicyMetrics, RouteMetrics};
-use crate::proxy::UpstreamClient;
+use crate::proxy::balance::Balancer;
 use crate::rls::settings::RlsResources;
 
 /// Shared by every connection of every listener.
@@ -56,16 +57,16 @@ pub struct RouteResources {
     pub metrics: RouteMetrics,
     /// One per policy of the route, in the same order.
     pub policies: Vec<PolicyMetrics>,
-    /// The pool of the route's upstream (shared with every route forwarding there); `None` for a
-    /// `respond:` route.
-    pub client: Option<UpstreamClient>,
+    /// The targets (each with its pool) of the route's upstream, shared with every route
+    /// forwarding there; `None` for a `respond:` route.
+    pub client: Option<Arc<Balancer>>,
 }
 
 impl Live {
     /// Attaches the resources `config` needs: one connection pool per upstream (rebuilt on every
     /// load; in-flight requests drain the old ones) and every metric series, at 0 from the start.
     pub fn attach(config: Snapshot, metrics: &Metrics) -> Live {
-        let mut clients: HashMap<&str, UpstreamClient> = HashMap::new();
+        let mut clients: HashMap<&str, Arc<Balancer>> = HashMap::new();
         let routes = config
             .routes
             .iter()
@@ -74,19 +75,7 @@ impl Live {
                     Action::Forward(up) => Some(
                         clients
                             .entry(up.name.as_str())
-                            .or_insert_with(|| {
-                                let limits = crate::proxy::pool::Limits {
-                                    connect_timeout: up.connect_timeout,
-                                    max_connections: up.max_connections,
-                                    pool_timeout: up.pool_timeout,
-                                };
-                                UpstreamClient::with_tls(
-                                    &up.scheme,
-                                    &up.authority,
-                                    limits,
-                                    up.tls.as_ref(),
-                                )
-                            })
+                            .or_insert_with(|| Arc::new(Balancer::new(up, metrics)))
                             .clone(),
                     ),
                     Action::Respond(_) | Action::CheckOnly => None,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
@@ -19,6 +20,7 @@ use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
+use crate::proxy::rewrite::{PathRewrite, RouteShape};
 use crate::respond::headers::MAX_POLICIES;
 use crate::respond::{HeaderMode, LimitedResponse, RateLimitHeaders};
 use crate::route::RouteMatch;
@@ -651,62 +653,137 @@ fn upstream(e: &mut Errors, name: &str, raw: &RawUpstream, source: &Path) -> Opt
         raw.pool_timeout.as_deref(),
         DEFAULT_POOL_TIMEOUT,
     );
-    let uri = match raw.url.parse::<Uri>() {
+    let balance = match raw.balance.as_deref() {
+        None | Some("round_robin") => Balance::RoundRobin,
+        Some("least_in_flight") => Balance::LeastInFlight,
+        Some(other) => {
+            e.add(
+                format!("{path}.balance"),
+                format!("`{other}` is not a balance; expected round_robin or least_in_flight"),
+            );
+            Balance::RoundRobin
+        }
+    };
+    let eject_for = timeout_or(
+        e,
+        &format!("{path}.eject_for"),
+        raw.eject_for.as_deref(),
+        DEFAULT_EJECT_FOR,
+    );
+    let targets: Vec<(Scheme, Authority)> = match (&raw.url, &raw.targets) {
+        (Some(url), None) => vec![target_url(e, &format!("{path}.url"), url)?],
+        (None, Some(list)) if !list.is_empty() => {
+            let mut targets: Vec<(Scheme, Authority)> = Vec::new();
+            let mut ok = true;
+            for (i, url) in list.iter().enumerate() {
+                let tpath = format!("{path}.targets[{i}]");
+                match target_url(e, &tpath, url) {
+                    Some(t) if targets.iter().any(|(_, a)| *a == t.1) => {
+                        e.add(tpath, format!("`{url}` is listed twice"));
+                        ok = false;
+                    }
+                    // One scheme per upstream: its TLS settings apply to every target or none.
+                    Some(t) if targets.first().is_some_and(|(first, _)| *first != t.0) => {
+                        e.add(
+                            tpath,
+                            "every target of an upstream must use the same scheme",
+                        );
+                        ok = false;
+                    }
+                    Some(t) => targets.push(t),
+                    None => ok = false,
+                }
+            }
+            if !ok {
+                return None;
+            }
+            targets
+        }
+        (None, Some(_)) => {
+            e.add(
+                format!("{path}.targets"),
+                "must list at least one http://HOST:PORT or https://HOST:PORT",
+            );
+            return None;
+        }
+        (Some(_), Some(_)) => {
+            e.add(&path, "give either `url` or `targets`, not both");
+            return None;
+        }
+        (None, None) => {
+            e.add(
+                &path,
+                "needs `url: http://HOST:PORT` or `targets: [http://HOST:PORT, ...]`",
+            );
+            return None;
+        }
+    };
+    let scheme = targets[0].0.clone();
+    let targets: Vec<Authority> = targets.into_iter().map(|(_, a)| a).collect();
+    let tls = match super::tls::upstream(&path, raw, scheme == Scheme::HTTPS, source) {
+        Ok((tls, warnings)) => {
+            // Logged at start and on every reload, printed by `check`.
+            for (p, m) in warnings {
+                e.warn(p, m);
+            }
+            tls
+        }
+        Err(problems) => {
+            problems.into_iter().for_each(|(p, m)| e.add(p, m));
+            return None;
+        }
+    };
+    Some(Upstream {
+        name: name.to_string(),
+        scheme,
+        authority: targets[0].clone(),
+        targets,
+        balance,
+        eject_for,
+        connect_timeout,
+        timeout,
+        max_connections,
+        pool_timeout,
+        tls,
+    })
+}
+
+/// NGINX's `fail_timeout` default: long enough not to hammer a dead target, short enough that a
+/// restarted one is back soon.
+const DEFAULT_EJECT_FOR: Duration = Duration::from_secs(10);
+
+/// One target: `http://HOST:PORT` or `https://HOST:PORT`, no path (the request's own path is
+/// forwarded).
+fn target_url(e: &mut Errors, path: &str, url: &str) -> Option<(Scheme, Authority)> {
+    let uri = match url.parse::<Uri>() {
         Ok(uri) => uri,
         Err(_) => {
             e.add(
-                format!("{path}.url"),
-                format!(
-                    "`{}` is not a URL; expected http://HOST:PORT or https://HOST:PORT",
-                    raw.url
-                ),
+                path,
+                format!("`{url}` is not a URL; expected http://HOST:PORT or https://HOST:PORT"),
             );
             return None;
         }
     };
     let scheme = match uri.scheme_str() {
-        Some("https") => Some(http::uri::Scheme::HTTPS),
-        Some("http") => Some(http::uri::Scheme::HTTP),
+        Some("https") => Some(Scheme::HTTPS),
+        Some("http") => Some(Scheme::HTTP),
         _ => None,
     };
-    let tls =
-        match super::tls::upstream(&path, raw, scheme == Some(http::uri::Scheme::HTTPS), source) {
-            Ok((tls, warnings)) => {
-                // Logged at start and on every reload, printed by `check`.
-                for (p, m) in warnings {
-                    e.warn(p, m);
-                }
-                tls
-            }
-            Err(problems) => {
-                problems.into_iter().for_each(|(p, m)| e.add(p, m));
-                return None;
-            }
-        };
     match (scheme, uri.authority(), uri.path()) {
-        (Some(scheme), Some(authority), "" | "/") => Some(Upstream {
-            name: name.to_string(),
-            scheme,
-            authority: authority.clone(),
-            connect_timeout,
-            timeout,
-            max_connections,
-            pool_timeout,
-            tls,
-        }),
+        (Some(scheme), Some(authority), "" | "/") => Some((scheme, authority.clone())),
         (Some(_), Some(_), _) => {
             e.add(
-                format!("{path}.url"),
+                path,
                 "must not have a path: the request's own path is forwarded",
             );
             None
         }
         _ => {
             e.add(
-                format!("{path}.url"),
+                path,
                 format!(
-                    "`{}`: only http://HOST:PORT and https://HOST:PORT upstreams are supported",
-                    raw.url
+                    "`{url}`: only http://HOST:PORT and https://HOST:PORT upstreams are supported"
                 ),
             );
             None
@@ -726,6 +803,11 @@ fn route(
         e.add(format!("{path}.name"), NAME_HELP);
     }
     let (matcher, params) = route_match(e, path, &raw.matcher);
+    // A bad `match` is reported once; its captures are unknown, so a rewrite is not judged.
+    let rewrite = match matcher {
+        Some(_) => path_rewrite(e, path, raw, &params),
+        None => Some(None),
+    };
     let action = match (&raw.upstream, &raw.respond) {
         (Some(name), None) => match upstreams.get(name) {
             Some(Some(up)) => Some(Action::Forward(up.clone())),
@@ -807,7 +889,44 @@ fn route(
         require_jwt,
         rate_limit_headers: Default::default(),
         limited_response: Default::default(),
+        rewrite: rewrite?,
     })
+}
+
+/// `strip_prefix` or `rewrite`, checked against the route's `match` (`crate::proxy::rewrite`).
+/// `Some(None)` when there is neither; `None` on an error.
+fn path_rewrite(
+    e: &mut Errors,
+    path: &str,
+    raw: &RawRoute,
+    params: &[String],
+) -> Option<Option<PathRewrite>> {
+    let shape = RouteShape {
+        literal_start: match (&raw.matcher.path, &raw.matcher.prefix) {
+            (Some(pattern), _) => pattern.split('{').next(),
+            (None, Some(prefix)) => Some(prefix.as_str()),
+            (None, None) => None,
+        },
+        pattern: raw.matcher.path.is_some(),
+        captures: params,
+    };
+    let (field, result) = match (&raw.strip_prefix, &raw.rewrite) {
+        (None, None) => return Some(None),
+        (Some(_), Some(_)) => {
+            e.add(path, "give either `strip_prefix` or `rewrite`, not both");
+            return None;
+        }
+        (Some(prefix), None) => ("strip_prefix", PathRewrite::strip_prefix(prefix, shape)),
+        (None, Some(template)) => ("rewrite", PathRewrite::template(template, shape)),
+    };
+    if raw.upstream.is_none() {
+        e.add(
+            format!("{path}.{field}"),
+            "only a route with an `upstream` forwards a path",
+        );
+        return None;
+    }
+    e.take(format!("{path}.{field}"), result).map(Some)
 }
 
 /// `exempt:` (global or a route's): CIDRs or single IPs, and exact header values.

@@ -196,3 +196,6 @@ fn serde_error(e: &serde_norway::Error, path: &Path) -> ConfigError {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod targets_tests;

@@ -168,7 +168,14 @@ pub struct RawLimitedResponse {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub url: String,
+    /// One target; or `targets` (exactly one of the two).
+    pub url: Option<String>,
+    /// Several targets, balanced (`docs/upstreams.md`).
+    pub targets: Option<Vec<String>>,
+    /// `round_robin` (default) or `least_in_flight`.
+    pub balance: Option<String>,
+    /// How long a target that failed to connect gets no requests (default 10s).
+    pub eject_for: Option<String>,
     pub connect_timeout: Option<String>,
     pub timeout: Option<String>,
     /// Open connections to this upstream at most.
@@ -205,6 +212,10 @@ pub struct RawRoute {
     pub rate_limit_headers: Option<String>,
     /// Overrides `server.limited_response`.
     pub limited_response: Option<RawLimitedResponse>,
+    /// Removed from the start of the forwarded path (`/api`).
+    pub strip_prefix: Option<String>,
+    /// The forwarded path, from the route's captures (`/v2/{*rest}`).
+    pub rewrite: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

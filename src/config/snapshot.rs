@@ -62,17 +62,32 @@ pub struct ServerSettings {
 pub struct Upstream {
     pub name: String,
     pub scheme: Scheme,
+    /// The first of `targets`.
     pub authority: Authority,
+    /// Every target in config order (one for `url:`); distinct.
+    pub targets: Vec<Authority>,
+    pub balance: Balance,
+    /// How long a target that failed to connect is left out (passive health).
+    pub eject_for: Duration,
     pub connect_timeout: Duration,
     /// Until the response head arrives; then 504.
     pub timeout: Duration,
-    /// Open connections to this upstream at most (busy and idle together).
+    /// Open connections to each target at most (busy and idle together).
     pub max_connections: usize,
     /// How long a request waits for one of `max_connections` to be free; then 503.
     pub pool_timeout: Duration,
     /// How `https://` targets are verified and whom the gateway presents itself as; present
     /// exactly when the scheme is https.
     pub tls: Option<crate::tls::UpstreamTls>,
+}
+
+/// How a request picks one of its upstream's targets ([`crate::proxy::balance`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// Each target in turn.
+    RoundRobin,
+    /// The target with the fewest requests in flight; ties in turn.
+    LeastInFlight,
 }
 
 /// A response the gateway gives itself, as Envoy's `direct_response`.
@@ -191,6 +206,8 @@ pub struct Route {
     pub rate_limit_headers: crate::respond::RateLimitHeaders,
     /// Its refusal of a rate-limited request (`limited_response`), compiled at load.
     pub limited_response: crate::respond::LimitedResponse,
+    /// `strip_prefix` or `rewrite`: the path forwarded instead of the request's.
+    pub rewrite: Option<crate::proxy::rewrite::PathRewrite>,
 }
 
 /// Requests no policy applies to: they consume nothing and are counted as exempt. Either

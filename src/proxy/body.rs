@@ -16,6 +16,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug)]
 pub enum ResponseBody {
     Upstream(super::pool::UpstreamBody),
+    /// An upstream body whose target counts it in flight until it ends or drops.
+    Balanced(super::pool::UpstreamBody, super::balance::InFlight),
     Full(Option<Bytes>),
     /// Either of the above holding a concurrency lease until it ends (`crate::inflight`).
     Leased(Box<crate::inflight::Leased>),
@@ -40,7 +42,9 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
+                Pin::new(body).poll_frame(cx).map_err(Into::into)
+            }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Leased(body) => Pin::new(&mut **body).poll_frame(cx),
         }
@@ -48,7 +52,7 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::Upstream(body) => body.is_end_stream(),
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Leased(body) => body.is_end_stream(),
         }
@@ -56,7 +60,7 @@ impl Body for ResponseBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ResponseBody::Upstream(body) => body.size_hint(),
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.size_hint(),
             ResponseBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
             ResponseBody::Leased(body) => body.size_hint(),

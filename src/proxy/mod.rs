@@ -1,17 +1,22 @@
 //! Forwarding an admitted request to its upstream and streaming the answer back.
 //!
-//! One connection pool per upstream ([`pool`]; its connect timeout is per upstream). The response
+//! One connection pool per upstream target ([`pool`]; its connect timeout is per upstream), the
+//! target chosen per request by [`balance`]; a request that could not connect (nothing was sent)
+//! is tried once more on another target, never after its first byte left. The response
 //! head must arrive within the upstream's `timeout` (504 otherwise); bodies stream both ways.
 //! `Upgrade` requests are tunnelled once the upstream answers 101, for the protocols in
 //! `server.allowed_upgrades` only (default `websocket`): a tunnel carries requests no decision
 //! sees, so any other `Upgrade` (`h2c`, say) is stripped with its `Connection` token and the
 //! upstream answers the request itself. An upstream that switches protocols uninvited gets 502.
 
+pub mod balance;
 pub mod body;
 pub mod headers;
 pub mod pool;
+pub mod rewrite;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Request, Response, StatusCode, Uri};
@@ -19,7 +24,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::config::{ServerSettings, Upstream};
-use crate::metrics::UpstreamErrorKind;
+use crate::metrics::{TargetOutcome, UpstreamErrorKind};
+use balance::Balancer;
 use body::{BodyReadTimeout, BodyTooLarge, RequestBody, ResponseBody};
 use pool::ClientError;
 pub use pool::UpstreamClient;
@@ -51,10 +57,11 @@ pub struct ClientSide {
     pub peer_trusted: bool,
 }
 
-/// Sends `req` to `upstream` through its pool `client` and returns its response (body streaming).
+/// Sends `req` to a target of `upstream` chosen by `targets` and returns its response (body
+/// streaming).
 pub async fn forward(
     upstream: &Upstream,
-    client: &UpstreamClient,
+    targets: &Arc<Balancer>,
     req: Request<Incoming>,
     client_side: ClientSide,
     server: &ServerSettings,
@@ -75,18 +82,18 @@ pub async fn forward(
     });
 
     let original_authority = parts.uri.authority().cloned();
-    // HTTP/1.1 to an origin server: origin-form (`/path?query`), or authority-form for CONNECT.
-    parts.uri = if parts.method == Method::CONNECT {
-        Uri::from(upstream.authority.clone())
-    } else {
-        Uri::from(
+    let connect = parts.method == Method::CONNECT;
+    // HTTP/1.1 to an origin server: origin-form (`/path?query`), or authority-form for CONNECT
+    // (set per target below).
+    if !connect {
+        parts.uri = Uri::from(
             parts
                 .uri
                 .path_and_query()
                 .cloned()
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        )
-    };
+        );
+    }
     // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1.
     parts.version = http::Version::HTTP_11;
     headers::strip_hop_by_hop(&mut parts.headers, upgrade);
@@ -95,16 +102,10 @@ pub async fn forward(
         Some(h) => Some(h.clone()),
         None => original_authority.and_then(|a| http::HeaderValue::from_str(a.as_str()).ok()),
     };
-    match &host {
-        Some(host) => {
-            parts.headers.insert(http::header::HOST, host.clone());
-        }
-        // An HTTP/1.0 client may send none; the upstream gets its own authority.
-        None => {
-            if let Some(default) = client.default_host() {
-                parts.headers.insert(http::header::HOST, default.clone());
-            }
-        }
+    // An HTTP/1.0 client may send none; the upstream gets its own authority (set per target).
+    let own_host = host.is_none();
+    if let Some(host) = &host {
+        parts.headers.insert(http::header::HOST, host.clone());
     }
     headers::set_forwarded_as(
         &mut parts.headers,
@@ -115,11 +116,58 @@ pub async fn forward(
     );
 
     let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);
-    let outgoing = Request::from_parts(parts, body);
-    let response = match tokio::time::timeout(upstream.timeout, client.send(outgoing)).await {
-        Err(_) => return Err(ForwardError::Timeout),
-        Ok(Err(e)) => return Err(classify(&e)),
-        Ok(Ok(response)) => response,
+    let mut outgoing = Request::from_parts(parts, body);
+    // One deadline for the response head, however many targets are tried.
+    let deadline = tokio::time::Instant::now() + upstream.timeout;
+    let mut failed = None;
+    let (response, in_flight) = loop {
+        let Some(index) = targets.pick(failed) else {
+            return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
+        };
+        let target = targets.target(index);
+        if connect {
+            *outgoing.uri_mut() = Uri::from(target.authority.clone());
+        }
+        if own_host {
+            if let Some(default) = target.client.default_host() {
+                outgoing
+                    .headers_mut()
+                    .insert(http::header::HOST, default.clone());
+            }
+        }
+        let in_flight = targets.begin(index);
+        let sent = tokio::time::timeout_at(deadline, target.client.send_or_return(outgoing));
+        let error = match sent.await {
+            Ok(Ok(response)) => {
+                targets.record(index, TargetOutcome::Ok);
+                break (response, in_flight);
+            }
+            Err(_) => ForwardError::Timeout,
+            Ok(Err((ClientError::Connect(e), Some(back)))) => {
+                tracing::debug!(target = %target.authority, error = %e, "upstream connect failed");
+                targets.record(index, TargetOutcome::ConnectError);
+                if failed.is_none() {
+                    // Nothing was sent: the request is whole, another target may take it.
+                    failed = Some(index);
+                    outgoing = back;
+                    continue;
+                }
+                return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
+            }
+            Ok(Err((e, _))) => classify(&e),
+        };
+        targets.record(
+            index,
+            match &error {
+                ForwardError::Timeout => TargetOutcome::Timeout,
+                ForwardError::PoolTimeout => TargetOutcome::Busy,
+                ForwardError::Unreachable(UpstreamErrorKind::Connect) => {
+                    TargetOutcome::ConnectError
+                }
+                _ => TargetOutcome::Error,
+            },
+        );
+        return Err(error);
     };
 
     let (mut parts, mut body) = response.into_parts();
@@ -141,7 +189,10 @@ pub async fn forward(
     // RFC 9110 §2.5: the version is the sender's own. An HTTP/1.0 upstream's would make hyper
     // answer the client in HTTP/1.0 and close its kept-alive connection.
     parts.version = http::Version::HTTP_11;
-    Ok(Response::from_parts(parts, ResponseBody::Upstream(body)))
+    Ok(Response::from_parts(
+        parts,
+        ResponseBody::Balanced(body, in_flight),
+    ))
 }
 
 /// Copies bytes both ways between the upgraded client and upstream connections until either

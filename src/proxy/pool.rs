@@ -145,10 +145,22 @@ impl UpstreamClient {
     /// ends.
     pub async fn send(
         &self,
-        mut req: Request<RequestBody>,
+        req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
+        self.send_or_return(req).await.map_err(|(e, _)| e)
+    }
+
+    /// As [`send`](Self::send), but a request that never left (no connection, or none within
+    /// `pool_timeout`) comes back with the error, for another target to take.
+    pub async fn send_or_return(
+        &self,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)> {
         loop {
-            let (mut sender, reused) = self.acquire().await?;
+            let (mut sender, reused) = match self.acquire().await {
+                Ok(acquired) => acquired,
+                Err(e) => return Err((e, Some(req))),
+            };
             match sender.try_send_request(req).await {
                 Ok(response) => {
                     let shared = self.shared.clone();
@@ -160,7 +172,7 @@ impl UpstreamClient {
                 Err(mut e) => match e.take_message() {
                     // Never sent: the connection closed while idle. Another one may do.
                     Some(back) if reused => req = back,
-                    _ => return Err(ClientError::Request(e.into_error())),
+                    _ => return Err((ClientError::Request(e.into_error()), None)),
                 },
             }
         }

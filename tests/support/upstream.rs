@@ -82,9 +82,12 @@ pub struct Upstream {
 
 impl Upstream {
     pub async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind upstream");
+        Self::start_on("127.0.0.1:0".parse().expect("loopback")).await
+    }
+
+    /// An upstream on `addr`: a port an earlier upstream (now dropped) had, to bring a target back.
+    pub async fn start_on(addr: SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).await.expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let (frames_tx, frames_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
