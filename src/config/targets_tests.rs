@@ -67,7 +67,7 @@ fn url_and_targets_are_exclusive_and_each_target_is_located() {
         e,
         [
             "p.yaml:7:16: upstreams.api.eject_for: must be more than 0ms (and at most 365d)",
-            "p.yaml:5:9: upstreams.api.targets[1]: `ftp://127.0.0.1:3001`: only http://HOST:PORT upstreams are supported",
+            "p.yaml:5:9: upstreams.api.targets[1]: `ftp://127.0.0.1:3001`: only http://HOST:PORT and https://HOST:PORT upstreams are supported",
             "p.yaml:6:9: upstreams.api.targets[2]: `http://127.0.0.1:3000` is listed twice",
         ],
     );
