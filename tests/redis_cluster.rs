@@ -10,7 +10,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::fleet::{burst, burst_with, count, wait_ready};
+use support::fleet::{burst, burst_with, count, decides_again, wait_ready};
 use support::redis::RedisCluster;
 use support::{Client, GatewayProcess};
 
@@ -458,25 +458,8 @@ async fn killing_a_master_fails_over_and_limiting_resumes(
     );
     let everyone: Vec<&GatewayProcess> = gateways.iter().chain([&quick]).collect();
     for (i, gw) in everyone.iter().enumerate() {
-        wait_ready(gw, 200, READY).await;
         // Decided again (not 503) on the promoted shard, with a key of its own per instance.
-        let run = format!("probe-{i}");
-        let deadline = Instant::now() + READY;
-        loop {
-            let status = client
-                .get_with(&gw.url("/fresh"), &[("x-run", &run)])
-                .await
-                .status;
-            if status == 200 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "instance {i} never decided again (last {status}); log:\n{}",
-                gw.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        decides_again(gw, i, "/fresh", READY).await;
     }
     eprintln!(
         "limiting resumed {:?} after promotion began",

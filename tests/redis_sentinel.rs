@@ -6,9 +6,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::fleet::{burst_with, count, wait_ready};
+use support::fleet::{burst_with, count, decides_again, wait_ready};
 use support::redis::RedisSentinelSetup;
-use support::{Client, GatewayProcess};
+use support::GatewayProcess;
 
 const READY: Duration = Duration::from_secs(20);
 
@@ -70,26 +70,8 @@ async fn the_gateway_follows_the_master_sentinel_names() {
     let promoted = killed.elapsed();
 
     // Every instance decides again by itself, on the promoted replica.
-    let client = Client::new();
     for (i, gw) in gateways.iter().enumerate() {
-        wait_ready(gw, 200, READY).await;
-        let run = format!("probe-{i}");
-        let deadline = Instant::now() + READY;
-        loop {
-            let status = client
-                .get_with(&gw.url("/fresh"), &[("x-run", &run)])
-                .await
-                .status;
-            if status == 200 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "instance {i} never decided again (last {status}); log:\n{}",
-                gw.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        decides_again(gw, i, "/fresh", READY).await;
     }
     eprintln!(
         "sentinel: promoted {promoted:?} after the kill, both instances deciding {:?} after it",

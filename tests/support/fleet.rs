@@ -23,6 +23,30 @@ pub async fn wait_ready(gw: &GatewayProcess, want: u16, limit: Duration) {
     }
 }
 
+/// After a failover: waits until `gw` is ready and decides again (200, not 503) on `path`, with a
+/// key of its own (`x-run: probe-{i}`), failing the test after `limit`.
+pub async fn decides_again(gw: &GatewayProcess, i: usize, path: &str, limit: Duration) {
+    wait_ready(gw, 200, limit).await;
+    let client = Client::new();
+    let run = format!("probe-{i}");
+    let deadline = Instant::now() + limit;
+    loop {
+        let status = client
+            .get_with(&gw.url(path), &[("x-run", &run)])
+            .await
+            .status;
+        if status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "instance {i} never decided again (last {status}); log:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Fires `total` requests at once, round-robin over `urls`; returns the status of each.
 pub async fn burst(urls: &[String], total: usize) -> Vec<u16> {
     burst_with(urls, total, |_| Vec::new()).await
