@@ -213,7 +213,7 @@ impl Store {
     ) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.check_leased(checks, lease)),
-            Store::Redis(store) => store.check_leased(checks, lease).await,
+            Store::Redis(store) => Box::pin(store.check_leased(checks, lease)).await,
             #[cfg(test)]
             Store::Faulty(store) => store.check(checks),
         }
@@ -227,7 +227,7 @@ impl Store {
                 store.charge(checks);
                 Ok(())
             }
-            Store::Redis(store) => store.charge(checks).await,
+            Store::Redis(store) => Box::pin(store.charge(checks)).await,
             #[cfg(test)]
             Store::Faulty(_) => Ok(()),
         }
@@ -240,7 +240,7 @@ impl Store {
                 store.renew(checks, lease);
                 Ok(())
             }
-            Store::Redis(store) => store.renew(checks, lease).await,
+            Store::Redis(store) => Box::pin(store.renew(checks, lease)).await,
             #[cfg(test)]
             Store::Faulty(_) => Ok(()),
         }
@@ -253,7 +253,7 @@ impl Store {
                 store.release(checks, lease);
                 Ok(())
             }
-            Store::Redis(store) => store.release(checks, lease).await,
+            Store::Redis(store) => Box::pin(store.release(checks, lease)).await,
             #[cfg(test)]
             Store::Faulty(_) => Ok(()),
         }
