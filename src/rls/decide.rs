@@ -57,7 +57,7 @@ impl RlsService {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RlsError> {
-        let live = self.state.live.load_full();
+        let live = self.state.live.load();
         let (Some(rls), Some(resources)) = (live.config.rls.as_ref(), live.rls.as_ref()) else {
             return Err(RlsError::NotConfigured);
         };

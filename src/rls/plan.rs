@@ -3,6 +3,8 @@
 //! drop the rules that another rule of the request `replaces`. Pure lookups in the snapshot;
 //! [`super::decide`] hands the result to the engine.
 
+use std::borrow::Cow;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -24,7 +26,9 @@ pub(crate) struct Limited<'a> {
     pub(crate) cost: u64,
     /// The end of the fixed window the counter belongs to, in epoch microseconds.
     pub(crate) fixed_end_us: Option<u64>,
-    pub(crate) metrics: RuleMetrics,
+    /// Borrowed from the snapshot's resources when the label needs no request value, so a call
+    /// clones no counter handles (each clone is an atomic on a line every worker shares).
+    pub(crate) metrics: Cow<'a, RuleMetrics>,
 }
 
 pub(crate) enum Plan<'a> {
@@ -38,7 +42,7 @@ pub(crate) enum Plan<'a> {
 /// descriptor list is invalid, as in envoyproxy/ratelimit.
 pub(crate) fn plan_request<'a>(
     rls: &'a RlsSnapshot,
-    resources: &RlsResources,
+    resources: &'a RlsResources,
     request: &RateLimitRequest,
     now_us: u64,
 ) -> Result<Vec<Plan<'a>>, RlsError> {
@@ -97,7 +101,7 @@ fn drop_replaced(plans: &mut [Plan<'_>]) {
 /// Finds the rule of one descriptor (or takes Envoy's override) and names its counter.
 fn plan<'a>(
     rls: &'a RlsSnapshot,
-    resources: &RlsResources,
+    resources: &'a RlsResources,
     domain: &str,
     descriptor: &RateLimitDescriptor,
     request_hits: u64,
@@ -143,7 +147,7 @@ fn plan<'a>(
             shadow: false,
             cost,
             fixed_end_us: None,
-            metrics: resources.vecs.rule(domain, &override_label(&entries)),
+            metrics: Cow::Owned(resources.vecs.rule(domain, &override_label(&entries))),
         }));
     }
     let Some((id, rule)) = rls.tree.lookup(domain, &entries) else {
@@ -163,10 +167,12 @@ fn plan<'a>(
         (index + 1).saturating_mul(w)
     });
     let metrics = match resources.rule(id) {
-        Some(m) => m.clone(),
-        None => resources
-            .vecs
-            .rule(domain, &rule.metric_descriptor(&entries)),
+        Some(m) => Cow::Borrowed(m),
+        None => Cow::Owned(
+            resources
+                .vecs
+                .rule(domain, &rule.metric_descriptor(&entries)),
+        ),
     };
     Ok(Plan::Limited(Limited {
         rule: Some(rule),

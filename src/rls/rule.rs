@@ -164,6 +164,8 @@ pub struct Rule {
     pub(crate) levels: Box<[Level]>,
     /// The metric label when no level needs the request's value, computed once.
     static_metric: Option<Box<str>>,
+    /// The algorithm's tag that ends every counter key of this rule, formatted once.
+    counter_tag: Box<str>,
 }
 
 /// A request entry as the rule sees it: key and value.
@@ -192,7 +194,10 @@ impl Rule {
             .collect::<Vec<_>>()
             .join(".");
         let dynamic = detailed_metric || levels.iter().any(|l| l.value_to_metric && !l.shared);
+        let mut counter_tag = String::new();
+        algorithm.write_tag(&mut counter_tag);
         Rule {
+            counter_tag: counter_tag.into(),
             domain: domain.into(),
             static_metric: (!dynamic).then(|| key_path.clone().into()),
             key_path: key_path.into(),
@@ -239,7 +244,7 @@ impl Rule {
             }
         }
         out.push('|');
-        self.algorithm.write_tag(out);
+        out.push_str(&self.counter_tag);
     }
 
     /// The `descriptor` label of this rule's metrics for `entries`: the key path, naming the
@@ -286,6 +291,12 @@ pub(crate) fn write_entries_key(domain: &str, entries: &[Entry<'_>], out: &mut S
 /// hashed, as the gateway's key values are) and escaped so that distinct entries stay distinct.
 fn escape(text: &str, out: &mut String) {
     if crate::keys::push_digest_if_long(text.as_bytes(), out) {
+        return;
+    }
+    let special = |b: u8| matches!(b, b'\\' | b'|' | b'=' | b'*' | b'#');
+    if !text.bytes().any(special) {
+        // The common case, copied at once.
+        out.push_str(text);
         return;
     }
     for c in text.chars() {

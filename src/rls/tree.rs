@@ -8,7 +8,9 @@
 //! last entry, and a node with neither a limit nor children ends the walk with no limit, which is
 //! how an exact value whitelists itself from a key-only default.
 
-use std::collections::HashMap;
+// Seeded per process like std's, and several times faster on the short keys and values of
+// descriptors: three lookups per descriptor on every call.
+use hashbrown::HashMap;
 
 use super::config::{invalid, RawDescriptor, RawFile, RawKind, RlsConfigError, WindowKind};
 use super::glob::Glob;
