@@ -1,14 +1,10 @@
-# bench/run.sh sections "flood" and "rls". Sourced by run.sh.
+# bench/run.sh section "flood". Sourced by run.sh.
 #
 # flood: every request over its limit (bench/turnstile-flood-*.yaml.tmpl: one token an hour), on
 # each store, one worker placed like the memory section's 1-worker rows. Rows:
 #   turnstile-flood-memory   429s from the in-process store
 #   turnstile-flood-redis    429s from the Redis store (the deny cache answers all but the first)
 # Target (issue 14): turnstile-flood-redis >= 0.9x turnstile-flood-memory.
-#
-# rls: the issue's fourth row, Turnstile's Envoy rate limit service against Kuadrant's Limitador
-# (decisions per CPU-second, >= 2x). It needs a built limitador-server in LIMITADOR_BIN; without
-# one the row is printed as not measured, with the reason, and nothing runs.
 
 section_flood_setup() {
     if [[ -z "${REDIS_PORT:-}" ]]; then
@@ -36,18 +32,4 @@ section_flood() {
     curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$LAST_PORT/" || true
     run_wrk turnstile-flood-redis "http://127.0.0.1:$LAST_PORT/" "$pid" 429
     stop_pid "$pid"
-}
-
-section_rls_setup() {
-    if [[ -z "${LIMITADOR_BIN:-}" || ! -x "${LIMITADOR_BIN:-}" ]]; then
-        echo "rls: Turnstile RLS / Limitador, decisions per CPU-second (target >= 2x): NOT MEASURED" \
-            "(no limitador-server: set LIMITADOR_BIN; docs/benchmarks.md says why it was not built" \
-            "here)" | tee -a "$OUT/setup.txt"
-    fi
-}
-
-section_rls() {
-    # Measured by bench/rls_bench.sh (examples/rls_load.rs) once a Limitador binary exists; the
-    # pairing with Limitador is not automated here yet.
-    :
 }

@@ -13,8 +13,8 @@
 #           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh);
 #           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh);
 #           flood (every request over its limit, on each store; see bench/flood.sh);
-#           rls (the Envoy rate limit service against Limitador: printed as not measured unless
-#           LIMITADOR_BIN names a built limitador-server; see bench/flood.sh).
+#           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
+#           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh).
 #
 # CPU placement (2 cores), 1-worker rows: the proxy under test (NGINX's worker, or Turnstile with
 # TURNSTILE_WORKERS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
@@ -408,6 +408,8 @@ source "$BENCH_DIR/redis.sh"
 source "$BENCH_DIR/tls.sh"
 # shellcheck source=bench/flood.sh
 source "$BENCH_DIR/flood.sh"
+# shellcheck source=bench/rls.sh
+source "$BENCH_DIR/rls.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {
@@ -529,6 +531,13 @@ done
 echo
 status=0
 summarize | tee "$OUT/summary.txt" || status=$?
+# Sections whose rows are not req/s print their own summary (section_NAME_summary).
+for s in "${SECTIONS[@]}"; do
+    if declare -F "section_${s}_summary" >/dev/null; then
+        echo
+        "section_${s}_summary" | tee -a "$OUT/summary.txt" || status=$?
+    fi
+done
 echo
 echo "results: $OUT"
 exit "$status"
