@@ -320,6 +320,33 @@ async fn json_health_and_response_headers(store: TestStore) {
         reply.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
+    // The listener speaks gRPC on HTTP/2 itself (src/rls/wire.rs): the whole server is healthy
+    // too, an unknown service is NOT_FOUND, an unknown method UNIMPLEMENTED, as tonic answers.
+    let whole = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health check of the whole server")
+        .into_inner();
+    assert_eq!(
+        whole.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let unknown = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "nope".into(),
+        })
+        .await
+        .expect_err("an unknown service");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "ratelimit".into(),
+        })
+        .await
+        .expect_err("Watch is not served");
+    assert_eq!(watch.code(), tonic::Code::Unimplemented);
     rls.stop().await;
 }
 

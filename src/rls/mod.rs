@@ -12,7 +12,8 @@
 //! - `plan`: each descriptor's rule and counter (lookups, `replaces`, Envoy's override);
 //! - `decide`: `ShouldRateLimit` translated to engine checks and the verdict back (one store call
 //!   per request; no decision policy of its own);
-//! - `grpc`, `json`, `metrics`: the gRPC and health services, `POST /json`, per-rule counters.
+//! - `grpc`, `wire`, `json`, `metrics`: the gRPC listener and its threads, gRPC on HTTP/2 (the
+//!   rate limit and health methods), `POST /json`, per-rule counters.
 
 pub mod config;
 pub mod decide;
@@ -26,6 +27,7 @@ mod read;
 pub mod rule;
 pub mod settings;
 pub mod tree;
+mod wire;
 mod yaml;
 
 pub use config::RlsConfigError;
