@@ -1,6 +1,8 @@
-//! The gRPC listener: `envoy.service.ratelimit.v3.RateLimitService` (the server trait generated
-//! in `envoy-types`) and the standard health service, which reports the service name
-//! `ratelimit` (as envoyproxy/ratelimit does) and the empty name (the whole server).
+//! The gRPC listener: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` and the
+//! standard health check, which reports the service name `ratelimit` (as envoyproxy/ratelimit
+//! does) and the empty name (the whole server). The listener accepts here and serves each
+//! connection with [`super::wire`]; the tonic service trait is implemented too, for embedding
+//! [`RlsService`] in a tonic server of one's own.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
