@@ -13,6 +13,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use std::future::Future;
+use std::task::Poll;
+
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::SendResponse;
 use h2::RecvStream;
@@ -67,25 +70,42 @@ pub(crate) async fn serve_connection(
         }
     };
     let mut calls = FuturesUnordered::new();
-    let mut stopping = false;
-    loop {
-        tokio::select! {
-            accepted = conn.accept() => match accepted {
-                Some(Ok((request, respond))) => {
+    let mut stopped = Some(Box::pin(async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    }));
+    // Batching is the point of this loop: take every stream the last read delivered, run every
+    // call that can finish, and only then poll the connection again, which writes all their
+    // answers in one go. (Polling the connection between calls would write each answer alone:
+    // one `writev` per call.)
+    let ended = std::future::poll_fn(|cx| loop {
+        loop {
+            match conn.poll_accept(cx) {
+                Poll::Ready(Some(Ok((request, respond)))) => {
                     calls.push(call(request, respond, &service, &serving));
                 }
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "rate limit service: connection error");
-                    break;
-                }
-                None => break,
-            },
-            Some(()) = calls.next(), if !calls.is_empty() => {}
-            _ = stop.wait_for(|stop| *stop), if !stopping => {
-                stopping = true;
-                conn.graceful_shutdown();
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(e)),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => break,
             }
         }
+        let mut answered = false;
+        while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
+            answered = true;
+        }
+        if let Some(signal) = stopped.as_mut() {
+            if signal.as_mut().poll(cx).is_ready() {
+                stopped = None;
+                conn.graceful_shutdown();
+                continue;
+            }
+        }
+        if !answered {
+            return Poll::Pending;
+        }
+    })
+    .await;
+    if let Some(e) = ended {
+        tracing::debug!(error = %e, "rate limit service: connection error");
     }
 }
 
