@@ -332,7 +332,7 @@ impl RedisStore {
         lease: u64,
     ) -> Result<Decision, StoreError> {
         if checks.is_empty() {
-            return Ok(Decision::from_outcomes(Vec::new()));
+            return Ok(Decision::from_outcomes(super::Outcomes::new()));
         }
         let shared = &self.shared;
         let admission = shared.breaker.admit(shared.now_ms());

@@ -105,7 +105,7 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     }
     let unsigned =
         |v: i64| u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")));
-    let mut outcomes = Vec::with_capacity(checks);
+    let mut outcomes = crate::limiter::Outcomes::with_capacity(checks);
     for o in reply[1..1 + 5 * checks].chunks_exact(5) {
         outcomes.push(Outcome {
             allowed: o[0] != 0,
