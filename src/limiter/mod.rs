@@ -218,7 +218,7 @@ impl Store {
     ) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.check_leased(checks, lease)),
-            Store::Redis(store) => Box::pin(store.check_leased(checks, lease)).await,
+            Store::Redis(store) => store.check_leased(checks, lease).await,
             #[cfg(test)]
             Store::Faulty(store) => store.check(checks),
         }

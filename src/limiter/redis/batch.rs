@@ -81,39 +81,45 @@ async fn drain(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Job>) {
     }
 }
 
-/// One script call for `jobs`, each answered with its own part of the reply.
+/// One script call for `jobs`, each answered with its own part of the reply. A single decision
+/// is sent as it is; several go in the script's "batch" form.
 async fn call(shared: &Shared, mut jobs: Vec<Job>) {
     let now = Instant::now();
     jobs.retain(|job| job.deadline > now && !job.reply.is_closed());
     let Some(budget) = jobs.iter().map(|job| job.deadline - now).min() else {
         return;
     };
-    if jobs.len() == 1 {
+    let mut shape = Vec::new();
+    let (keys, args) = match jobs.as_mut_slice() {
+        [job] => (std::mem::take(&mut job.keys), std::mem::take(&mut job.args)),
+        _ => {
+            let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
+            let mut args =
+                Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len() + 1).sum::<usize>());
+            args.push(Value::from_static_str("batch"));
+            shape.reserve_exact(jobs.len());
+            for job in &mut jobs {
+                let n = job.keys.len();
+                shape.push(n);
+                keys.append(&mut job.keys);
+                let mut own = std::mem::take(&mut job.args).into_iter();
+                args.push(own.next().unwrap_or_else(|| Value::from_static_str("")));
+                args.push(Value::Integer(n as i64));
+                args.extend(own);
+            }
+            (keys, args)
+        }
+    };
+    // One call site: the call's future is most of this task's size.
+    let result = shared
+        .run_within(budget, || (keys.clone(), args.clone()))
+        .await;
+    if shape.is_empty() {
         if let Some(job) = jobs.pop() {
-            let (keys, args) = (job.keys, job.args);
-            let result = shared
-                .run_within(budget, || (keys.clone(), args.clone()))
-                .await;
             let _ = job.reply.send(result);
         }
         return;
     }
-    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len() + 1).sum::<usize>());
-    args.push(Value::from_static_str("batch"));
-    let mut shape = Vec::with_capacity(jobs.len());
-    for job in &mut jobs {
-        let n = job.keys.len();
-        shape.push(n);
-        keys.append(&mut job.keys);
-        let mut own = std::mem::take(&mut job.args).into_iter();
-        args.push(own.next().unwrap_or_else(|| Value::from_static_str("")));
-        args.push(Value::Integer(n as i64));
-        args.extend(own);
-    }
-    let result = shared
-        .run_within(budget, || (keys.clone(), args.clone()))
-        .await;
     match result {
         Ok(reply) => {
             let mut at = 0;
