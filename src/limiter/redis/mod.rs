@@ -373,9 +373,11 @@ impl RedisStore {
     async fn evaluate(&self, checks: &[Check<'_>], lease: u64) -> Result<Decision, StoreError> {
         let timeout = self.shared.timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let mut packed = String::with_capacity(16 + 48 * checks.len());
+        wire::pack(self.test_now(), checks, lease, &mut packed);
         let job = batch::Job {
             keys: self.keys(checks),
-            args: self.args(checks, lease),
+            packed,
             deadline: Instant::now() + timeout,
             reply,
         };
@@ -416,11 +418,11 @@ impl Shared {
 
     /// [`Shared::run`] within `budget` (at most `timeout`): a batch may not outlive the earliest
     /// deadline among its decisions.
-    async fn run_within(
+    async fn run_within<R: FromValue>(
         &self,
         budget: Duration,
         call: impl Fn() -> (Vec<Key>, Vec<Value>),
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<R, StoreError> {
         let started = Instant::now();
         let budget = budget.min(self.timeout);
         let first = match self.sha.get() {
@@ -434,7 +436,7 @@ impl Shared {
                 let reply = self
                     .pool
                     .with_options(&options)
-                    .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
+                    .evalsha::<R, _, _, _>(sha.clone(), keys, args)
                     .await;
                 match reply {
                     Err(e) if e.details().starts_with("NOSCRIPT") => {

@@ -78,6 +78,84 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     args
 }
 
+/// One decision of a packed batch (decide.lua, "Packed batch"): the words [`args`] would send
+/// after `"batch"` (`now` or `-`, the number of checks, six per check), each followed by a space,
+/// appended to `out`. The numbers are written exactly as the unpacked call writes them.
+pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String) {
+    let mut wall = now;
+    let int = |out: &mut String, v: u64| {
+        // Infallible for a String.
+        let _ = write!(out, "{} ", i64::try_from(v).unwrap_or(i64::MAX));
+    };
+    match now {
+        Some(now) => int(out, now),
+        None => out.push_str("- "),
+    }
+    int(out, checks.len() as u64);
+    for check in checks {
+        match check.rule {
+            Rule::TokenBucket(tb) => {
+                // As the unpacked call: the shortest decimal that parses back to the same double.
+                let _ = write!(out, "tb {} ", tb.rate);
+                int(out, tb.burst);
+                out.push_str("0 ");
+            }
+            Rule::SlidingWindow(sw) => {
+                out.push_str("sw ");
+                int(out, sw.limit);
+                int(out, sw.window_us);
+                int(out, u64::from(sw.buckets));
+            }
+            Rule::Concurrency(cc) => {
+                out.push_str("cc ");
+                int(out, cc.limit);
+                int(out, cc.lease_ttl_us);
+                int(out, lease);
+            }
+            Rule::Quota(q) => {
+                let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
+                let period = calendar::period(q.per, q.time_zone, at);
+                out.push_str("q ");
+                int(out, q.limit);
+                int(out, period.start);
+                int(out, period.end);
+            }
+        }
+        int(out, check.cost);
+        out.push_str(if check.shadow { "1 " } else { "0 " });
+    }
+}
+
+/// A packed batch's reply: its integers, read from one string.
+#[derive(Debug)]
+pub struct Packed(pub Vec<i64>);
+
+impl fred::types::FromValue for Packed {
+    fn from_value(value: Value) -> Result<Self, fred::error::Error> {
+        let bad = || {
+            fred::error::Error::new(
+                fred::error::ErrorKind::Parse,
+                "decide.lua: a packed reply is integers separated by spaces",
+            )
+        };
+        let text = match &value {
+            Value::String(s) => s.as_bytes(),
+            Value::Bytes(b) => b.as_ref(),
+            _ => return Err(bad()),
+        };
+        let words = text.split(|&b| b == b' ').filter(|w| !w.is_empty());
+        let mut numbers = Vec::with_capacity(text.len() / 2);
+        for word in words {
+            let number = std::str::from_utf8(word)
+                .ok()
+                .and_then(|w| w.parse::<i64>().ok())
+                .ok_or_else(bad)?;
+            numbers.push(number);
+        }
+        Ok(Packed(numbers))
+    }
+}
+
 /// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
 /// the tag, injectively, so distinct identities stay distinct keys.
 fn escape_tag(identity: &str, out: &mut String) {
@@ -185,6 +263,66 @@ pub fn refund_args(entries: &[(Check<'_>, [i64; 2])]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::{Concurrency, SlidingWindow, TokenBucket};
+
+    /// The packed words are the plain call's arguments, number for number.
+    #[test]
+    fn a_packed_decision_is_the_plain_arguments_as_words() {
+        let rules = [
+            Rule::TokenBucket(TokenBucket {
+                rate: 1.0 / 3.0,
+                burst: 7,
+            }),
+            Rule::SlidingWindow(SlidingWindow {
+                limit: u64::MAX,
+                window_us: 60_000_000,
+                buckets: 6,
+            }),
+            Rule::Concurrency(Concurrency {
+                limit: 3,
+                lease_ttl_us: 30_000_000,
+            }),
+        ];
+        let checks: Vec<Check<'_>> = rules
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| Check {
+                key: "k",
+                rule,
+                cost: i as u64 + 1,
+                shadow: i == 1,
+            })
+            .collect();
+        for now in [Some(1_763_900_000_123_457), None] {
+            let mut packed = String::new();
+            pack(now, &checks, 42, &mut packed);
+            let plain: Vec<String> = args(now, &checks, 42)
+                .into_iter()
+                .map(|v| match v {
+                    Value::Integer(i) => i.to_string(),
+                    Value::Double(f) => f.to_string(),
+                    Value::String(s) if s.is_empty() => "-".to_string(),
+                    Value::String(s) => s.to_string(),
+                    other => panic!("unexpected {other:?}"),
+                })
+                .collect();
+            let words: Vec<&str> = packed.split(' ').filter(|w| !w.is_empty()).collect();
+            let mut expected: Vec<&str> = vec![&plain[0], "3"];
+            expected.extend(plain[1..].iter().map(String::as_str));
+            assert_eq!(words, expected);
+            assert!(packed.ends_with(' ') && !packed.contains("  "));
+        }
+    }
+
+    #[test]
+    fn a_packed_reply_reads_back_and_refuses_anything_else() {
+        use fred::types::FromValue;
+        let Packed(numbers) =
+            Packed::from_value(Value::from("1 3 -2 1763900000123457 ")).expect("packed");
+        assert_eq!(numbers, vec![1, 3, -2, 1_763_900_000_123_457]);
+        assert!(Packed::from_value(Value::from("1 1.5e+15")).is_err());
+        assert!(Packed::from_value(Value::Integer(1)).is_err());
+    }
 
     #[test]
     fn tag_escaping_is_injective_and_brace_free() {
