@@ -83,10 +83,7 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
 /// appended to `out`. The numbers are written exactly as the unpacked call writes them.
 pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String) {
     let mut wall = now;
-    let int = |out: &mut String, v: u64| {
-        // Infallible for a String.
-        let _ = write!(out, "{} ", i64::try_from(v).unwrap_or(i64::MAX));
-    };
+    let int = |out: &mut String, v: u64| push_word(out, v.min(i64::MAX as u64));
     match now {
         Some(now) => int(out, now),
         None => out.push_str("- "),
@@ -95,8 +92,15 @@ pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String
     for check in checks {
         match check.rule {
             Rule::TokenBucket(tb) => {
-                // As the unpacked call: the shortest decimal that parses back to the same double.
-                let _ = write!(out, "tb {} ", tb.rate);
+                // As the unpacked call: the shortest decimal that parses back to the same double
+                // (for a whole number below 2^53, its digits).
+                out.push_str("tb ");
+                if tb.rate.fract() == 0.0 && (1.0..9_007_199_254_740_992.0).contains(&tb.rate) {
+                    push_word(out, tb.rate as u64);
+                } else {
+                    // Infallible for a String.
+                    let _ = write!(out, "{} ", tb.rate);
+                }
                 int(out, tb.burst);
                 out.push_str("0 ");
             }
@@ -126,6 +130,44 @@ pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String
     }
 }
 
+/// `v` in decimal and a space: `write!`'s formatting machinery costs several times this.
+fn push_word(out: &mut String, v: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = v;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for &d in &digits[start..] {
+        out.push(char::from(d));
+    }
+    out.push(' ');
+}
+
+/// One integer of a packed reply: optional `-`, then 1 to 19 digits, within `i64`.
+fn parse_word(word: &[u8]) -> Option<i64> {
+    let (negative, digits) = match word.split_first()? {
+        (b'-', rest) => (true, rest),
+        _ => (false, word),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -value } else { value })
+}
+
 /// A packed batch's reply: its integers, read from one string.
 #[derive(Debug)]
 pub struct Packed(pub Vec<i64>);
@@ -146,11 +188,7 @@ impl fred::types::FromValue for Packed {
         let words = text.split(|&b| b == b' ').filter(|w| !w.is_empty());
         let mut numbers = Vec::with_capacity(text.len() / 2);
         for word in words {
-            let number = std::str::from_utf8(word)
-                .ok()
-                .and_then(|w| w.parse::<i64>().ok())
-                .ok_or_else(bad)?;
-            numbers.push(number);
+            numbers.push(parse_word(word).ok_or_else(bad)?);
         }
         Ok(Packed(numbers))
     }
@@ -273,6 +311,10 @@ mod tests {
                 rate: 1.0 / 3.0,
                 burst: 7,
             }),
+            Rule::TokenBucket(TokenBucket {
+                rate: 1e9,
+                burst: 1_000_000_000,
+            }),
             Rule::SlidingWindow(SlidingWindow {
                 limit: u64::MAX,
                 window_us: 60_000_000,
@@ -307,7 +349,7 @@ mod tests {
                 })
                 .collect();
             let words: Vec<&str> = packed.split(' ').filter(|w| !w.is_empty()).collect();
-            let mut expected: Vec<&str> = vec![&plain[0], "3"];
+            let mut expected: Vec<&str> = vec![&plain[0], "4"];
             expected.extend(plain[1..].iter().map(String::as_str));
             assert_eq!(words, expected);
             assert!(packed.ends_with(' ') && !packed.contains("  "));
@@ -321,6 +363,13 @@ mod tests {
             Packed::from_value(Value::from("1 3 -2 1763900000123457 ")).expect("packed");
         assert_eq!(numbers, vec![1, 3, -2, 1_763_900_000_123_457]);
         assert!(Packed::from_value(Value::from("1 1.5e+15")).is_err());
+        for bad in ["--1", "-", "1-", "9223372036854775808", "+1"] {
+            assert!(Packed::from_value(Value::from(bad)).is_err(), "{bad}");
+        }
+        let Packed(extremes) =
+            Packed::from_value(Value::from("9223372036854775807 -9223372036854775807 0"))
+                .expect("extremes");
+        assert_eq!(extremes, vec![i64::MAX, -i64::MAX, 0]);
         assert!(Packed::from_value(Value::Integer(1)).is_err());
     }
 
