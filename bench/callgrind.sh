@@ -6,7 +6,10 @@
 # sends load, and prints Ir per request.
 #
 # Usage: bench/callgrind.sh [turnstile|nginx] [SECONDS] [CONNECTIONS]
-# CALLGRIND_TEMPLATE=turnstile-flood-memory.yaml.tmpl counts a flood (every request a 429) instead.
+# CALLGRIND_TEMPLATE=turnstile-flood-memory.yaml.tmpl counts a flood (every request a 429) instead;
+# a template with "redis" in its name (turnstile-redis.yaml.tmpl, turnstile-flood-redis.yaml.tmpl)
+# gets a throwaway redis-server on a free port (CALLGRIND_REDIS_POOL connections, default 4). Only
+# Turnstile's instructions are counted, not Redis's.
 # Writes bench/out/callgrind/<target>-<stamp>.out (open with callgrind_annotate).
 set -euo pipefail
 
@@ -57,6 +60,15 @@ render "$BENCH_DIR/nginx-upstream.conf.tmpl" "$WORK/up/nginx.conf" DIR="$WORK/up
 PIDS+=($!)
 wait_http "http://127.0.0.1:$UP_PORT/"
 
+REDIS_PORT=0
+if [[ $TARGET == turnstile && ${CALLGRIND_TEMPLATE:-} == *redis* ]]; then
+    REDIS_PORT=$(free_port)
+    (exec redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$WORK") >"$WORK/redis.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
 PORT=$(free_port)
 STAMP=$(date +%Y%m%d-%H%M%S)
 CG_OUT="$OUT_DIR/$TARGET-$STAMP.out"
@@ -65,7 +77,8 @@ case "$TARGET" in
     turnstile)
         render "$BENCH_DIR/${CALLGRIND_TEMPLATE:-turnstile-memory.yaml.tmpl}" \
             "$WORK/px/policies.yaml" PORT="$PORT" \
-            ADMIN_PORT="$(free_port)" UPSTREAM_PORT="$UP_PORT"
+            ADMIN_PORT="$(free_port)" UPSTREAM_PORT="$UP_PORT" REDIS_PORT="$REDIS_PORT" \
+            POOL="${CALLGRIND_REDIS_POOL:-4}"
         (TURNSTILE_WORKERS=1 TURNSTILE_LOG=warn exec "${VG[@]}" "$TURNSTILE_BIN" run \
             --config "$WORK/px/policies.yaml") >"$WORK/px/log" 2>&1 &
         ;;

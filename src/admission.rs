@@ -131,9 +131,10 @@ async fn admit_with<'l>(
         verified = verify().and_then(Result::ok);
     }
     let claims = verified.as_ref();
-    let mut checks = Checks::with_capacity(route.policies.len());
-    // Per-key overrides: a local copy, never a store call (`crate::overrides`).
+    // Per-key overrides: a local copy, never a store call (`crate::overrides`). Declared before
+    // the checks that borrow from it, so it outlives them.
     let overrides = state.overrides.active();
+    let mut checks = Checks::with_capacity(route.policies.len());
     // The route's policy index of each pushed check, and the enforced ones that applied.
     let mut pushed = [0u8; MAX_POLICIES];
     let mut applied = 0u64;

@@ -59,30 +59,44 @@ pub async fn handle(
 
     let route = &live.config.routes[index];
     let resources = &live.routes[index];
-    let response = serve_route(&state, &live, route, resources, &params, peer, req)
-        .await
-        .unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
+    // Admission reads the request (and the host found above); only then is it moved on.
+    let admitted = admit(&state, &live, route, resources, &params, peer, &req, host).await;
+    let served = match admitted {
+        Ok(admitted) => act(&state, &live, route, resources, &params, req, admitted).await,
+        Err(refusal) => Err(refusal),
+    };
+    let response = served.unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
     resources
         .metrics
         .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
     Ok(response)
 }
 
-async fn serve_route<'l>(
+/// What admission hands the act phase.
+struct Admission {
+    limits: crate::respond::Limits,
+    after: crate::inflight::AfterAdmission,
+    peer_ip: std::net::IpAddr,
+}
+
+/// The admit phase: everything that reads the request before it is forwarded.
+#[allow(clippy::too_many_arguments)]
+async fn admit<'l>(
     state: &Arc<AppState>,
     live: &'l Live,
     route: &'l Route,
     resources: &'l RouteResources,
     params: &PathParams,
     peer: SocketAddr,
-    req: Request<Incoming>,
-) -> Result<Response<ResponseBody>, Refusal<'l>> {
+    req: &Request<Incoming>,
+    host: Option<&str>,
+) -> Result<Admission, Refusal<'l>> {
     if matches!(route.action, Action::CheckOnly) {
         // Nowhere to send it; answered before any counter is touched.
         return Err(Refusal::CheckOnly(&route.name));
     }
     let max_body = live.config.server.max_body_size;
-    if declared_length(&req).is_some_and(|len| len > max_body) {
+    if declared_length(req).is_some_and(|len| len > max_body) {
         return Err(Refusal::BodyTooLarge(max_body));
     }
     let peer_ip = peer.ip().to_canonical();
@@ -90,7 +104,6 @@ async fn serve_route<'l>(
         .config
         .trusted_proxies
         .client_ip(peer_ip, req.headers());
-    let host = normalize::host::host(req.headers());
     let view = RequestView {
         method: req.method(),
         host,
@@ -101,8 +114,30 @@ async fn serve_route<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
     };
-    let (admitted, mut after) = admission::admit_inline(state, route, resources, &view).await?;
-    let limits = admitted.limits;
+    let (admitted, after) = admission::admit_inline(state, route, resources, &view).await?;
+    Ok(Admission {
+        limits: admitted.limits,
+        after,
+        peer_ip,
+    })
+}
+
+/// The act phase: forward the admitted request, or answer it directly.
+async fn act<'l>(
+    state: &Arc<AppState>,
+    live: &'l Live,
+    route: &'l Route,
+    resources: &'l RouteResources,
+    params: &PathParams,
+    req: Request<Incoming>,
+    admitted: Admission,
+) -> Result<Response<ResponseBody>, Refusal<'l>> {
+    let Admission {
+        limits,
+        mut after,
+        peer_ip,
+    } = admitted;
+    let max_body = live.config.server.max_body_size;
     // Held from here: a failure below, or the client going away, drops it (released).
     let lease = after.lease(state, &resources.metrics.in_flight);
 

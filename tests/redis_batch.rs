@@ -84,3 +84,91 @@ fn evalsha_calls(redis: &support::redis::RedisServer) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// decide.lua's packed batch (the gateway's call: two arguments, one reply string) decides
+/// exactly as the plain batch: the same integers, stamps of microsecond timestamps and
+/// fractional token counts included.
+#[test]
+fn a_packed_batch_answers_what_the_plain_batch_answers() {
+    let redis = support::redis::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let now = 1_763_900_000_123_457u64;
+    // Three decisions on a bucket (fractional refill) and a window, then a quota alone.
+    let decisions: Vec<(u64, Vec<[String; 6]>)> = vec![
+        (now, vec![tb_args(1), sw_args(1)]),
+        (now + 1_700, vec![tb_args(2), sw_args(1)]),
+        (now + 2_900_001, vec![tb_args(1), sw_args(2)]),
+        (now + 3_000_000, vec![q_args(now)]),
+    ];
+    let run = |prefix: &str, packed: bool| -> Vec<i64> {
+        let mut keys = Vec::new();
+        let mut words = Vec::new();
+        for (at, checks) in &decisions {
+            words.push(at.to_string());
+            words.push(checks.len().to_string());
+            for c in checks {
+                keys.push(format!("{prefix}{{k}}:{}", c[0]));
+                words.extend(c.iter().cloned());
+            }
+        }
+        let mut args: Vec<String> = vec!["eval".into(), script.clone(), keys.len().to_string()];
+        args.extend(keys);
+        if packed {
+            args.push("packed".into());
+            args.push(words.join(" "));
+        } else {
+            args.push("batch".into());
+            args.extend(words);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let reply = redis.cli(&refs);
+        reply
+            .iter()
+            .flat_map(|line| line.split_whitespace())
+            .map(|n| {
+                n.parse()
+                    .unwrap_or_else(|_| panic!("not an integer: {reply:?}"))
+            })
+            .collect()
+    };
+    let plain = run("plain:", false);
+    let packed = run("packed:", true);
+    assert_eq!(plain.len(), (1 + 7 * 2) * 3 + (1 + 7));
+    assert_eq!(packed, plain);
+    // Some decision refused, some admitted: the comparison covered both.
+    assert!(plain.contains(&0) && plain.contains(&1));
+    // "-" is Redis TIME, as "" is in the plain form.
+    let timed = redis.cli(&[
+        "eval",
+        &script,
+        "1",
+        "t{k}:tb",
+        "packed",
+        "- 1 tb 0.5 3 0 1 0",
+    ]);
+    let numbers: Vec<&str> = timed.iter().flat_map(|l| l.split_whitespace()).collect();
+    assert_eq!(numbers.len(), 8, "{timed:?}");
+    assert_eq!(numbers[0], "1");
+}
+
+fn tb_args(cost: u64) -> [String; 6] {
+    ["tb", "0.3333333333333333", "3", "0", &cost.to_string(), "0"].map(String::from)
+}
+
+fn sw_args(cost: u64) -> [String; 6] {
+    ["sw", "3", "3000000", "0", &cost.to_string(), "0"].map(String::from)
+}
+
+fn q_args(now: u64) -> [String; 6] {
+    let start = now - now % 86_400_000_000;
+    [
+        "q".to_string(),
+        "2".to_string(),
+        start.to_string(),
+        (start + 86_400_000_000).to_string(),
+        "1".to_string(),
+        "1".to_string(),
+    ]
+}

@@ -24,6 +24,13 @@ use super::{Check, Clock, Decision, Outcome, Rule, Store, StoreError};
 use crate::metrics::{DecisionLabel, Metrics, PolicyMetrics};
 use crate::rls::metrics::RuleMetrics;
 use crate::top_limited::{TopLimited, DEFAULT_CAPACITY, DEFAULT_PERIOD_US};
+use smallvec::SmallVec;
+
+/// Store checks and outcomes per decision kept inline (no allocation): routes rarely have more
+/// policies than this, and an Envoy call rarely more descriptors. The engine's own list of checks
+/// stays a `Vec`: it is moved through the decision, and moving it inline cost more (callgrind)
+/// than the allocation it saved.
+pub const INLINE_CHECKS: usize = 4;
 
 /// What a door wants when the store cannot decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,8 +150,8 @@ impl<'a> Checks<'a> {
     }
 
     /// The store's view: one check per distinct key, in order of first appearance.
-    fn store_checks(&self) -> Vec<Check<'_>> {
-        let mut checks = Vec::with_capacity(self.distinct);
+    fn store_checks(&self) -> SmallVec<[Check<'_>; INLINE_CHECKS]> {
+        let mut checks = SmallVec::with_capacity(self.distinct);
         for (i, item) in self.items.iter().enumerate() {
             if item.leader == i {
                 checks.push(Check {
@@ -364,7 +371,7 @@ impl Engine {
             return Verdict {
                 kind: Kind::Allowed,
                 checks,
-                decision: Decision::from_outcomes(Vec::new()),
+                decision: Decision::from_outcomes(super::Outcomes::new()),
                 error: None,
                 lease: 0,
             };
@@ -433,7 +440,7 @@ impl Engine {
                         FailureMode::Error => Kind::Failed,
                     },
                     checks,
-                    decision: Decision::from_outcomes(Vec::new()),
+                    decision: Decision::from_outcomes(super::Outcomes::new()),
                     error: Some(error),
                     lease: 0,
                 }
@@ -449,7 +456,7 @@ impl Engine {
     /// reported outcome is one the store gave.
     fn cached_refusal(&self, checks: &Checks<'_>, now: u64, epoch: u64) -> Option<Decision> {
         let mut enforced = false;
-        let mut outcomes = Vec::with_capacity(checks.distinct);
+        let mut outcomes = super::Outcomes::with_capacity(checks.distinct);
         for (i, item) in checks.items.iter().enumerate() {
             if item.leader != i {
                 continue;

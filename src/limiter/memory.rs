@@ -22,8 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
+use super::engine::INLINE_CHECKS;
 use super::leases::{LeasePlan, Leases};
 use super::{Check, Clock, Decision, Outcome, Rule};
+use smallvec::SmallVec;
 
 #[path = "overflow.rs"]
 mod overflow;
@@ -233,16 +235,18 @@ impl MemoryStore {
             return self.check_one(check, lease);
         }
         let now = self.clock.now_us();
-        let hashes: Vec<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
-        let shard_of: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
+        // Scratch lists inline for the usual few checks: no allocation per decision.
+        type Few<T> = SmallVec<[T; INLINE_CHECKS]>;
+        let hashes: Few<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
+        let shard_of: Few<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+        let mut guards: Few<(usize, MutexGuard<'_, Shard>)> =
             order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
 
-        let mut outcomes = Vec::with_capacity(checks.len());
-        let mut pending = Vec::with_capacity(checks.len());
+        let mut outcomes = super::Outcomes::with_capacity(checks.len());
+        let mut pending: Few<_> = SmallVec::with_capacity(checks.len());
         for ((check, &shard), &hash) in checks.iter().zip(&shard_of).zip(&hashes) {
             let (p, outcome) = self.evaluate(shard_mut(&mut guards, shard), hash, check, now);
             outcomes.push(outcome);
@@ -284,7 +288,8 @@ impl MemoryStore {
         let hash = self.hasher.hash_one(check.key);
         let mut shard = lock(&self.shards[self.shard_index(hash)]);
         let (pending, outcome) = self.evaluate(&mut shard, hash, check, now);
-        let decision = Decision::from_checks(std::slice::from_ref(check), vec![outcome]);
+        let decision =
+            Decision::from_checks(std::slice::from_ref(check), smallvec::smallvec![outcome]);
         if decision.commits(0) {
             commit(self, &mut shard, hash, check, pending, now, lease);
         }

@@ -134,11 +134,15 @@ impl Outcome {
 pub struct Decision {
     pub allowed: bool,
     /// One outcome per check, in the order of the checks.
-    pub outcomes: Vec<Outcome>,
+    pub outcomes: Outcomes,
 }
 
+/// One outcome per check, inline for the usual few checks (no allocation per decision).
+pub type Outcomes = smallvec::SmallVec<[Outcome; engine::INLINE_CHECKS]>;
+
 impl Decision {
-    pub fn from_outcomes(outcomes: Vec<Outcome>) -> Self {
+    pub fn from_outcomes(outcomes: impl Into<Outcomes>) -> Self {
+        let outcomes = outcomes.into();
         Decision {
             allowed: outcomes.iter().all(|o| o.allowed),
             outcomes,
@@ -146,7 +150,8 @@ impl Decision {
     }
 
     /// The decision over `checks` (one outcome each, in order): shadow checks never reject.
-    pub fn from_checks(checks: &[Check<'_>], outcomes: Vec<Outcome>) -> Self {
+    pub fn from_checks(checks: &[Check<'_>], outcomes: impl Into<Outcomes>) -> Self {
+        let outcomes = outcomes.into();
         Decision {
             allowed: checks
                 .iter()
@@ -213,7 +218,7 @@ impl Store {
     ) -> Result<Decision, StoreError> {
         match self {
             Store::Memory(store) => Ok(store.check_leased(checks, lease)),
-            Store::Redis(store) => Box::pin(store.check_leased(checks, lease)).await,
+            Store::Redis(store) => store.check_leased(checks, lease).await,
             #[cfg(test)]
             Store::Faulty(store) => store.check(checks),
         }

@@ -19,6 +19,7 @@ use std::time::Instant;
 use fred::prelude::{Key, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::wire::Packed;
 use super::{Shared, StoreError};
 
 /// Decisions in one script call at most (the script's run blocks Redis for about 10 µs each).
@@ -26,11 +27,11 @@ pub const MAX_BATCH: usize = 64;
 /// Script calls in flight at once (fred pipelines them on the pool's connections).
 const MAX_IN_FLIGHT: usize = 2;
 
-/// One request's decision: its keys, its arguments as [`super::wire::args`] writes them (`now`,
-/// then six per check), and where its reply goes.
+/// One request's decision: its keys, its arguments as [`super::wire::pack`] writes them (`now`,
+/// the number of checks, then six per check), and where its reply goes.
 pub struct Job {
     pub keys: Vec<Key>,
-    pub args: Vec<Value>,
+    pub packed: String,
     pub deadline: Instant,
     pub reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
 }
@@ -81,41 +82,30 @@ async fn drain(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Job>) {
     }
 }
 
-/// One script call for `jobs`, each answered with its own part of the reply.
+/// One script call for `jobs`, each answered with its own part of the reply. However many they
+/// are, the call is decide.lua's packed batch: two arguments and one reply string, where the
+/// plain form costs the client eight values to write and read per decision.
 async fn call(shared: &Shared, mut jobs: Vec<Job>) {
     let now = Instant::now();
     jobs.retain(|job| job.deadline > now && !job.reply.is_closed());
     let Some(budget) = jobs.iter().map(|job| job.deadline - now).min() else {
         return;
     };
-    if jobs.len() == 1 {
-        if let Some(job) = jobs.pop() {
-            let (keys, args) = (job.keys, job.args);
-            let result = shared
-                .run_within(budget, || (keys.clone(), args.clone()))
-                .await;
-            let _ = job.reply.send(result);
-        }
-        return;
-    }
     let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len() + 1).sum::<usize>());
-    args.push(Value::from_static_str("batch"));
+    let mut packed = String::with_capacity(jobs.iter().map(|j| j.packed.len()).sum());
     let mut shape = Vec::with_capacity(jobs.len());
     for job in &mut jobs {
-        let n = job.keys.len();
-        shape.push(n);
+        shape.push(job.keys.len());
         keys.append(&mut job.keys);
-        let mut own = std::mem::take(&mut job.args).into_iter();
-        args.push(own.next().unwrap_or_else(|| Value::from_static_str("")));
-        args.push(Value::Integer(n as i64));
-        args.extend(own);
+        packed.push_str(&job.packed);
     }
+    let args = [Value::from_static_str("packed"), Value::from(packed)];
+    // One call site: the call's future is most of this task's size.
     let result = shared
-        .run_within(budget, || (keys.clone(), args.clone()))
+        .run_within::<Packed>(budget, || (keys.clone(), args.to_vec()))
         .await;
     match result {
-        Ok(reply) => {
+        Ok(Packed(reply)) => {
             let mut at = 0;
             for (job, n) in jobs.into_iter().zip(shape) {
                 let len = 1 + 7 * n;

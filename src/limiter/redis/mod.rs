@@ -332,7 +332,7 @@ impl RedisStore {
         lease: u64,
     ) -> Result<Decision, StoreError> {
         if checks.is_empty() {
-            return Ok(Decision::from_outcomes(Vec::new()));
+            return Ok(Decision::from_outcomes(super::Outcomes::new()));
         }
         let shared = &self.shared;
         let admission = shared.breaker.admit(shared.now_ms());
@@ -342,7 +342,9 @@ impl RedisStore {
         let result = if !shared.pool.clients().iter().any(|c| c.is_connected()) {
             Err(StoreError::Connection("not connected".to_string()))
         } else if shared.cluster {
-            cluster::check(self, checks, lease).await
+            // Boxed: inline, its per-slot calls would make every single-server decision's future
+            // kilobytes larger.
+            Box::pin(cluster::check(self, checks, lease)).await
         } else {
             self.evaluate(checks, lease).await
         };
@@ -371,9 +373,11 @@ impl RedisStore {
     async fn evaluate(&self, checks: &[Check<'_>], lease: u64) -> Result<Decision, StoreError> {
         let timeout = self.shared.timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let mut packed = String::with_capacity(16 + 48 * checks.len());
+        wire::pack(self.test_now(), checks, lease, &mut packed);
         let job = batch::Job {
             keys: self.keys(checks),
-            args: self.args(checks, lease),
+            packed,
             deadline: Instant::now() + timeout,
             reply,
         };
@@ -414,30 +418,26 @@ impl Shared {
 
     /// [`Shared::run`] within `budget` (at most `timeout`): a batch may not outlive the earliest
     /// deadline among its decisions.
-    async fn run_within(
+    async fn run_within<R: FromValue>(
         &self,
         budget: Duration,
         call: impl Fn() -> (Vec<Key>, Vec<Value>),
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<R, StoreError> {
         let started = Instant::now();
         let budget = budget.min(self.timeout);
         let first = match self.sha.get() {
             Some(sha) => {
                 let (keys, args) = call();
-                let reply = if budget < self.timeout {
-                    let options = Options {
-                        timeout: Some(budget),
-                        ..Options::default()
-                    };
-                    self.pool
-                        .with_options(&options)
-                        .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
-                        .await
-                } else {
-                    self.pool
-                        .evalsha::<Vec<i64>, _, _, _>(sha.clone(), keys, args)
-                        .await
+                // One call site: each `.await` of a fred command is kilobytes of future state.
+                let options = Options {
+                    timeout: Some(budget),
+                    ..Options::default()
                 };
+                let reply = self
+                    .pool
+                    .with_options(&options)
+                    .evalsha::<R, _, _, _>(sha.clone(), keys, args)
+                    .await;
                 match reply {
                     Err(e) if e.details().starts_with("NOSCRIPT") => {
                         // A server without the script is a restarted (or new) one.
@@ -454,7 +454,12 @@ impl Shared {
             None => {
                 let left = budget.saturating_sub(started.elapsed());
                 let (keys, args) = call();
-                match tokio::time::timeout(left, self.pool.eval(DECIDE_LUA, keys, args)).await {
+                // Rare (a server without the script): boxed, so the usual call's future stays small.
+                let eval = Box::pin(tokio::time::timeout(
+                    left,
+                    self.pool.eval(DECIDE_LUA, keys, args),
+                ));
+                match eval.await {
                     Ok(reply) => reply,
                     Err(_) => return Err(StoreError::Timeout(self.timeout)),
                 }
@@ -467,9 +472,12 @@ impl Shared {
                     sha: self.sha.get(),
                     text: DECIDE_LUA,
                 };
-                tokio::time::timeout(left, ask::follow(self, nodes, lua, &call))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+                Box::pin(tokio::time::timeout(
+                    left,
+                    ask::follow(self, nodes, lua, &call),
+                ))
+                .await
+                .unwrap_or(Err(StoreError::Timeout(self.timeout)))
             }
             (reply, _) => reply.map_err(|e| self.classify(e)),
         }
@@ -490,9 +498,12 @@ impl Shared {
                 let left = self.timeout.saturating_sub(started.elapsed());
                 let lua = ask::Script { sha: None, text };
                 let call = || (keys.clone(), args.clone());
-                tokio::time::timeout(left, ask::follow(self, nodes, lua, &call))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(self.timeout)))
+                Box::pin(tokio::time::timeout(
+                    left,
+                    ask::follow(self, nodes, lua, &call),
+                ))
+                .await
+                .unwrap_or(Err(StoreError::Timeout(self.timeout)))
             }
             (reply, _) => reply.map_err(|e| self.classify(e)),
         }

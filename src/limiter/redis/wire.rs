@@ -78,6 +78,122 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     args
 }
 
+/// One decision of a packed batch (decide.lua, "Packed batch"): the words [`args`] would send
+/// after `"batch"` (`now` or `-`, the number of checks, six per check), each followed by a space,
+/// appended to `out`. The numbers are written exactly as the unpacked call writes them.
+pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String) {
+    let mut wall = now;
+    let int = |out: &mut String, v: u64| push_word(out, v.min(i64::MAX as u64));
+    match now {
+        Some(now) => int(out, now),
+        None => out.push_str("- "),
+    }
+    int(out, checks.len() as u64);
+    for check in checks {
+        match check.rule {
+            Rule::TokenBucket(tb) => {
+                // As the unpacked call: the shortest decimal that parses back to the same double
+                // (for a whole number below 2^53, its digits).
+                out.push_str("tb ");
+                if tb.rate.fract() == 0.0 && (1.0..9_007_199_254_740_992.0).contains(&tb.rate) {
+                    push_word(out, tb.rate as u64);
+                } else {
+                    // Infallible for a String.
+                    let _ = write!(out, "{} ", tb.rate);
+                }
+                int(out, tb.burst);
+                out.push_str("0 ");
+            }
+            Rule::SlidingWindow(sw) => {
+                out.push_str("sw ");
+                int(out, sw.limit);
+                int(out, sw.window_us);
+                int(out, u64::from(sw.buckets));
+            }
+            Rule::Concurrency(cc) => {
+                out.push_str("cc ");
+                int(out, cc.limit);
+                int(out, cc.lease_ttl_us);
+                int(out, lease);
+            }
+            Rule::Quota(q) => {
+                let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
+                let period = calendar::period(q.per, q.time_zone, at);
+                out.push_str("q ");
+                int(out, q.limit);
+                int(out, period.start);
+                int(out, period.end);
+            }
+        }
+        int(out, check.cost);
+        out.push_str(if check.shadow { "1 " } else { "0 " });
+    }
+}
+
+/// `v` in decimal and a space: `write!`'s formatting machinery costs several times this.
+fn push_word(out: &mut String, v: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = v;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for &d in &digits[start..] {
+        out.push(char::from(d));
+    }
+    out.push(' ');
+}
+
+/// One integer of a packed reply: optional `-`, then 1 to 19 digits, within `i64`.
+fn parse_word(word: &[u8]) -> Option<i64> {
+    let (negative, digits) = match word.split_first()? {
+        (b'-', rest) => (true, rest),
+        _ => (false, word),
+    };
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -value } else { value })
+}
+
+/// A packed batch's reply: its integers, read from one string.
+#[derive(Debug)]
+pub struct Packed(pub Vec<i64>);
+
+impl fred::types::FromValue for Packed {
+    fn from_value(value: Value) -> Result<Self, fred::error::Error> {
+        let bad = || {
+            fred::error::Error::new(
+                fred::error::ErrorKind::Parse,
+                "decide.lua: a packed reply is integers separated by spaces",
+            )
+        };
+        let text = match &value {
+            Value::String(s) => s.as_bytes(),
+            Value::Bytes(b) => b.as_ref(),
+            _ => return Err(bad()),
+        };
+        let words = text.split(|&b| b == b' ').filter(|w| !w.is_empty());
+        let mut numbers = Vec::with_capacity(text.len() / 2);
+        for word in words {
+            numbers.push(parse_word(word).ok_or_else(bad)?);
+        }
+        Ok(Packed(numbers))
+    }
+}
+
 /// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
 /// the tag, injectively, so distinct identities stay distinct keys.
 fn escape_tag(identity: &str, out: &mut String) {
@@ -105,7 +221,7 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     }
     let unsigned =
         |v: i64| u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")));
-    let mut outcomes = Vec::with_capacity(checks);
+    let mut outcomes = crate::limiter::Outcomes::with_capacity(checks);
     for o in reply[1..1 + 5 * checks].chunks_exact(5) {
         outcomes.push(Outcome {
             allowed: o[0] != 0,
@@ -185,6 +301,77 @@ pub fn refund_args(entries: &[(Check<'_>, [i64; 2])]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::{Concurrency, SlidingWindow, TokenBucket};
+
+    /// The packed words are the plain call's arguments, number for number.
+    #[test]
+    fn a_packed_decision_is_the_plain_arguments_as_words() {
+        let rules = [
+            Rule::TokenBucket(TokenBucket {
+                rate: 1.0 / 3.0,
+                burst: 7,
+            }),
+            Rule::TokenBucket(TokenBucket {
+                rate: 1e9,
+                burst: 1_000_000_000,
+            }),
+            Rule::SlidingWindow(SlidingWindow {
+                limit: u64::MAX,
+                window_us: 60_000_000,
+                buckets: 6,
+            }),
+            Rule::Concurrency(Concurrency {
+                limit: 3,
+                lease_ttl_us: 30_000_000,
+            }),
+        ];
+        let checks: Vec<Check<'_>> = rules
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| Check {
+                key: "k",
+                rule,
+                cost: i as u64 + 1,
+                shadow: i == 1,
+            })
+            .collect();
+        for now in [Some(1_763_900_000_123_457), None] {
+            let mut packed = String::new();
+            pack(now, &checks, 42, &mut packed);
+            let plain: Vec<String> = args(now, &checks, 42)
+                .into_iter()
+                .map(|v| match v {
+                    Value::Integer(i) => i.to_string(),
+                    Value::Double(f) => f.to_string(),
+                    Value::String(s) if s.is_empty() => "-".to_string(),
+                    Value::String(s) => s.to_string(),
+                    other => panic!("unexpected {other:?}"),
+                })
+                .collect();
+            let words: Vec<&str> = packed.split(' ').filter(|w| !w.is_empty()).collect();
+            let mut expected: Vec<&str> = vec![&plain[0], "4"];
+            expected.extend(plain[1..].iter().map(String::as_str));
+            assert_eq!(words, expected);
+            assert!(packed.ends_with(' ') && !packed.contains("  "));
+        }
+    }
+
+    #[test]
+    fn a_packed_reply_reads_back_and_refuses_anything_else() {
+        use fred::types::FromValue;
+        let Packed(numbers) =
+            Packed::from_value(Value::from("1 3 -2 1763900000123457 ")).expect("packed");
+        assert_eq!(numbers, vec![1, 3, -2, 1_763_900_000_123_457]);
+        assert!(Packed::from_value(Value::from("1 1.5e+15")).is_err());
+        for bad in ["--1", "-", "1-", "9223372036854775808", "+1"] {
+            assert!(Packed::from_value(Value::from(bad)).is_err(), "{bad}");
+        }
+        let Packed(extremes) =
+            Packed::from_value(Value::from("9223372036854775807 -9223372036854775807 0"))
+                .expect("extremes");
+        assert_eq!(extremes, vec![i64::MAX, -i64::MAX, 0]);
+        assert!(Packed::from_value(Value::Integer(1)).is_err());
+    }
 
     #[test]
     fn tag_escaping_is_injective_and_brace_free() {
