@@ -487,11 +487,11 @@ end
 
 ---------------------------------------------------------------------------------------------------
 
--- One decision: `policies` checks whose keys start after KEYS[kbase] and whose six arguments each
--- start at ARGV[abase]; appends its reply to `reply`. Returns an error reply on bad arguments.
 -- The decision's arguments: ARGV, or a packed batch's arguments split (see "Packed batch").
 local argv = ARGV
 
+-- One decision: `policies` checks whose keys start after KEYS[kbase] and whose six arguments each
+-- start at argv[abase]; appends its reply to `reply`. Returns an error reply on bad arguments.
 local function decide(kbase, abase, policies, now, reply, force)
   local plans = {}
   local all_allowed = true
