@@ -55,18 +55,9 @@ pub fn number_value(n: u64) -> HeaderValue {
     {
         return value.clone();
     }
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut rest = n;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    HeaderValue::from_bytes(&digits[start..]).unwrap_or_else(|_| HeaderValue::from(n))
+    let mut buf = [0u8; 20];
+    HeaderValue::from_bytes(crate::decimal::digits(n, &mut buf))
+        .unwrap_or_else(|_| HeaderValue::from(n))
 }
 
 /// The values of 0 to `SMALL_NUMBERS - 1`, all slices of one string that lives as long as the

@@ -130,20 +130,10 @@ pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String
     }
 }
 
-/// `v` in decimal and a space: `write!`'s formatting machinery costs several times this.
+/// `v` in decimal and a space.
 fn push_word(out: &mut String, v: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut rest = v;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    for &d in &digits[start..] {
+    let mut buf = [0u8; 20];
+    for &d in crate::decimal::digits(v, &mut buf) {
         out.push(char::from(d));
     }
     out.push(' ');
