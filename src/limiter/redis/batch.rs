@@ -1,5 +1,5 @@
 //! Batching concurrent decisions: one script call carries the decisions of every request that
-//! arrived while earlier calls were in flight (`scripts/decide.lua`, "Batch").
+//! arrived while earlier calls were in flight (`scripts/decide.lua`, "Batch" and "Packed batch").
 //!
 //! Each decision stays all-or-nothing on its own: the script runs them one after another, each
 //! seeing what the ones before consumed, exactly as if they had been separate calls in that
