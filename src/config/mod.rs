@@ -31,6 +31,19 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// An error at `line`:`column` of `file`, on `field` (empty for the document).
+    pub fn at(file: &Path, line: usize, column: usize, field: String, message: String) -> Self {
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            field,
+            message,
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}:{}: ", self.file.display(), self.line, self.column)?;
@@ -75,13 +88,7 @@ pub fn load(path: &Path) -> Result<Snapshot, ConfigErrors> {
 /// Validates config text; `path` is only used to name the source in errors.
 pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
     let positions = Positions::index(source);
-    let error = |line, column, field: String, message: String| ConfigError {
-        file: path.to_path_buf(),
-        line,
-        column,
-        field,
-        message,
-    };
+    let error = |line, column, field, message| ConfigError::at(path, line, column, field, message);
     // serde reports a duplicate at the mapping that holds it; say where the second one is.
     if !positions.duplicates.is_empty() {
         return Err(ConfigErrors(

@@ -240,13 +240,7 @@ fn no_bucket_fields(limits: &Limits) -> Result<(), Invalid> {
 /// Reads and validates the overrides file against the config's routes. Errors name the file,
 /// line and column of the field at fault.
 pub fn load_file(path: &Path, routes: &[Route]) -> Result<Vec<Override>, Vec<ConfigError>> {
-    let error = |line, column, field: String, message: String| ConfigError {
-        file: path.to_path_buf(),
-        line,
-        column,
-        field,
-        message,
-    };
+    let error = |line, column, field, message| ConfigError::at(path, line, column, field, message);
     let text = std::fs::read_to_string(path).map_err(|e| {
         vec![error(
             0,
