@@ -12,9 +12,11 @@
 //! - `plan`: each descriptor's rule and counter (lookups, `replaces`, Envoy's override);
 //! - `decide`: `ShouldRateLimit` translated to engine checks and the verdict back (one store call
 //!   per request; no decision policy of its own);
-//! - `grpc`, `wire`, `json`, `metrics`: the gRPC listener and its threads, gRPC on HTTP/2 (the
-//!   rate limit and health methods), `POST /json`, per-rule counters.
+//! - `grpc`, `balance`, `wire`, `json`, `metrics`: the gRPC listener and its threads, which
+//!   thread serves a connection, gRPC on HTTP/2 (the rate limit and health methods),
+//!   `POST /json`, per-rule counters.
 
+mod balance;
 pub mod config;
 pub mod decide;
 pub mod glob;

@@ -14,6 +14,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use std::future::Future;
+use std::sync::Arc;
 use std::task::Poll;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -22,7 +23,7 @@ use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use prost::Message;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
@@ -48,13 +49,15 @@ const RESOURCE_EXHAUSTED: u32 = 8;
 const UNIMPLEMENTED: u32 = 12;
 const INTERNAL: u32 = 13;
 
-/// Serves one connection until the peer closes it, or until `stop` turns true: then a graceful
-/// shutdown (GOAWAY; calls in flight finish).
+/// Serves one connection until the peer closes it, or until `stop` turns true or `shed` picks
+/// this connection (its thread is saturated, [`super::balance`]): then a graceful shutdown
+/// (GOAWAY; calls in flight finish).
 pub(crate) async fn serve_connection(
     io: TcpStream,
     service: RlsService,
     serving: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
+    shed: Arc<Notify>,
 ) {
     let handshake = h2::server::Builder::new()
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
@@ -71,7 +74,10 @@ pub(crate) async fn serve_connection(
     };
     let mut calls = FuturesUnordered::new();
     let mut stopped = Some(Box::pin(async move {
-        let _ = stop.wait_for(|stop| *stop).await;
+        tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => {}
+            () = shed.notified() => {}
+        }
     }));
     // Batching is the point of this loop: take every stream the last read delivered, run every
     // call that can finish, and only then poll the connection again, which writes all their
