@@ -4,11 +4,11 @@
 //! connection with [`super::wire`]; the tonic service trait is implemented too, for embedding
 //! [`RlsService`] in a tonic server of one's own.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
@@ -87,7 +87,10 @@ async fn accept_loop<T: From<tokio::net::TcpStream> + Send + 'static>(
     mut stop: watch::Receiver<bool>,
 ) {
     debug_assert_eq!(senders.len(), balancer.len());
-    let mut sample = tokio::time::interval(SAMPLE_EVERY);
+    // The first sample a whole interval after the threads started, not at once: a share of a
+    // few microseconds would read as a busy thread.
+    let first = tokio::time::Instant::now() + SAMPLE_EVERY;
+    let mut sample = tokio::time::interval_at(first, SAMPLE_EVERY);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !senders.is_empty() {
         let accepted = tokio::select! {
