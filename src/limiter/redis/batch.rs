@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use super::wire::Packed;
 use super::{Shared, StoreError};
 
-/// Decisions in one script call at most (the script's run blocks Redis for about 10 µs each).
+/// Decisions in one script call at most (the script runs about 5 µs a decision, blocking Redis).
 pub const MAX_BATCH: usize = 64;
 /// Script calls in flight at once (fred pipelines them on the pool's connections).
 const MAX_IN_FLIGHT: usize = 2;
