@@ -33,11 +33,12 @@
 -- own. Reply: the decisions' replies one after another.
 --
 -- Packed batch (the gateway's usual call): ARGV[1] "packed", ARGV[2] the batch's ARGV after
--- "batch" as one string, separated by single spaces, with "-" for a now of "" (Redis TIME). The
--- same decisions as "batch"; the reply is the same integers as one string, separated by single
--- spaces (each written as Redis writes a Lua number as an integer reply: truncated toward zero).
--- Two arguments and one reply string instead of eight values per decision: the gateway's Redis
--- client costs per value sent and read, far more than this split and join cost Redis.
+-- "batch" as little-endian doubles, 8 bytes each: now (negative for Redis TIME), n, then per key
+-- kind (1 tb, 2 sw, 3 cc, 4 q), p1, p2, p3, cost, shadow (1 or 0). The same decisions as "batch";
+-- the reply is the same integers as one string of little-endian doubles (the gateway truncates
+-- each toward zero, as Redis does a Lua number it returns as an integer). struct reads and writes
+-- them in C: two arguments and one reply string instead of eight values per decision, with no
+-- decimal to split, parse or print on either side.
 --
 -- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
 -- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
@@ -52,6 +53,10 @@
 if redis.replicate_commands then
   pcall(redis.replicate_commands)
 end
+
+-- The hot path's library functions as locals: a global is a table lookup on every use.
+local call, format, tonumber = redis.call, string.format, tonumber
+local ceil, floor, min = math.ceil, math.floor, math.min
 
 local MICROS = 1000000.0
 -- Lua numbers become Redis integers by a C cast: keep absurd durations (a rate near zero) in range.
@@ -89,7 +94,7 @@ end
 -- Token bucket: HASH {t = tokens (%.17g), ts = microseconds}.
 
 local function tb_eval(key, rate, burst, cost, now)
-  local h = redis.call('HMGET', key, 't', 'ts')
+  local h = call('HMGET', key, 't', 'ts')
   local tokens, ts = burst, now
   if h[1] and h[2] then
     tokens, ts = tonumber(h[1]), tonumber(h[2])
@@ -98,12 +103,13 @@ local function tb_eval(key, rate, burst, cost, now)
   if elapsed < 0 then
     elapsed = 0
   end
-  tokens = math.min(burst, tokens + elapsed * rate / MICROS)
+  tokens = min(burst, tokens + elapsed * rate / MICROS)
   if ts < now then
     ts = now
   end
+  -- Every field the outcome and commit set is in the constructor: a table that grows rehashes.
   return { key = key, rate = rate, burst = burst, cost = cost, now = now,
-           tokens = tokens, ts = ts, allowed = tokens >= cost }
+           tokens = tokens, ts = ts, allowed = tokens >= cost, reset = 0 }
 end
 
 local function tb_outcome(p, consumed)
@@ -122,17 +128,17 @@ local function tb_outcome(p, consumed)
   end
   p.reset = reset
   -- A charge after the response may leave the bucket below zero: nothing is left.
-  local remaining = math.floor(after)
+  local remaining = floor(after)
   if remaining < 0 then
     remaining = 0
   end
-  return { p.burst, remaining, reset, retry }
+  return p.burst, remaining, reset, retry
 end
 
 local function tb_commit(p)
-  redis.call('HSET', p.key, 't', string.format('%.17g', p.tokens - p.cost), 'ts', int(p.ts))
-  -- The bucket refills from ts, which a stepped-back clock can put in the future.
-  redis.call('PEXPIRE', p.key, ttl_ms(p.reset + (p.ts - p.now)))
+  call('HSET', p.key, 't', format('%.17g', p.tokens - p.cost), 'ts', format('%d', p.ts))
+  -- The bucket refills from ts, which a stepped-back clock can put in the future (ttl_ms).
+  call('PEXPIRE', p.key, ceil((p.reset + (p.ts - p.now)) / 1000) + 1000)
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -191,7 +197,7 @@ local function sw_outcome(p, consumed)
       end
     end
   end
-  return { p.limit, left(p.limit, after), reset, retry }
+  return p.limit, left(p.limit, after), reset, retry
 end
 
 local function sw_commit(p)
@@ -291,7 +297,7 @@ local function swb_outcome(p, consumed)
       end
     end
   end
-  return { p.limit, left(p.limit, after), reset, retry }
+  return p.limit, left(p.limit, after), reset, retry
 end
 
 local function swb_commit(p)
@@ -341,7 +347,7 @@ local function cc_outcome(p, consumed)
   if not p.allowed then
     retry = 1000000
   end
-  return { p.limit, left(p.limit, after), reset, retry }
+  return p.limit, left(p.limit, after), reset, retry
 end
 
 local function cc_commit(p)
@@ -384,7 +390,7 @@ local function q_outcome(p, consumed)
   if not p.allowed then
     retry = to_end
   end
-  return { p.limit, left(p.limit, after), reset, retry }
+  return p.limit, left(p.limit, after), reset, retry
 end
 
 local function q_commit(p)
@@ -487,75 +493,137 @@ end
 
 ---------------------------------------------------------------------------------------------------
 
--- The decision's arguments: ARGV, or a packed batch's arguments split (see "Packed batch").
-local argv = ARGV
+-- The decision's arguments, with every number already a number (kinds stay strings): see
+-- `numeric` and "Packed batch" below.
+local argv = {}
+
+-- The plans of the decision being made, and each plan's outcome and commit functions: reused by
+-- every decision of a call (only indices 1..policies are read), so a decision allocates no lists.
+local plans, outcomes, commits = {}, {}, {}
+
+-- The usual decision, a single token bucket, in one straight line: tb_eval, tb_outcome and
+-- tb_commit's arithmetic in the same order, without a plan table or a call between them (15% of
+-- Redis's instructions for such a decision; docs/benchmarks.md). tests/conformance.rs holds both
+-- paths to the spec: its single-bucket steps come here, its steps with several checks do not.
+local function decide_tb(key, rate, burst, cost, shadow, now, reply, rn, force)
+  local h = call('HMGET', key, 't', 'ts')
+  local tokens, ts = burst, now
+  if h[1] and h[2] then
+    tokens, ts = tonumber(h[1]), tonumber(h[2])
+  end
+  local elapsed = now - ts
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  tokens = min(burst, tokens + elapsed * rate / MICROS)
+  if ts < now then
+    ts = now
+  end
+  local allowed = tokens >= cost
+  -- Alone, the request is admitted exactly when this check allows (or only reports).
+  local consumed = allowed or force
+  local after = tokens
+  if consumed then
+    after = tokens - cost
+  end
+  local reset = ceil_us((burst - after) * MICROS / rate)
+  local retry = 0
+  if not allowed then
+    if cost > burst then
+      retry = reset
+    else
+      retry = ceil_us((cost - tokens) * MICROS / rate)
+    end
+  end
+  local remaining = floor(after)
+  if remaining < 0 then
+    remaining = 0
+  end
+  if consumed and cost > 0 then
+    call('HSET', key, 't', format('%.17g', tokens - cost), 'ts', format('%d', ts))
+    call('PEXPIRE', key, ceil((reset + (ts - now)) / 1000) + 1000)
+  end
+  reply[rn + 1], reply[rn + 2], reply[rn + 3], reply[rn + 4] =
+    (allowed or shadow == 1) and 1 or 0, allowed and 1 or 0, burst, remaining
+  reply[rn + 5], reply[rn + 6], reply[rn + 7], reply[rn + 8] = reset, retry, 0, 0
+  return rn + 8
+end
 
 -- One decision: `policies` checks whose keys start after KEYS[kbase] and whose six arguments each
--- start at argv[abase]; appends its reply to `reply`. Returns an error reply on bad arguments.
-local function decide(kbase, abase, policies, now, reply, force)
-  local plans = {}
+-- start at argv[abase]; writes its reply into `reply` after index `rn` and returns the reply's new
+-- last index, or nil and an error reply on bad arguments. Indices are counted, never taken with #:
+-- the length operator is a search in Lua 5.1, and the hot path appends a dozen values a decision.
+local function decide(kbase, abase, policies, now, reply, rn, force)
+  if policies == 1 and argv[abase] == 'tb' then
+    local rate, burst, cost = argv[abase + 1], argv[abase + 2], argv[abase + 4]
+    if rate and burst and cost and argv[abase + 3] and cost >= 0 and rate > 0 and burst >= 0 then
+      return decide_tb(KEYS[kbase + 1], rate, burst, cost, argv[abase + 5], now, reply, rn, force)
+    end
+  end
   local all_allowed = true
   for i = 1, policies do
     local a = abase + 6 * (i - 1)
     local kind = argv[a]
-    local p1, p2, p3, cost = tonumber(argv[a + 1]), tonumber(argv[a + 2]),
-                             tonumber(argv[a + 3]), tonumber(argv[a + 4])
+    local p1, p2, p3, cost = argv[a + 1], argv[a + 2], argv[a + 3], argv[a + 4]
     if not (p1 and p2 and p3 and cost) or cost < 0 then
-      return redis.error_reply('decide.lua: bad arguments for policy ' .. i)
+      return nil, redis.error_reply('decide.lua: bad arguments for policy ' .. i)
     end
     local key = KEYS[kbase + i]
     local p
     if kind == 'tb' then
       if not (p1 > 0) or p2 < 0 then
-        return redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
+        return nil, redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
       end
       p = tb_eval(key, p1, p2, cost, now)
-      p.outcome, p.commit = tb_outcome, tb_commit
+      outcomes[i], commits[i] = tb_outcome, tb_commit
     elseif kind == 'sw' then
       if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
-        return redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
+        return nil, redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
       end
       if p3 == 0 then
         p = sw_eval(key, p1, p2, cost, now)
-        p.outcome, p.commit = sw_outcome, sw_commit
+        outcomes[i], commits[i] = sw_outcome, sw_commit
       else
         p = swb_eval(key, p1, p2, p3, cost, now)
-        p.outcome, p.commit = swb_outcome, swb_commit
+        outcomes[i], commits[i] = swb_outcome, swb_commit
       end
     elseif kind == 'cc' then
       if p1 < 0 or p2 <= 0 or p3 < 0 then
-        return redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
+        return nil, redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
       end
       p = cc_eval(key, p1, p2, p3, cost, now)
-      p.outcome, p.commit = cc_outcome, cc_commit
+      outcomes[i], commits[i] = cc_outcome, cc_commit
     elseif kind == 'q' then
       if p1 < 0 or p2 < 0 or p3 <= p2 then
-        return redis.error_reply('decide.lua: bad quota for policy ' .. i)
+        return nil, redis.error_reply('decide.lua: bad quota for policy ' .. i)
       end
       p = q_eval(key, p1, p2, p3, cost, now)
-      p.outcome, p.commit = q_outcome, q_commit
+      outcomes[i], commits[i] = q_outcome, q_commit
     else
-      return redis.error_reply('decide.lua: unknown kind for policy ' .. i)
+      return nil, redis.error_reply('decide.lua: unknown kind for policy ' .. i)
     end
     plans[i] = p
-    all_allowed = all_allowed and (p.allowed or argv[a + 5] == '1')
+    all_allowed = all_allowed and (p.allowed or argv[a + 5] == 1)
   end
 
-  reply[#reply + 1] = all_allowed and 1 or 0
-  local stamps = {}
+  local r = rn + 1
+  reply[r] = all_allowed and 1 or 0
   for i = 1, policies do
     local p = plans[i]
     -- Consumed only when the request is admitted and this policy allows it; otherwise the
     -- outcome describes the state without the request.
     local consumed = (all_allowed and p.allowed) or force
-    local o = p.outcome(p, consumed)
-    reply[#reply + 1] = p.allowed and 1 or 0
-    for _, v in ipairs(o) do
-      reply[#reply + 1] = v
-    end
+    local limit, remaining, reset, retry = outcomes[i](p, consumed)
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+      p.allowed and 1 or 0, limit, remaining, reset, retry
+    r = r + 5
     if consumed and p.cost > 0 then
-      p.commit(p)
+      commits[i](p)
     end
+  end
+  -- The refund stamps, from what each policy read (a commit changes none of it).
+  for i = 1, policies do
+    local p = plans[i]
     local s1, s2 = 0, 0
     if p.t then
       s1, s2 = p.t, p.count
@@ -566,12 +634,10 @@ local function decide(kbase, abase, policies, now, reply, force)
     elseif p.period then
       s1 = p.period
     end
-    stamps[2 * i - 1], stamps[2 * i] = s1, s2
+    reply[r + 1], reply[r + 2] = s1, s2
+    r = r + 2
   end
-  for _, v in ipairs(stamps) do
-    reply[#reply + 1] = v
-  end
-  return nil
+  return r
 end
 
 -- Redis TIME in microseconds, read at most once per call.
@@ -587,44 +653,90 @@ local function now_of(arg)
   return time_now
 end
 
+-- Copies `policies` checks' arguments from the words `src` at `a` into argv, each number
+-- converted once (a word that is not one becomes nil, which decide() refuses).
+local function numeric(src, a, policies)
+  for b = a, a + 6 * (policies - 1), 6 do
+    argv[b] = src[b]
+    argv[b + 1], argv[b + 2], argv[b + 3] = tonumber(src[b + 1]), tonumber(src[b + 2]),
+                                           tonumber(src[b + 3])
+    argv[b + 4], argv[b + 5] = tonumber(src[b + 4]), tonumber(src[b + 5])
+  end
+end
+
+-- The kinds of a packed batch, by their number there.
+local KINDS = { 'tb', 'sw', 'cc', 'q' }
+
 local reply = {}
+local argc = #ARGV
 local packed = ARGV[1] == 'packed'
 if packed then
-  if #ARGV ~= 2 then
-    return redis.error_reply('decide.lua: a packed batch is one string')
+  -- Little-endian doubles: now (negative: Redis TIME), the number of checks, then per check
+  -- kind (1 tb, 2 sw, 3 cc, 4 q), p1, p2, p3, cost, shadow (1 or 0). struct reads them in C.
+  local s = ARGV[2]
+  if argc ~= 2 or not s or #s % 8 ~= 0 then
+    return redis.error_reply('decide.lua: a packed batch is one string of doubles')
   end
-  argv = {'batch'}
-  for word in string.gmatch(ARGV[2], '[^ ]+') do
-    argv[#argv + 1] = word
+  local len, unpack_, pos, now, policies = #s, struct.unpack, 1, nil, nil
+  argv[1], argc = 'batch', 1
+  while pos <= len do
+    if pos + 15 > len then
+      return redis.error_reply('decide.lua: bad batch')
+    end
+    now, policies, pos = unpack_('<dd', s, pos)
+    if policies < 1 or policies ~= floor(policies) or pos + 48 * policies - 1 > len then
+      return redis.error_reply('decide.lua: bad batch')
+    end
+    if now < 0 then
+      now = '-'
+    end
+    argv[argc + 1], argv[argc + 2] = now, policies
+    argc = argc + 2
+    for _ = 1, policies do
+      local kind, p1, p2, p3, cost, shadow
+      kind, p1, p2, p3, cost, shadow, pos = unpack_('<dddddd', s, pos)
+      argv[argc + 1], argv[argc + 2], argv[argc + 3] = KINDS[kind] or '?', p1, p2
+      argv[argc + 4], argv[argc + 5], argv[argc + 6] = p3, cost, shadow
+      argc = argc + 6
+    end
   end
+elseif ARGV[1] == 'batch' then
+  argv[1] = 'batch'
 end
 if argv[1] == 'batch' then
   -- Decisions one after another, each all-or-nothing on its own and seeing the ones before.
-  local k, a = 0, 2
-  while a <= #argv do
-    local now, policies = now_of(argv[a]), tonumber(argv[a + 1])
+  local src = ARGV
+  local nkeys = #KEYS
+  local k, a, rn = 0, 2, 0
+  while a <= argc do
+    local policies = tonumber((packed and argv or src)[a + 1] or '')
+    local now = now_of((packed and argv or src)[a])
     if not now or now < 0 then
       return redis.error_reply('decide.lua: bad now')
     end
-    if not policies or policies < 1 or k + policies > #KEYS or a + 1 + 6 * policies > #argv then
+    if not policies or policies < 1 or k + policies > nkeys or a + 1 + 6 * policies > argc then
       return redis.error_reply('decide.lua: bad batch')
     end
-    local err = decide(k, a + 2, policies, now, reply, false)
-    if err then
+    if not packed then
+      numeric(src, a + 2, policies)
+    end
+    local err
+    rn, err = decide(k, a + 2, policies, now, reply, rn, false)
+    if not rn then
       return err
     end
     k, a = k + policies, a + 2 + 6 * policies
   end
-  if k ~= #KEYS then
+  if k ~= nkeys then
     return redis.error_reply('decide.lua: bad batch')
   end
   if packed then
-    -- %d is the C cast Redis applies to a Lua number it returns as an integer. In slices:
-    -- unpack has a limit on the values it returns at once.
+    -- The reply as little-endian doubles; the gateway truncates each toward zero, as Redis
+    -- does a Lua number it returns as an integer. In slices: unpack returns few values at once.
     local parts = {}
-    for i = 1, #reply, 512 do
-      local j = math.min(i + 511, #reply)
-      parts[#parts + 1] = string.format(string.rep('%d ', j - i + 1), unpack(reply, i, j))
+    for i = 1, rn, 512 do
+      local j = min(i + 511, rn)
+      parts[#parts + 1] = struct.pack('<' .. string.rep('d', j - i + 1), unpack(reply, i, j))
     end
     return table.concat(parts)
   end
@@ -637,15 +749,16 @@ local base = 0
 if force then
   base = 1
 end
-if #ARGV ~= 1 + base + 6 * #KEYS then
+if argc ~= 1 + base + 6 * #KEYS then
   return redis.error_reply('decide.lua: expected 1 + 6 ARGV per key')
 end
 local now = now_of(ARGV[1 + base])
 if not now or now < 0 then
   return redis.error_reply('decide.lua: bad now')
 end
-local err = decide(0, 2 + base, #KEYS, now, reply, force)
-if err then
+numeric(ARGV, 2 + base, #KEYS)
+local rn, err = decide(0, 2 + base, #KEYS, now, reply, 0, force)
+if not rn then
   return err
 end
 return reply

@@ -85,9 +85,9 @@ fn evalsha_calls(redis: &support::redis::RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
-/// decide.lua's packed batch (the gateway's call: two arguments, one reply string) decides
-/// exactly as the plain batch: the same integers, stamps of microsecond timestamps and
-/// fractional token counts included.
+/// decide.lua's packed batch (the gateway's call: two arguments, one reply string, both
+/// little-endian doubles) decides exactly as the plain batch: the same integers, stamps of
+/// microsecond timestamps and fractional token counts included.
 #[test]
 fn a_packed_batch_answers_what_the_plain_batch_answers() {
     let redis = support::redis::RedisServer::start();
@@ -102,55 +102,144 @@ fn a_packed_batch_answers_what_the_plain_batch_answers() {
         (now + 2_900_001, vec![tb_args(1), sw_args(2)]),
         (now + 3_000_000, vec![q_args(now)]),
     ];
-    let run = |prefix: &str, packed: bool| -> Vec<i64> {
-        let mut keys = Vec::new();
-        let mut words = Vec::new();
-        for (at, checks) in &decisions {
-            words.push(at.to_string());
-            words.push(checks.len().to_string());
-            for c in checks {
-                keys.push(format!("{prefix}{{k}}:{}", c[0]));
-                words.extend(c.iter().cloned());
+    let keys = |prefix: &str| -> Vec<String> {
+        let checks = decisions.iter().flat_map(|(_, checks)| checks);
+        checks.map(|c| format!("{prefix}{{k}}:{}", c[0])).collect()
+    };
+
+    let mut plain_args: Vec<String> = vec!["eval".into(), script.clone()];
+    let plain_keys = keys("plain:");
+    plain_args.push(plain_keys.len().to_string());
+    plain_args.extend(plain_keys);
+    plain_args.push("batch".into());
+    for (at, checks) in &decisions {
+        plain_args.push(at.to_string());
+        plain_args.push(checks.len().to_string());
+        for c in checks {
+            plain_args.extend(c.iter().cloned());
+        }
+    }
+    let refs: Vec<&str> = plain_args.iter().map(String::as_str).collect();
+    let reply = redis.cli(&refs);
+    let plain: Vec<i64> = reply
+        .iter()
+        .flat_map(|line| line.split_whitespace())
+        .map(|n| {
+            n.parse()
+                .unwrap_or_else(|_| panic!("not an integer: {reply:?}"))
+        })
+        .collect();
+
+    // The same words as doubles, the way `wire::pack` writes them (the kind as its number).
+    let mut blob = Vec::new();
+    let mut put = |v: f64| blob.extend_from_slice(&v.to_le_bytes());
+    for (at, checks) in &decisions {
+        put(*at as f64);
+        put(checks.len() as f64);
+        for c in checks {
+            put(match c[0].as_str() {
+                "tb" => 1.0,
+                "sw" => 2.0,
+                "cc" => 3.0,
+                _ => 4.0,
+            });
+            for word in &c[1..] {
+                put(word.parse().expect("a number"));
             }
         }
-        let mut args: Vec<String> = vec!["eval".into(), script.clone(), keys.len().to_string()];
-        args.extend(keys);
-        if packed {
-            args.push("packed".into());
-            args.push(words.join(" "));
-        } else {
-            args.push("batch".into());
-            args.extend(words);
-        }
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let reply = redis.cli(&refs);
-        reply
-            .iter()
-            .flat_map(|line| line.split_whitespace())
-            .map(|n| {
-                n.parse()
-                    .unwrap_or_else(|_| panic!("not an integer: {reply:?}"))
-            })
-            .collect()
-    };
-    let plain = run("plain:", false);
-    let packed = run("packed:", true);
+    }
+    let packed_keys = keys("packed:");
+    let mut args: Vec<&[u8]> = vec![b"EVAL", script.as_bytes()];
+    let count = packed_keys.len().to_string();
+    args.push(count.as_bytes());
+    args.extend(packed_keys.iter().map(|k| k.as_bytes()));
+    args.push(b"packed");
+    args.push(&blob);
+    let packed = doubles(&call(redis.port, &args));
+
     assert_eq!(plain.len(), (1 + 7 * 2) * 3 + (1 + 7));
     assert_eq!(packed, plain);
     // Some decision refused, some admitted: the comparison covered both.
     assert!(plain.contains(&0) && plain.contains(&1));
-    // "-" is Redis TIME, as "" is in the plain form.
-    let timed = redis.cli(&[
-        "eval",
-        &script,
-        "1",
-        "t{k}:tb",
-        "packed",
-        "- 1 tb 0.5 3 0 1 0",
-    ]);
-    let numbers: Vec<&str> = timed.iter().flat_map(|l| l.split_whitespace()).collect();
-    assert_eq!(numbers.len(), 8, "{timed:?}");
-    assert_eq!(numbers[0], "1");
+    // A negative now is Redis TIME, as "" is in the plain form.
+    let timed: Vec<u8> = [-1.0, 1.0, 1.0, 0.5, 3.0, 0.0, 1.0, 0.0]
+        .iter()
+        .flat_map(|v: &f64| v.to_le_bytes())
+        .collect();
+    let reply = doubles(&call(
+        redis.port,
+        &[
+            b"EVAL",
+            script.as_bytes(),
+            b"1",
+            b"t{k}:tb",
+            b"packed",
+            &timed,
+        ],
+    ));
+    assert_eq!(reply.len(), 8, "{reply:?}");
+    assert_eq!(reply[..3], [1, 1, 3]);
+    // A malformed batch is an error reply, not a decision.
+    let refused = call(
+        redis.port,
+        &[
+            b"EVAL",
+            script.as_bytes(),
+            b"1",
+            b"t{k}:tb",
+            b"packed",
+            &timed[..60],
+        ],
+    );
+    assert!(
+        refused.starts_with(b"-"),
+        "{:?}",
+        String::from_utf8_lossy(&refused)
+    );
+}
+
+/// One command in RESP over a fresh connection; the reply's bulk string, or the error line.
+fn call(port: u16, args: &[&[u8]]) -> Vec<u8> {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&out).expect("write");
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    reader.read_until(b'\n', &mut line).expect("reply");
+    if line.first() != Some(&b'$') {
+        return line;
+    }
+    let len: usize = std::str::from_utf8(&line[1..line.len() - 2])
+        .expect("length")
+        .parse()
+        .expect("length");
+    let mut body = vec![0u8; len + 2];
+    reader.read_exact(&mut body).expect("body");
+    body.truncate(len);
+    body
+}
+
+/// A packed reply's integers: little-endian doubles, truncated as Redis truncates Lua numbers.
+fn doubles(bytes: &[u8]) -> Vec<i64> {
+    assert_eq!(
+        bytes.len() % 8,
+        0,
+        "not a packed reply: {:?}",
+        String::from_utf8_lossy(bytes)
+    );
+    bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as i64)
+        .collect()
 }
 
 fn tb_args(cost: u64) -> [String; 6] {

@@ -373,7 +373,7 @@ impl RedisStore {
     async fn evaluate(&self, checks: &[Check<'_>], lease: u64) -> Result<Decision, StoreError> {
         let timeout = self.shared.timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let mut packed = String::with_capacity(16 + 48 * checks.len());
+        let mut packed = Vec::with_capacity(16 + 48 * checks.len());
         wire::pack(self.test_now(), checks, lease, &mut packed);
         let job = batch::Job {
             keys: self.keys(checks),

@@ -78,87 +78,55 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     args
 }
 
-/// One decision of a packed batch (decide.lua, "Packed batch"): the words [`args`] would send
-/// after `"batch"` (`now` or `-`, the number of checks, six per check), each followed by a space,
-/// appended to `out`. The numbers are written exactly as the unpacked call writes them.
-pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut String) {
+/// One decision of a packed batch (decide.lua, "Packed batch"): the numbers [`args`] would send
+/// after `"batch"`, each a little-endian double appended to `out`: `now` (-1 for Redis `TIME`), the
+/// number of checks, then per check its kind (1 tb, 2 sw, 3 cc, 4 q), `p1`, `p2`, `p3`, `cost`
+/// and `shadow` (1 or 0). A double is what the script makes of every number: an integer goes as
+/// the double Lua's `tonumber` reads from its decimal (both round to nearest, ties to even), and
+/// a rate is its own double.
+pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut Vec<u8>) {
     let mut wall = now;
-    let int = |out: &mut String, v: u64| push_word(out, v.min(i64::MAX as u64));
-    match now {
-        Some(now) => int(out, now),
-        None => out.push_str("- "),
-    }
-    int(out, checks.len() as u64);
+    let int = |v: u64| v.min(i64::MAX as u64) as f64;
+    let mut put = |v: f64| out.extend_from_slice(&v.to_le_bytes());
+    put(now.map_or(-1.0, int));
+    put(checks.len() as f64);
     for check in checks {
-        match check.rule {
-            Rule::TokenBucket(tb) => {
-                // As the unpacked call: the shortest decimal that parses back to the same double
-                // (for a whole number below 2^53, its digits).
-                out.push_str("tb ");
-                if tb.rate.fract() == 0.0 && (1.0..9_007_199_254_740_992.0).contains(&tb.rate) {
-                    push_word(out, tb.rate as u64);
-                } else {
-                    // Infallible for a String.
-                    let _ = write!(out, "{} ", tb.rate);
-                }
-                int(out, tb.burst);
-                out.push_str("0 ");
-            }
+        let (kind, p1, p2, p3) = match check.rule {
+            Rule::TokenBucket(tb) => (1.0, tb.rate, int(tb.burst), 0.0),
             Rule::SlidingWindow(sw) => {
-                out.push_str("sw ");
-                int(out, sw.limit);
-                int(out, sw.window_us);
-                int(out, u64::from(sw.buckets));
+                (2.0, int(sw.limit), int(sw.window_us), f64::from(sw.buckets))
             }
-            Rule::Concurrency(cc) => {
-                out.push_str("cc ");
-                int(out, cc.limit);
-                int(out, cc.lease_ttl_us);
-                int(out, lease);
-            }
+            Rule::Concurrency(cc) => (3.0, int(cc.limit), int(cc.lease_ttl_us), int(lease)),
             Rule::Quota(q) => {
                 let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
                 let period = calendar::period(q.per, q.time_zone, at);
-                out.push_str("q ");
-                int(out, q.limit);
-                int(out, period.start);
-                int(out, period.end);
+                (4.0, int(q.limit), int(period.start), int(period.end))
             }
+        };
+        for v in [
+            kind,
+            p1,
+            p2,
+            p3,
+            int(check.cost),
+            f64::from(u8::from(check.shadow)),
+        ] {
+            put(v);
         }
-        int(out, check.cost);
-        out.push_str(if check.shadow { "1 " } else { "0 " });
     }
 }
 
-/// `v` in decimal and a space.
-fn push_word(out: &mut String, v: u64) {
-    let mut buf = [0u8; 20];
-    for &d in crate::decimal::digits(v, &mut buf) {
-        out.push(char::from(d));
-    }
-    out.push(' ');
+/// A reply double as Redis makes a Lua number an integer reply: truncated toward zero. `None`
+/// for what no `i64` holds (NaN, infinities, beyond ±2^63).
+fn integer(v: f64) -> Option<i64> {
+    let t = v.trunc();
+    // 2^63 is exact as a double; `as` is exact for every whole double in [-2^63, 2^63).
+    (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0)
+        .contains(&t)
+        .then_some(t as i64)
 }
 
-/// One integer of a packed reply: optional `-`, then 1 to 19 digits, within `i64`.
-fn parse_word(word: &[u8]) -> Option<i64> {
-    let (negative, digits) = match word.split_first()? {
-        (b'-', rest) => (true, rest),
-        _ => (false, word),
-    };
-    if digits.is_empty() || digits.len() > 19 {
-        return None;
-    }
-    let mut value: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        value = value.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
-    }
-    Some(if negative { -value } else { value })
-}
-
-/// A packed batch's reply: its integers, read from one string.
+/// A packed batch's reply: its integers, read from one string of little-endian doubles.
 #[derive(Debug)]
 pub struct Packed(pub Vec<i64>);
 
@@ -167,18 +135,22 @@ impl fred::types::FromValue for Packed {
         let bad = || {
             fred::error::Error::new(
                 fred::error::ErrorKind::Parse,
-                "decide.lua: a packed reply is integers separated by spaces",
+                "decide.lua: a packed reply is whole doubles, each within i64",
             )
         };
-        let text = match &value {
-            Value::String(s) => s.as_bytes(),
+        let bytes = match &value {
             Value::Bytes(b) => b.as_ref(),
+            Value::String(s) => s.as_bytes(),
             _ => return Err(bad()),
         };
-        let words = text.split(|&b| b == b' ').filter(|w| !w.is_empty());
-        let mut numbers = Vec::with_capacity(text.len() / 2);
-        for word in words {
-            numbers.push(parse_word(word).ok_or_else(bad)?);
+        if bytes.len() % 8 != 0 {
+            return Err(bad());
+        }
+        let mut numbers = Vec::with_capacity(bytes.len() / 8);
+        for chunk in bytes.chunks_exact(8) {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(chunk);
+            numbers.push(integer(f64::from_le_bytes(le)).ok_or_else(bad)?);
         }
         Ok(Packed(numbers))
     }
@@ -293,9 +265,10 @@ mod tests {
     use super::*;
     use crate::limiter::{Concurrency, SlidingWindow, TokenBucket};
 
-    /// The packed words are the plain call's arguments, number for number.
+    /// The packed doubles are the plain call's arguments, number for number, as decide.lua's
+    /// `tonumber` reads them (the kind as its number).
     #[test]
-    fn a_packed_decision_is_the_plain_arguments_as_words() {
+    fn a_packed_decision_is_the_plain_arguments_as_doubles() {
         let rules = [
             Rule::TokenBucket(TokenBucket {
                 rate: 1.0 / 3.0,
@@ -326,40 +299,64 @@ mod tests {
             })
             .collect();
         for now in [Some(1_763_900_000_123_457), None] {
-            let mut packed = String::new();
+            let mut packed = Vec::new();
             pack(now, &checks, 42, &mut packed);
-            let plain: Vec<String> = args(now, &checks, 42)
+            assert_eq!(packed.len(), 8 * (2 + 6 * checks.len()));
+            let doubles: Vec<f64> = packed
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            // What the script's tonumber makes of each plain argument's decimal.
+            let plain: Vec<f64> = args(now, &checks, 42)
                 .into_iter()
                 .map(|v| match v {
-                    Value::Integer(i) => i.to_string(),
-                    Value::Double(f) => f.to_string(),
-                    Value::String(s) if s.is_empty() => "-".to_string(),
-                    Value::String(s) => s.to_string(),
+                    Value::Integer(i) => i.to_string().parse().expect("integer"),
+                    Value::Double(f) => f.to_string().parse().expect("double"),
+                    Value::String(s) if s.is_empty() => -1.0,
+                    Value::String(s) => match &*s {
+                        "tb" => 1.0,
+                        "sw" => 2.0,
+                        "cc" => 3.0,
+                        "q" => 4.0,
+                        other => panic!("unexpected kind {other}"),
+                    },
                     other => panic!("unexpected {other:?}"),
                 })
                 .collect();
-            let words: Vec<&str> = packed.split(' ').filter(|w| !w.is_empty()).collect();
-            let mut expected: Vec<&str> = vec![&plain[0], "4"];
-            expected.extend(plain[1..].iter().map(String::as_str));
-            assert_eq!(words, expected);
-            assert!(packed.ends_with(' ') && !packed.contains("  "));
+            let mut expected = vec![plain[0], 4.0];
+            expected.extend(&plain[1..]);
+            assert_eq!(doubles, expected);
         }
     }
 
     #[test]
     fn a_packed_reply_reads_back_and_refuses_anything_else() {
         use fred::types::FromValue;
-        let Packed(numbers) =
-            Packed::from_value(Value::from("1 3 -2 1763900000123457 ")).expect("packed");
-        assert_eq!(numbers, vec![1, 3, -2, 1_763_900_000_123_457]);
-        assert!(Packed::from_value(Value::from("1 1.5e+15")).is_err());
-        for bad in ["--1", "-", "1-", "9223372036854775808", "+1"] {
-            assert!(Packed::from_value(Value::from(bad)).is_err(), "{bad}");
+        let packed = |values: &[f64]| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Value::Bytes(bytes.into())
+        };
+        let Packed(numbers) = Packed::from_value(packed(&[
+            1.0,
+            3.0,
+            -2.0,
+            1_763_900_000_123_457.0,
+            2.9,
+            -2.9,
+        ]))
+        .expect("packed");
+        // Truncated toward zero, as Redis returns a Lua number.
+        assert_eq!(numbers, vec![1, 3, -2, 1_763_900_000_123_457, 2, -2]);
+        for bad in [f64::NAN, f64::INFINITY, 9_223_372_036_854_775_808.0, -1e19] {
+            assert!(Packed::from_value(packed(&[1.0, bad])).is_err(), "{bad}");
         }
-        let Packed(extremes) =
-            Packed::from_value(Value::from("9223372036854775807 -9223372036854775807 0"))
-                .expect("extremes");
-        assert_eq!(extremes, vec![i64::MAX, -i64::MAX, 0]);
+        let Packed(extremes) = Packed::from_value(packed(&[
+            -9_223_372_036_854_775_808.0,
+            4_611_686_018_427_387_904.0,
+        ]))
+        .expect("extremes");
+        assert_eq!(extremes, vec![i64::MIN, 1 << 62]);
+        assert!(Packed::from_value(Value::Bytes(vec![0u8; 7].into())).is_err());
         assert!(Packed::from_value(Value::Integer(1)).is_err());
     }
 
