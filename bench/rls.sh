@@ -62,9 +62,8 @@ start_rls_server() {
     local server=$1 store=$2 threads=$3 cpu=""
     local dir="$WORK/rls-$server-$store-w$threads"
     mkdir -p "$dir"
-    local port admin
-    port=$(free_port)
-    admin=$(free_port)
+    local port admin public
+    read -r port admin public < <(free_ports 3)
     if [[ "$store" == redis ]]; then
         "$REDIS_CLI" -p "$REDIS_PORT" flushall >/dev/null
     fi
@@ -75,7 +74,7 @@ start_rls_server() {
                 store_block=$'store:\n  type: redis\n  url: redis://127.0.0.1:'"$REDIS_PORT"$'\n  pool_size: '"$RLS_REDIS_POOL"$'\n  timeout: 1s'
             fi
             cat >"$dir/policies.yaml" <<YAML
-listen: 127.0.0.1:$(free_port)
+listen: 127.0.0.1:$public
 admin_listen: 127.0.0.1:$admin
 $store_block
 rls:

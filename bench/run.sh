@@ -117,6 +117,15 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
+# free_ports N: N distinct free ports on one line (held open together while chosen, so two calls
+# of free_port cannot hand the same port to a listener and its admin listener).
+free_ports() {
+    python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
+
 # pin CPU CMD...: run a command in the foreground, pinned to CPU (unpinned when CPU is empty).
 pin() {
     local cpu=$1; shift
@@ -218,8 +227,7 @@ start_turnstile() {
     local dir="$WORK/$name"
     mkdir -p "$dir"
     local port admin
-    port=$(free_port)
-    admin=$(free_port)
+    read -r port admin < <(free_ports 2)
     render "$tmpl" "$dir/policies.yaml" PORT="$port" ADMIN_PORT="$admin" \
         UPSTREAM_PORT="$UPSTREAM_PORT" "$@"
     TURNSTILE_WORKERS=$workers TURNSTILE_LOG=${TURNSTILE_LOG:-info} \
