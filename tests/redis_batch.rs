@@ -166,31 +166,22 @@ fn a_packed_batch_answers_what_the_plain_batch_answers() {
         .iter()
         .flat_map(|v: &f64| v.to_le_bytes())
         .collect();
-    let reply = doubles(&call(
-        redis.port,
-        &[
+    let packed_call = |blob: &[u8]| {
+        let args: [&[u8]; 6] = [
             b"EVAL",
             script.as_bytes(),
             b"1",
             b"t{k}:tb",
             b"packed",
-            &timed,
-        ],
-    ));
+            blob,
+        ];
+        call(redis.port, &args)
+    };
+    let reply = doubles(&packed_call(&timed));
     assert_eq!(reply.len(), 8, "{reply:?}");
     assert_eq!(reply[..3], [1, 1, 3]);
     // A malformed batch is an error reply, not a decision.
-    let refused = call(
-        redis.port,
-        &[
-            b"EVAL",
-            script.as_bytes(),
-            b"1",
-            b"t{k}:tb",
-            b"packed",
-            &timed[..60],
-        ],
-    );
+    let refused = packed_call(&timed[..60]);
     assert!(
         refused.starts_with(b"-"),
         "{:?}",
