@@ -45,7 +45,6 @@
 pub mod admin;
 pub mod admission;
 pub mod config;
-pub mod decimal;
 pub mod forward_auth;
 pub mod gateway;
 pub mod import;
