@@ -33,6 +33,8 @@ const MAX_HEADERS: usize = 100;
 /// Longest chunk-size line (with extensions), and most trailer bytes, accepted.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
+/// Fields the gateway may add to a response (its rate-limit headers) beyond the upstream's.
+const EXTRA_FIELDS: usize = 8;
 /// Room offered to each read.
 const READ_SIZE: usize = 8 * 1024;
 
@@ -429,7 +431,8 @@ fn parse_head(
         .collect();
     let head = buf.split_to(len).freeze();
 
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    // Room for the gateway's own fields (rate-limit headers) without growing the table.
+    let mut headers = HeaderMap::with_capacity(spans.len() + EXTRA_FIELDS);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = false;
