@@ -327,6 +327,22 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
     }
 
+    /// The last peer's value is kept per thread: a different peer must never get it.
+    #[test]
+    fn forwarded_for_follows_the_peer_when_it_changes() {
+        for peer in [
+            "10.0.0.1",
+            "10.0.0.1",
+            "10.0.0.2",
+            "2001:db8::1",
+            "10.0.0.1",
+        ] {
+            let mut h = HeaderMap::new();
+            set_forwarded(&mut h, peer.parse().unwrap(), None, false);
+            assert_eq!(h[&X_FORWARDED_FOR], peer);
+        }
+    }
+
     #[test]
     fn forwarded_for_writes_an_ipv6_peer_as_display_does() {
         let mut h = HeaderMap::new();

@@ -319,6 +319,33 @@ mod tests {
         assert_eq!(headers[&RATELIMIT], r#""per_ip";r=0;t=0"#);
     }
 
+    /// The limit's value is made once per policy; an outcome with another limit (an override)
+    /// still reports its own.
+    #[test]
+    fn x_ratelimit_limit_is_the_outcome_s_own() {
+        let a = Rule::TokenBucket(TokenBucket {
+            rate: 1.0,
+            burst: 5_000,
+        });
+        let h = RateLimitHeaders::new(HeaderMode::XRateLimit, [("p", &a, false)]);
+        for limit in [5_000, 20, 70_000, 5_000] {
+            let limits = Limits {
+                governing: Some((
+                    0,
+                    Outcome {
+                        limit,
+                        ..outcome(3, 0)
+                    },
+                )),
+                applied: 1,
+            };
+            let mut headers = HeaderMap::new();
+            h.insert(&mut headers, &limits, false);
+            assert_eq!(headers["x-ratelimit-limit"], limit.to_string().as_str());
+            assert_eq!(headers["x-ratelimit-remaining"], "3");
+        }
+    }
+
     #[test]
     fn modes_choose_the_dialects() {
         let a = Rule::TokenBucket(TokenBucket {
