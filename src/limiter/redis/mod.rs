@@ -384,10 +384,13 @@ impl RedisStore {
         if !self.shared.batcher.submit(job) {
             return Err(StoreError::Connection("store shut down".to_string()));
         }
-        let reply = match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(reply)) => reply?,
+        // No timer of its own: the batch keeps the deadline (`batch.rs`). A decision still
+        // queued when it passes is dropped unsent, and a call may take no longer than the
+        // earliest deadline among its decisions (fred's command timeout).
+        let reply = match answer.await {
+            Ok(reply) => reply?,
             // Dropped unsent: its deadline passed while it waited for a call.
-            Ok(Err(_)) | Err(_) => return Err(StoreError::Timeout(timeout)),
+            Err(_) => return Err(StoreError::Timeout(timeout)),
         };
         wire::decode(&reply, checks.len())
     }
