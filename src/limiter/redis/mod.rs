@@ -386,7 +386,7 @@ impl RedisStore {
         }
         // No timer of its own: the batch keeps the deadline (`batch.rs`). A decision still
         // queued when it passes is dropped unsent, and a call may take no longer than the
-        // earliest deadline among its decisions (fred's command timeout).
+        // earliest deadline among its decisions (one timer per call, not per decision).
         let reply = match answer.await {
             Ok(reply) => reply?,
             // Dropped unsent: its deadline passed while it waited for a call.
