@@ -331,10 +331,10 @@ async fn a_stalled_redis_on(workers: usize) {
     }
 }
 
-/// A decision has no timer of its own: the batch keeps its deadline. Decisions queued while
-/// both calls in flight are stalled must be dropped or sent within what is left of their own
-/// timeout, not given a fresh one when a call frees (which would make them wait about twice the
-/// timeout here).
+/// Decisions queued while both calls in flight are stalled wait at most their own timeout. The
+/// batch alone does not ensure it (fred's command timeout did not hold for a call sent to the
+/// stalled server after earlier ones had timed out: about twice the timeout here, without the
+/// per-decision timer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
     const TIMEOUT: Duration = Duration::from_millis(400);

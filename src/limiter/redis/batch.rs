@@ -131,16 +131,12 @@ async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
         Value::from_static_str("packed"),
         Value::Bytes(packed.into()),
     ];
-    // One call site: the call's future is most of this task's size. The batch's own timer
-    // keeps every decision's deadline (none has a timer of its own, `RedisStore::evaluate`):
-    // fred's command timeout alone did not, for a call sent to a stalled server after earlier
-    // calls had timed out (it answered 400 ms late in
-    // `decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout`).
-    let call = shared.run_within::<Packed>(budget, || (keys.clone(), args.to_vec()));
-    let result = match tokio::time::timeout(budget, call).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::Timeout(shared.timeout)),
-    };
+    // One call site: the call's future is most of this task's size. It runs to its end even
+    // when its decisions' callers have given up: fred's own timeout is what keeps a timed-out
+    // command from being written later.
+    let result = shared
+        .run_within::<Packed>(budget, || (keys.clone(), args.to_vec()))
+        .await;
     match result {
         Ok(Packed(reply)) => {
             let mut at = 0;

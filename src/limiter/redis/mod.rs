@@ -384,13 +384,14 @@ impl RedisStore {
         if !self.shared.batcher.submit(job) {
             return Err(StoreError::Connection("store shut down".to_string()));
         }
-        // No timer of its own: the batch keeps the deadline (`batch.rs`). A decision still
-        // queued when it passes is dropped unsent, and a call may take no longer than the
-        // earliest deadline among its decisions (one timer per call, not per decision).
-        let reply = match answer.await {
-            Ok(reply) => reply?,
+        // A timer per decision, although the batch also drops a decision whose deadline passed
+        // unsent: fred's command timeout does not always hold (a stalled server; see
+        // `decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout`), and a call cut
+        // short by a timer of the batch's could still be written later and consume.
+        let reply = match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(reply)) => reply?,
             // Dropped unsent: its deadline passed while it waited for a call.
-            Err(_) => return Err(StoreError::Timeout(timeout)),
+            Ok(Err(_)) | Err(_) => return Err(StoreError::Timeout(timeout)),
         };
         wire::decode(&reply, checks.len())
     }
