@@ -11,6 +11,7 @@
 
 pub mod balance;
 pub mod body;
+pub mod h1;
 pub mod headers;
 pub mod pool;
 pub mod rewrite;
@@ -218,7 +219,7 @@ fn classify(e: &ClientError) -> ForwardError {
         ClientError::PoolTimeout => return ForwardError::PoolTimeout,
         ClientError::Request(e) => e,
     };
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**e);
     while let Some(err) = source {
         if err.is::<BodyTooLarge>() {
             return ForwardError::BodyTooLarge;

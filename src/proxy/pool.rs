@@ -10,6 +10,10 @@
 //! upstream closed it while it sat idle) on another connection, gives every request a `Host`, and
 //! closes connections idle for longer than [`IDLE_TIMEOUT`].
 //!
+//! Requests with no body and nothing to upgrade, to a plain-TCP upstream, take the lean
+//! HTTP/1.1 exchange of [`super::h1`]; everything else takes hyper's client. The two kinds of
+//! connection idle apart (neither can carry the other's exchange) but share one bound.
+//!
 //! At most `max_connections` are open at once, busy and idle together: each connection holds a
 //! semaphore permit until it closes. A request that finds none idle and none free waits up to
 //! `pool_timeout` for either (then [`ClientError::PoolTimeout`], a 503), so clients that cancel
@@ -32,7 +36,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
-use super::body::RequestBody;
+use super::body::{BoxError, RequestBody};
+use super::h1;
+use crate::tls::connect::Stream;
 use crate::tls::Connector;
 
 /// Idle connections kept per upstream; more are closed as they fall idle.
@@ -52,7 +58,9 @@ struct Shared {
     target: Uri,
     /// The `Host` of a request that arrives without one: the authority, minus a default port.
     default_host: Option<HeaderValue>,
-    idle: Mutex<VecDeque<Idle>>,
+    idle: Mutex<IdleSet>,
+    /// Whether bodiless requests take the lean exchange: only to a plain-TCP upstream.
+    lean: bool,
     /// One permit per connection that may be open.
     slots: Arc<Semaphore>,
     /// Wakes a request waiting for a connection when one falls idle.
@@ -68,9 +76,42 @@ pub struct Limits {
     pub pool_timeout: Duration,
 }
 
-struct Idle {
-    sender: SendRequest<RequestBody>,
+struct Idle<C> {
+    conn: C,
     since: Instant,
+}
+
+/// The idle connections of each kind, most recently idle last.
+#[derive(Default)]
+struct IdleSet {
+    hyper: VecDeque<Idle<SendRequest<RequestBody>>>,
+    lean: VecDeque<Idle<h1::Conn>>,
+}
+
+impl IdleSet {
+    fn take_hyper(&mut self) -> Option<SendRequest<RequestBody>> {
+        while let Some(entry) = self.hyper.pop_back() {
+            if entry.conn.is_ready() && entry.since.elapsed() < IDLE_TIMEOUT {
+                return Some(entry.conn);
+            }
+        }
+        None
+    }
+
+    fn take_lean(&mut self) -> Option<h1::Conn> {
+        while let Some(entry) = self.lean.pop_back() {
+            if entry.since.elapsed() < IDLE_TIMEOUT && entry.conn.usable() {
+                return Some(entry.conn);
+            }
+        }
+        None
+    }
+}
+
+/// An idle connection, or a slot to open one with.
+enum Got<C> {
+    Idle(C),
+    Slot(OwnedSemaphorePermit),
 }
 
 /// Why a request did not get a response.
@@ -79,7 +120,7 @@ pub enum ClientError {
     /// No connection could be opened.
     Connect(Box<dyn std::error::Error + Send + Sync>),
     /// The exchange failed on an open connection (or the request body failed).
-    Request(hyper::Error),
+    Request(BoxError),
     /// All `max_connections` stayed busy for `pool_timeout`.
     PoolTimeout,
 }
@@ -127,7 +168,8 @@ impl UpstreamClient {
                 connector,
                 target,
                 default_host,
-                idle: Mutex::new(VecDeque::new()),
+                idle: Mutex::new(IdleSet::default()),
+                lean: *scheme == Scheme::HTTP,
                 slots: Arc::new(Semaphore::new(limits.max_connections)),
                 idled: Notify::new(),
                 pool_timeout: limits.pool_timeout,
@@ -154,49 +196,109 @@ impl UpstreamClient {
     /// `pool_timeout`) comes back with the error, for another target to take.
     pub async fn send_or_return(
         &self,
+        req: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)> {
+        if self.shared.lean {
+            let (parts, body) = req.into_parts();
+            if h1::suits(&parts, body.is_end_stream()) {
+                return self
+                    .send_lean(&parts)
+                    .await
+                    .map_err(|(e, unsent)| (e, unsent.then(|| Request::from_parts(parts, body))));
+            }
+            return self.send_hyper(Request::from_parts(parts, body)).await;
+        }
+        self.send_hyper(req).await
+    }
+
+    /// A bodiless request on a lean connection. The error's flag: nothing was sent.
+    async fn send_lean(
+        &self,
+        parts: &http::request::Parts,
+    ) -> Result<Response<UpstreamBody>, (ClientError, bool)> {
+        loop {
+            let (conn, reused) = match self
+                .acquire(IdleSet::take_lean, |set| set.hyper.pop_front().is_some())
+                .await
+            {
+                Ok(Got::Idle(conn)) => (conn, true),
+                Ok(Got::Slot(slot)) => {
+                    (self.connect_lean(slot).await.map_err(|e| (e, true))?, false)
+                }
+                Err(e) => return Err((e, true)),
+            };
+            match conn.exchange(parts).await {
+                Ok((response, mut body)) => {
+                    // A response with no body gives its connection back before it is answered.
+                    if body.is_end() {
+                        if let Some(conn) = body.take_reusable() {
+                            self.shared.push_lean(conn);
+                        }
+                    }
+                    let shared = self.shared.clone();
+                    return Ok(response.map(|()| UpstreamBody {
+                        inner: Inner::Lean(body, shared),
+                    }));
+                }
+                // The upstream closed a reused connection before answering; a request that may
+                // be sent twice goes on another (RFC 9110 §9.2.2).
+                Err(failure) if failure.unanswered && reused && h1::idempotent(&parts.method) => {
+                    tracing::debug!(error = %failure.error, "reused upstream connection closed; retrying");
+                }
+                Err(failure) => return Err((ClientError::Request(Box::new(failure.error)), false)),
+            }
+        }
+    }
+
+    async fn send_hyper(
+        &self,
         mut req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)> {
         loop {
-            let (mut sender, reused) = match self.acquire().await {
-                Ok(acquired) => acquired,
+            let (mut sender, reused) = match self
+                .acquire(IdleSet::take_hyper, |set| set.lean.pop_front().is_some())
+                .await
+            {
+                Ok(Got::Idle(sender)) => (sender, true),
+                Ok(Got::Slot(slot)) => match self.connect(slot).await {
+                    Ok(sender) => (sender, false),
+                    Err(e) => return Err((e, Some(req))),
+                },
                 Err(e) => return Err((e, Some(req))),
             };
             match sender.try_send_request(req).await {
                 Ok(response) => {
                     let shared = self.shared.clone();
                     return Ok(response.map(|body| UpstreamBody {
-                        inner: body,
-                        reuse: Some((sender, shared)),
+                        inner: Inner::Hyper {
+                            body,
+                            reuse: Some((sender, shared)),
+                        },
                     }));
                 }
                 Err(mut e) => match e.take_message() {
                     // Never sent: the connection closed while idle. Another one may do.
                     Some(back) if reused => req = back,
-                    _ => return Err((ClientError::Request(e.into_error()), None)),
+                    _ => return Err((ClientError::Request(e.into_error().into()), None)),
                 },
             }
         }
     }
 
-    /// The most recently idle connection that is still usable; stale ones are closed on the way.
-    fn checkout(&self) -> Option<SendRequest<RequestBody>> {
-        let mut idle = lock(&self.shared.idle);
-        while let Some(entry) = idle.pop_back() {
-            if entry.sender.is_ready() && entry.since.elapsed() < IDLE_TIMEOUT {
-                return Some(entry.sender);
-            }
-        }
-        None
-    }
-
-    /// An idle connection (`true`), or a new one (`false`) once a slot is free, waiting at most
-    /// `pool_timeout` for either.
-    async fn acquire(&self) -> Result<(SendRequest<RequestBody>, bool), ClientError> {
-        if let Some(sender) = self.checkout() {
-            return Ok((sender, true));
+    /// An idle connection that `take` accepts, or a slot for a new one, waiting at most
+    /// `pool_timeout` for either. While waiting, an idle connection of the other kind is closed
+    /// (`evict`) so that its slot comes free: otherwise idle connections of one kind could hold
+    /// every slot while requests of the other kind time out.
+    async fn acquire<C>(
+        &self,
+        take: impl Fn(&mut IdleSet) -> Option<C>,
+        evict: impl Fn(&mut IdleSet) -> bool,
+    ) -> Result<Got<C>, ClientError> {
+        if let Some(conn) = take(&mut lock(&self.shared.idle)) {
+            return Ok(Got::Idle(conn));
         }
         if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
-            return Ok((self.connect(slot).await?, false));
+            return Ok(Got::Slot(slot));
         }
         let deadline = tokio::time::Instant::now() + self.shared.pool_timeout;
         loop {
@@ -204,17 +306,37 @@ impl UpstreamClient {
             let idled = self.shared.idled.notified();
             tokio::pin!(idled);
             idled.as_mut().enable();
-            if let Some(sender) = self.checkout() {
-                return Ok((sender, true));
+            {
+                let mut idle = lock(&self.shared.idle);
+                if let Some(conn) = take(&mut idle) {
+                    return Ok(Got::Idle(conn));
+                }
+                evict(&mut idle);
             }
             tokio::select! {
                 slot = self.shared.slots.clone().acquire_owned() => {
-                    let slot = slot.map_err(|_| ClientError::PoolTimeout)?;
-                    return Ok((self.connect(slot).await?, false));
+                    return slot.map(Got::Slot).map_err(|_| ClientError::PoolTimeout);
                 }
                 () = &mut idled => {}
                 () = tokio::time::sleep_until(deadline) => return Err(ClientError::PoolTimeout),
             }
+        }
+    }
+
+    /// Opens a lean connection that holds `slot` until it closes.
+    async fn connect_lean(&self, slot: OwnedSemaphorePermit) -> Result<h1::Conn, ClientError> {
+        let io = self
+            .shared
+            .connector
+            .clone()
+            .oneshot(self.shared.target.clone())
+            .await
+            .map_err(|e| ClientError::Connect(e.into()))?;
+        match io.into_inner() {
+            Stream::Plain(tcp) => Ok(h1::Conn::new(tcp, slot)),
+            Stream::Tls(_) => Err(ClientError::Connect(
+                "a TLS stream for a plain upstream".into(),
+            )),
         }
     }
 
@@ -266,86 +388,152 @@ impl Shared {
     }
 
     fn push(&self, sender: SendRequest<RequestBody>) {
-        let now = Instant::now();
-        let mut idle = lock(&self.idle);
-        while idle
-            .front()
-            .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
-        {
-            idle.pop_front();
-        }
-        if idle.len() < MAX_IDLE {
-            idle.push_back(Idle { sender, since: now });
-        }
-        drop(idle);
+        let evicted = push_idle(&mut lock(&self.idle).hyper, sender);
+        drop(evicted);
+        self.idled.notify_one();
+    }
+
+    fn push_lean(&self, conn: h1::Conn) {
+        let evicted = push_idle(&mut lock(&self.idle).lean, conn);
+        drop(evicted);
         self.idled.notify_one();
     }
 }
 
-/// A poisoned pool only means a panic elsewhere while it was locked; the list is still valid.
-fn lock(idle: &Mutex<VecDeque<Idle>>) -> MutexGuard<'_, VecDeque<Idle>> {
+/// Adds a connection to one idle list, first dropping entries that expired; what was dropped is
+/// returned, to be closed outside the lock.
+fn push_idle<C>(list: &mut VecDeque<Idle<C>>, conn: C) -> Vec<Idle<C>> {
+    let now = Instant::now();
+    let mut evicted = Vec::new();
+    while list
+        .front()
+        .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
+    {
+        evicted.extend(list.pop_front());
+    }
+    if list.len() < MAX_IDLE {
+        list.push_back(Idle { conn, since: now });
+    } else {
+        evicted.push(Idle { conn, since: now });
+    }
+    evicted
+}
+
+/// A poisoned pool only means a panic elsewhere while it was locked; the lists are still valid.
+fn lock(idle: &Mutex<IdleSet>) -> MutexGuard<'_, IdleSet> {
     idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// An upstream response body. When it has been read to the end, its connection goes back to the
 /// pool; dropped before that, the connection is closed (HTTP/1.1 cannot skip the rest).
 pub struct UpstreamBody {
-    inner: Incoming,
-    reuse: Option<(SendRequest<RequestBody>, Arc<Shared>)>,
+    inner: Inner,
+}
+
+enum Inner {
+    Hyper {
+        body: Incoming,
+        reuse: Option<(SendRequest<RequestBody>, Arc<Shared>)>,
+    },
+    Lean(h1::Body, Arc<Shared>),
 }
 
 impl UpstreamBody {
     /// Keeps the connection out of the pool: it has been upgraded (101) and belongs to a tunnel.
     pub fn detach(&mut self) {
-        self.reuse = None;
+        if let Inner::Hyper { reuse, .. } = &mut self.inner {
+            *reuse = None;
+        }
     }
 
     fn release(&mut self) {
-        if let Some((sender, shared)) = self.reuse.take() {
-            shared.put(sender);
+        match &mut self.inner {
+            Inner::Hyper { reuse, .. } => {
+                if let Some((sender, shared)) = reuse.take() {
+                    shared.put(sender);
+                }
+            }
+            Inner::Lean(body, shared) => {
+                if let Some(conn) = body.take_reusable() {
+                    shared.push_lean(conn);
+                }
+            }
         }
     }
 }
 
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
+        match &self.inner {
+            Inner::Hyper { body, .. } => f
+                .debug_struct("UpstreamBody")
+                .field("inner", body)
+                .finish_non_exhaustive(),
+            Inner::Lean(body, _) => f
+                .debug_struct("UpstreamBody")
+                .field("inner", body)
+                .finish_non_exhaustive(),
+        }
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => this.release(),
-            Poll::Ready(Some(Err(_))) => this.reuse = None,
-            _ => {}
+        match &mut this.inner {
+            Inner::Hyper { body, reuse } => {
+                let polled = Pin::new(body).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(None) => this.release(),
+                    Poll::Ready(Some(Err(_))) => *reuse = None,
+                    _ => {}
+                }
+                polled.map_err(Into::into)
+            }
+            Inner::Lean(body, _) => {
+                let polled = body.poll_data(cx);
+                // The last piece read: the connection can take the next request already.
+                if body.is_end() {
+                    this.release();
+                }
+                match polled {
+                    Poll::Ready(Some(Ok(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+                    Poll::Ready(None) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Hyper { body, .. } => body.is_end_stream(),
+            Inner::Lean(body, _) => body.is_end(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Hyper { body, .. } => body.size_hint(),
+            Inner::Lean(body, _) => match body.remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
+        }
     }
 }
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // A body the server never polls (empty, or its length reached) still ended cleanly.
-        if self.inner.is_end_stream() {
+        if self.is_end_stream() {
             self.release();
         }
     }

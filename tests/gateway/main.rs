@@ -14,6 +14,7 @@ mod hardening;
 mod inflight;
 mod jwt;
 mod keys;
+mod lean;
 mod lifecycle;
 mod limits;
 mod normalization;

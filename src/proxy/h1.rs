@@ -1,0 +1,536 @@
+//! A lean HTTP/1.1 exchange with a plain-TCP upstream, for the requests most traffic is: no body
+//! and no upgrade.
+//!
+//! Why not hyper's client for these: its connection runs as a task of its own, so every request
+//! is a message handed to that task, a dispatcher poll to write it, another to read the answer,
+//! and wake-ups across tasks, about 12k instructions per request, as much as all of Turnstile's
+//! own work on the request. Here the request's task writes the head in one `write` and parses the
+//! response head with `httparse` in place; the body is read as the client is sent it. Requests
+//! with a body, upgrades, `CONNECT` and TLS upstreams keep hyper's client ([`super::pool`]).
+//!
+//! Framing follows RFC 9112 §6.3: no body for `HEAD`, 1xx, 204 and 304; `Transfer-Encoding`
+//! ending in `chunked` is decoded; `Content-Length` otherwise; else the body runs to the close.
+//! A response with both `Transfer-Encoding` and `Content-Length` is refused (a response-splitting
+//! signal, §6.3 item 3). A connection is reused (§9.3) only when its response was read whole, said
+//! nothing of closing, and left no stray bytes behind.
+
+use std::io;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use smallvec::SmallVec;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+/// Largest response head accepted (status line and fields).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most response fields accepted (hyper's client allows as many).
+const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line (with extensions), and most trailer bytes, accepted.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+/// Fields the gateway may add to a response (its rate-limit headers) beyond the upstream's.
+const EXTRA_FIELDS: usize = 8;
+/// Room offered to each read.
+const READ_SIZE: usize = 8 * 1024;
+
+/// One open connection to the upstream. Holds its pool slot until it closes.
+#[derive(Debug)]
+pub struct Conn {
+    io: TcpStream,
+    read: BytesMut,
+    write: Vec<u8>,
+    /// The last read filled less than the room it was offered: the socket was empty then.
+    drained: bool,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("upstream I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("upstream closed the connection before answering")]
+    Closed,
+    #[error("upstream closed the connection mid-response")]
+    Truncated,
+    #[error("malformed upstream response: {0}")]
+    Malformed(&'static str),
+    #[error("upstream response head over {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    #[error("upstream switched protocols uninvited")]
+    Switched,
+}
+
+/// A failed exchange, and whether the upstream can have seen nothing of it: the connection was
+/// closed (or reset) before a single response byte came back, as happens when a reused
+/// connection's upstream closed it while it sat idle.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: Error,
+    pub unanswered: bool,
+}
+
+/// How the response body is delimited, and how far it has been read.
+#[derive(Debug)]
+enum Framing {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Chunk {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers(usize),
+}
+
+/// A response body being read from its connection.
+#[derive(Debug)]
+pub struct Body {
+    conn: Option<Conn>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// Whether a request can take the lean path: no body to stream, nothing to upgrade.
+pub fn suits(parts: &Parts, body_ended: bool) -> bool {
+    body_ended
+        && parts.method != Method::CONNECT
+        && !parts.headers.contains_key(http::header::UPGRADE)
+}
+
+/// RFC 9110 §9.2.2: requests a client may send again when a connection fails before any answer.
+pub fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+impl Conn {
+    pub fn new(io: TcpStream, slot: OwnedSemaphorePermit) -> Self {
+        Conn {
+            io,
+            read: BytesMut::new(),
+            write: Vec::new(),
+            drained: false,
+            _slot: slot,
+        }
+    }
+
+    /// Whether an idle connection can carry a request: the upstream has not closed it and sent
+    /// nothing unasked. Costs no system call unless the socket became readable while idle.
+    pub fn usable(&self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            // A close, stray bytes, or readiness left from the last exchange: look.
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Sends a bodiless request and reads the response head; the connection goes on with the
+    /// body. Informational (1xx) answers before the final one are skipped.
+    pub async fn exchange(mut self, parts: &Parts) -> Result<(Response<()>, Body), Failure> {
+        encode_head(&mut self.write, parts);
+        if let Err(e) = self.io.write_all(&self.write).await {
+            return Err(Failure {
+                unanswered: closed_kind(&e),
+                error: Error::Io(e),
+            });
+        }
+        let head_only = parts.method == Method::HEAD;
+        let mut answered = false;
+        loop {
+            if !self.read.is_empty() {
+                answered = true;
+                let fail = |error| Failure {
+                    error,
+                    unanswered: false,
+                };
+                if let Some((response, framing, keep_alive)) =
+                    parse_head(&mut self.read, head_only).map_err(fail)?
+                {
+                    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        return Err(fail(Error::Switched));
+                    }
+                    if response.status().is_informational() {
+                        continue;
+                    }
+                    let body = Body {
+                        conn: Some(self),
+                        framing,
+                        keep_alive,
+                    };
+                    return Ok((response, body));
+                }
+                if self.read.len() >= MAX_HEAD {
+                    return Err(fail(Error::HeadTooLarge));
+                }
+            }
+            match self.read_more().await {
+                Ok(0) if answered => {
+                    return Err(Failure {
+                        error: Error::Truncated,
+                        unanswered: false,
+                    })
+                }
+                Ok(0) => {
+                    return Err(Failure {
+                        error: Error::Closed,
+                        unanswered: true,
+                    })
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(Failure {
+                        unanswered: !answered && closed_kind(&e),
+                        error: Error::Io(e),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn read_more(&mut self) -> io::Result<usize> {
+        self.read.reserve(READ_SIZE);
+        loop {
+            let room = self.read.capacity() - self.read.len();
+            match self.io.try_read_buf(&mut self.read) {
+                Ok(n) => {
+                    self.drained = n < room;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.io.readable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.read.reserve(READ_SIZE);
+        loop {
+            let room = self.read.capacity() - self.read.len();
+            match self.io.try_read_buf(&mut self.read) {
+                Ok(n) => {
+                    self.drained = n < room;
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::task::ready!(self.io.poll_read_ready(cx))?;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Readies a connection whose exchange is over for the pool. When its last read emptied the
+    /// socket, the readiness that read left is cleared here, so that looking at it next time
+    /// ([`usable`](Self::usable)) costs no system call. A close that came meanwhile is kept:
+    /// tokio never clears a closed state.
+    fn settle(self) -> Option<Conn> {
+        if !self.read.is_empty() {
+            return None;
+        }
+        if self.drained {
+            let _ = self.io.try_io(Interest::READABLE, || {
+                Err::<(), _>(io::Error::from(io::ErrorKind::WouldBlock))
+            });
+        }
+        Some(self)
+    }
+}
+
+impl Body {
+    /// The next piece of the body, `None` at its end.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let buf = &mut conn.read;
+            match &mut self.framing {
+                Framing::Done => return Poll::Ready(None),
+                Framing::Length(0) => {
+                    self.framing = Framing::Done;
+                    return Poll::Ready(None);
+                }
+                Framing::Length(remaining) | Framing::Chunked(Chunk::Data(remaining))
+                    if !buf.is_empty() =>
+                {
+                    let take = (*remaining).min(buf.len() as u64);
+                    *remaining -= take;
+                    // `take` fits: it is at most the buffer's length.
+                    let piece = buf.split_to(take as usize).freeze();
+                    if let Framing::Chunked(chunk @ Chunk::Data(0)) = &mut self.framing {
+                        *chunk = Chunk::DataEnd;
+                    }
+                    return Poll::Ready(Some(Ok(piece)));
+                }
+                Framing::UntilClose if !buf.is_empty() => {
+                    let piece = buf.split().freeze();
+                    return Poll::Ready(Some(Ok(piece)));
+                }
+                Framing::Chunked(Chunk::Size) => {
+                    if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                        let size = chunk_size(&buf[..end]).ok_or(Error::Malformed("chunk size"));
+                        let size = match size {
+                            Ok(size) => size,
+                            Err(e) => return Poll::Ready(Some(Err(e))),
+                        };
+                        let _ = buf.split_to(end + 1);
+                        self.framing = Framing::Chunked(if size == 0 {
+                            Chunk::Trailers(0)
+                        } else {
+                            Chunk::Data(size)
+                        });
+                        continue;
+                    }
+                    if buf.len() > MAX_CHUNK_LINE {
+                        return Poll::Ready(Some(Err(Error::Malformed(
+                            "chunk size line too long",
+                        ))));
+                    }
+                }
+                Framing::Chunked(Chunk::DataEnd) if buf.len() >= 2 => {
+                    if &buf[..2] != b"\r\n" {
+                        return Poll::Ready(Some(Err(Error::Malformed("chunk not ended by CRLF"))));
+                    }
+                    let _ = buf.split_to(2);
+                    self.framing = Framing::Chunked(Chunk::Size);
+                    continue;
+                }
+                Framing::Chunked(Chunk::Trailers(seen)) => {
+                    if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                        let line = &buf[..end];
+                        let blank = line.is_empty() || line == b"\r";
+                        *seen += end + 1;
+                        if *seen > MAX_TRAILERS {
+                            return Poll::Ready(Some(Err(Error::Malformed("trailers too long"))));
+                        }
+                        // Trailer fields are dropped: nothing downstream asked for them.
+                        let _ = buf.split_to(end + 1);
+                        if blank {
+                            self.framing = Framing::Done;
+                            return Poll::Ready(None);
+                        }
+                        continue;
+                    }
+                    if buf.len() > MAX_TRAILERS {
+                        return Poll::Ready(Some(Err(Error::Malformed("trailers too long"))));
+                    }
+                }
+                // Nothing buffered for this state: read.
+                _ => {}
+            }
+            match std::task::ready!(conn.poll_read_more(cx)) {
+                Ok(0) => {
+                    if matches!(self.framing, Framing::UntilClose) {
+                        self.framing = Framing::Done;
+                        self.keep_alive = false;
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Err(Error::Truncated)));
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(Error::Io(e)))),
+            }
+        }
+    }
+
+    /// Whether the body has been read to its end (nothing more to poll).
+    pub fn is_end(&self) -> bool {
+        matches!(self.framing, Framing::Done | Framing::Length(0))
+    }
+
+    /// The exact length still to come, when the upstream declared it.
+    pub fn remaining(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(n) => Some(n),
+            Framing::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The connection, once the body has ended on it cleanly and it may carry another request.
+    pub fn take_reusable(&mut self) -> Option<Conn> {
+        if !self.is_end() || !self.keep_alive {
+            return None;
+        }
+        self.conn.take().and_then(Conn::settle)
+    }
+}
+
+/// `METHOD origin-form HTTP/1.1`, the fields as they are, and `Content-Length: 0` where the
+/// method defines a body and the client sent none (RFC 9110 §8.6).
+fn encode_head(buf: &mut Vec<u8>, parts: &Parts) {
+    buf.clear();
+    buf.extend_from_slice(parts.method.as_str().as_bytes());
+    buf.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    buf.extend_from_slice(target.as_bytes());
+    buf.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        buf.extend_from_slice(name.as_str().as_bytes());
+        buf.extend_from_slice(b": ");
+        buf.extend_from_slice(value.as_bytes());
+        buf.extend_from_slice(b"\r\n");
+    }
+    if matches!(parts.method, Method::POST | Method::PUT | Method::PATCH)
+        && !parts.headers.contains_key(CONTENT_LENGTH)
+    {
+        buf.extend_from_slice(b"content-length: 0\r\n");
+    }
+    buf.extend_from_slice(b"\r\n");
+}
+
+/// Parses a response head off the front of `buf`: `None` while it is incomplete. Field values
+/// share the head's bytes instead of being copied one by one.
+fn parse_head(
+    buf: &mut BytesMut,
+    head_only: bool,
+) -> Result<Option<(Response<()>, Framing, bool)>, Error> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut fields);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Error::Malformed("too many fields")),
+        Err(_) => return Err(Error::Malformed("unparsable head")),
+    };
+    let status = parsed
+        .code
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or(Error::Malformed("status code"))?;
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let base = buf.as_ptr() as usize;
+    let spans: SmallVec<[(usize, usize, usize, usize); 24]> = parsed
+        .headers
+        .iter()
+        .map(|f| {
+            let name = f.name.as_ptr() as usize - base;
+            let value = f.value.as_ptr() as usize - base;
+            (name, name + f.name.len(), value, value + f.value.len())
+        })
+        .collect();
+    let head = buf.split_to(len).freeze();
+
+    // Room for the gateway's own fields (rate-limit headers) without growing the table.
+    let mut headers = HeaderMap::with_capacity(spans.len() + EXTRA_FIELDS);
+    let mut length: Option<u64> = None;
+    let mut chunked = None;
+    let mut close = false;
+    let mut keep_alive = false;
+    for (ns, ne, vs, ve) in spans {
+        let name =
+            HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Error::Malformed("field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
+            .map_err(|_| Error::Malformed("field value"))?;
+        if name == CONTENT_LENGTH {
+            for part in value.as_bytes().split(|&b| b == b',') {
+                let n = content_length(part).ok_or(Error::Malformed("content-length"))?;
+                if length.is_some_and(|seen| seen != n) {
+                    return Err(Error::Malformed("conflicting content-length"));
+                }
+                length = Some(n);
+            }
+        } else if name == TRANSFER_ENCODING {
+            // The last coding decides (RFC 9112 §6.3 item 4).
+            if let Some(last) = value.as_bytes().rsplit(|&b| b == b',').next() {
+                chunked = Some(trim(last).eq_ignore_ascii_case(b"chunked"));
+            }
+        } else if name == CONNECTION {
+            for token in value.as_bytes().split(|&b| b == b',') {
+                let token = trim(token);
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+        headers.append(name, value);
+    }
+    let keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
+
+    let bodiless = head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodiless {
+        Framing::Done
+    } else {
+        match (chunked, length) {
+            (Some(_), Some(_)) => {
+                return Err(Error::Malformed(
+                    "both transfer-encoding and content-length",
+                ))
+            }
+            (Some(true), None) => Framing::Chunked(Chunk::Size),
+            (Some(false), None) | (None, None) => Framing::UntilClose,
+            (None, Some(n)) => Framing::Length(n),
+        }
+    };
+    let keep_alive = keep_alive && !matches!(framing, Framing::UntilClose);
+
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = version;
+    *response.headers_mut() = headers;
+    Ok(Some((response, framing, keep_alive)))
+}
+
+fn content_length(digits: &[u8]) -> Option<u64> {
+    let digits = trim(digits);
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
+    })
+}
+
+/// The size of a chunk-size line (`1a;ext=1\r`), hexadecimal, extensions ignored.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let hex = line.split(|&b| b == b';').next().map(trim)?;
+    if hex.is_empty() || hex.len() > 15 {
+        return None;
+    }
+    hex.iter().try_fold(0u64, |n, &d| {
+        let digit = (d as char).to_digit(16)?;
+        Some(n * 16 + u64::from(digit))
+    })
+}
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    bytes.trim_ascii()
+}
+
+/// Errors that mean the peer closed or reset the connection.
+fn closed_kind(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+#[cfg(test)]
+#[path = "h1_tests.rs"]
+mod tests;
