@@ -137,8 +137,12 @@ pub async fn forward(
             }
         }
         let in_flight = targets.begin(index);
-        let sent = tokio::time::timeout_at(deadline, target.client.send_or_return(outgoing));
-        let error = match sent.await {
+        // Awaited where it is made: a future held in a local first takes room in this future's
+        // state twice (the local and the await), and the whole request future is copied as it
+        // moves.
+        let error = match tokio::time::timeout_at(deadline, target.client.send_or_return(outgoing))
+            .await
+        {
             Ok(Ok(response)) => {
                 targets.record(index, TargetOutcome::Ok);
                 break (response, in_flight);

@@ -206,9 +206,10 @@ impl UpstreamClient {
                     .await
                     .map_err(|(e, unsent)| (e, unsent.then(|| Request::from_parts(parts, body))));
             }
-            return self.send_hyper(Request::from_parts(parts, body)).await;
+            // Boxed: hyper's exchange would make every request's future as large as its own.
+            return Box::pin(self.send_hyper(Request::from_parts(parts, body))).await;
         }
-        self.send_hyper(req).await
+        Box::pin(self.send_hyper(req)).await
     }
 
     /// A bodiless request on a lean connection. The error's flag: nothing was sent.
@@ -223,7 +224,9 @@ impl UpstreamClient {
             {
                 Ok(Got::Idle(conn)) => (conn, true),
                 Ok(Got::Slot(slot)) => {
-                    (self.connect_lean(slot).await.map_err(|e| (e, true))?, false)
+                    // Boxed, as opening connections is rare (see `acquire`).
+                    let conn = Box::pin(self.connect_lean(slot)).await;
+                    (conn.map_err(|e| (e, true))?, false)
                 }
                 Err(e) => return Err((e, true)),
             };
@@ -286,13 +289,11 @@ impl UpstreamClient {
     }
 
     /// An idle connection that `take` accepts, or a slot for a new one, waiting at most
-    /// `pool_timeout` for either. While waiting, an idle connection of the other kind is closed
-    /// (`evict`) so that its slot comes free: otherwise idle connections of one kind could hold
-    /// every slot while requests of the other kind time out.
+    /// `pool_timeout` for either.
     async fn acquire<C>(
         &self,
-        take: impl Fn(&mut IdleSet) -> Option<C>,
-        evict: impl Fn(&mut IdleSet) -> bool,
+        take: fn(&mut IdleSet) -> Option<C>,
+        evict: fn(&mut IdleSet) -> bool,
     ) -> Result<Got<C>, ClientError> {
         if let Some(conn) = take(&mut lock(&self.shared.idle)) {
             return Ok(Got::Idle(conn));
@@ -300,6 +301,19 @@ impl UpstreamClient {
         if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
             return Ok(Got::Slot(slot));
         }
+        // Boxed: waiting is rare, and its timer and wait lists would otherwise be part of every
+        // request's future, which is moved (copied) several times per request.
+        Box::pin(self.wait(take, evict)).await
+    }
+
+    /// Waits for an idle connection or a free slot. While waiting, an idle connection of the
+    /// other kind is closed (`evict`) so that its slot comes free: otherwise idle connections of
+    /// one kind could hold every slot while requests of the other kind time out.
+    async fn wait<C>(
+        &self,
+        take: fn(&mut IdleSet) -> Option<C>,
+        evict: fn(&mut IdleSet) -> bool,
+    ) -> Result<Got<C>, ClientError> {
         let deadline = tokio::time::Instant::now() + self.shared.pool_timeout;
         loop {
             // Registered before looking again, so a connection idled in between still wakes us.
