@@ -29,8 +29,9 @@ pub fn ceil_seconds(us: u64) -> u64 {
 }
 
 /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds) for the governing outcome.
-pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome) {
-    headers.insert(X_RATELIMIT_LIMIT.clone(), number_value(outcome.limit));
+/// `limit` is `outcome.limit` as a value, which the caller may have made once per policy.
+pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, limit: HeaderValue) {
+    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
     headers.insert(
         X_RATELIMIT_REMAINING.clone(),
         number_value(outcome.remaining),

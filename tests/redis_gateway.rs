@@ -331,6 +331,67 @@ async fn a_stalled_redis_on(workers: usize) {
     }
 }
 
+/// Decisions queued while both calls in flight are stalled wait at most their own timeout. The
+/// batch alone does not ensure it (fred's command timeout did not hold for a call sent to the
+/// stalled server after earlier ones had timed out: about twice the timeout here, without the
+/// per-decision timer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    let redis = RedisServer::start();
+    let config = format!(
+        "{}routes:\n{}",
+        store(&redis, "400ms", "open"),
+        route("queued", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
+    );
+    let gw = GatewayProcess::spawn_with_workers(&config, 2).await;
+    wait_ready(&gw, 200, READY).await;
+    let client = Client::new();
+    let url = gw.url("/queued");
+    assert_eq!(client.get(&url).await.status, 200);
+
+    let pid = redis.pid().expect("redis pid").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let send = |n: usize| -> Vec<_> {
+        (0..n)
+            .map(|_| {
+                let (client, url) = (client.clone(), url.clone());
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    let reply = client.get(&url).await;
+                    (reply.status, started.elapsed())
+                })
+            })
+            .collect()
+    };
+    // One call takes the first decision, the other the next few; the last wave queues behind
+    // both.
+    let mut tasks = send(1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    tasks.extend(send(5));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tasks.extend(send(6));
+    let mut took = Vec::new();
+    for task in tasks {
+        let (status, elapsed) = task.await.expect("request task");
+        assert_eq!(status, 200, "failure_mode open");
+        took.push(elapsed);
+    }
+    signal("-CONT");
+    let slowest = took.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest < TIMEOUT + Duration::from_millis(250),
+        "a request waited {slowest:?} with a store timeout of {TIMEOUT:?}: {took:?}"
+    );
+}
+
 /// Regression: right after start the store was still connecting, and the gateway took
 /// `failed_open` decisions (no rate-limit headers, 8 admitted on a burst of 5) and logged a false
 /// `redis store is unreachable`. Requests sent the moment the gateway says it listens must be

@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use http::header::Entry;
 use http::header::{CONNECTION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -48,21 +49,23 @@ fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
 /// fields every proxy must treat as hop-by-hop. With `upgrade`, `Upgrade` and `Connection:
 /// upgrade` survive, because the upgrade must reach the next hop to happen at all.
 ///
-/// Runs twice per proxied request, so it first looks at the names present (one pass, cheap
-/// comparisons) and only then removes, instead of a hash lookup per hop-by-hop name.
+/// Runs twice per proxied request, so it first looks at the names present (one pass, one match
+/// on each name's text) and only then removes, instead of a hash lookup per hop-by-hop name.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     let mut has_connection = false;
     let mut has_fixed = false;
     for name in headers.keys() {
-        if *name == CONNECTION {
-            has_connection = true;
-        } else if is_fixed_hop_by_hop(name, upgrade) {
-            has_fixed = true;
+        match name.as_str() {
+            "connection" => has_connection = true,
+            "keep-alive" | "proxy-connection" | "te" | "trailer" | "transfer-encoding" => {
+                has_fixed = true;
+            }
+            "upgrade" if !upgrade => has_fixed = true,
+            _ => {}
         }
     }
     if has_connection {
-        remove_connection_named(headers);
-        headers.remove(CONNECTION);
+        remove_connection_and_named(headers);
     }
     if has_fixed {
         for name in [
@@ -83,19 +86,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
-/// The fields removed whatever `Connection` says (`Upgrade` too, unless upgrading).
-fn is_fixed_hop_by_hop(name: &HeaderName, upgrade: bool) -> bool {
-    *name == KEEP_ALIVE
-        || *name == PROXY_CONNECTION
-        || *name == TE
-        || *name == TRAILER
-        || *name == TRANSFER_ENCODING
-        || (!upgrade && *name == UPGRADE)
-}
-
-/// Removes the fields the `Connection` header names, except `Upgrade` when upgrading. The names
-/// removed anyway (`keep-alive`, the usual one) are skipped before parsing, which would allocate.
-fn remove_connection_named(headers: &mut HeaderMap) {
+/// Removes `Connection` and the fields it names, except `Upgrade` when upgrading. One lookup
+/// takes the field and its values together. The names removed anyway (`keep-alive`, the usual
+/// one) are skipped before parsing, which would allocate.
+fn remove_connection_and_named(headers: &mut HeaderMap) {
     const REMOVED_ANYWAY_OR_KEPT: [&str; 7] = [
         "keep-alive",
         "connection",
@@ -105,22 +99,25 @@ fn remove_connection_named(headers: &mut HeaderMap) {
         "trailer",
         "transfer-encoding",
     ];
+    let Entry::Occupied(entry) = headers.entry(CONNECTION) else {
+        return;
+    };
     let mut named: Vec<HeaderName> = Vec::new();
-    for token in headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-    {
-        if REMOVED_ANYWAY_OR_KEPT
-            .iter()
-            .any(|n| token.eq_ignore_ascii_case(n))
-        {
+    let (_, values) = entry.remove_entry_mult();
+    for value in values {
+        let Ok(value) = value.to_str() else {
             continue;
-        }
-        if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-            named.push(name);
+        };
+        for token in value.split(',').map(str::trim) {
+            if REMOVED_ANYWAY_OR_KEPT
+                .iter()
+                .any(|n| token.eq_ignore_ascii_case(n))
+            {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                named.push(name);
+            }
         }
     }
     for name in named {
@@ -148,20 +145,29 @@ pub fn set_forwarded_as(
     proto: &'static str,
 ) {
     // Prior values are kept when the first one is text (several are joined in order); otherwise
-    // the list restarts at the peer.
-    let mut xff = String::with_capacity(48);
-    let mut prior = headers.get_all(&X_FORWARDED_FOR).iter();
-    if let Some(Ok(first)) = prior.next().map(HeaderValue::to_str) {
-        xff.push_str(first);
-        for value in prior.filter_map(|v| v.to_str().ok()) {
-            xff.push_str(", ");
-            xff.push_str(value);
+    // the list restarts at the peer. One lookup reads and replaces the field.
+    match headers.entry(&X_FORWARDED_FOR) {
+        Entry::Occupied(mut entry) => {
+            let mut xff = String::with_capacity(48);
+            let mut prior = entry.iter();
+            if let Some(Ok(first)) = prior.next().map(HeaderValue::to_str) {
+                xff.push_str(first);
+                for value in prior.filter_map(|v| v.to_str().ok()) {
+                    xff.push_str(", ");
+                    xff.push_str(value);
+                }
+                xff.push_str(", ");
+            }
+            crate::keys::push_ip(&mut xff, peer);
+            if let Ok(value) = HeaderValue::try_from(xff) {
+                entry.insert(value);
+            }
         }
-        xff.push_str(", ");
-    }
-    crate::keys::push_ip(&mut xff, peer);
-    if let Ok(value) = HeaderValue::try_from(xff) {
-        headers.insert(X_FORWARDED_FOR.clone(), value);
+        Entry::Vacant(entry) => {
+            if let Some(value) = peer_value(peer) {
+                entry.insert(value);
+            }
+        }
     }
     if !(peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
@@ -176,6 +182,29 @@ pub fn set_forwarded_as(
             }
         }
     }
+}
+
+/// `peer` as a header value. A connection's requests all come from one peer, so the last value
+/// made on this thread is kept: cloning it is a reference count, where making it is text, an
+/// allocation and a validation.
+fn peer_value(peer: IpAddr) -> Option<HeaderValue> {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((ip, value)) = &*last {
+            if *ip == peer {
+                return Some(value.clone());
+            }
+        }
+        let mut text = String::with_capacity(46);
+        crate::keys::push_ip(&mut text, peer);
+        let value = HeaderValue::try_from(text).ok()?;
+        *last = Some((peer, value.clone()));
+        Some(value)
+    })
 }
 
 #[cfg(test)]
@@ -296,6 +325,22 @@ mod tests {
         );
         set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, false);
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+    }
+
+    /// The last peer's value is kept per thread: a different peer must never get it.
+    #[test]
+    fn forwarded_for_follows_the_peer_when_it_changes() {
+        for peer in [
+            "10.0.0.1",
+            "10.0.0.1",
+            "10.0.0.2",
+            "2001:db8::1",
+            "10.0.0.1",
+        ] {
+            let mut h = HeaderMap::new();
+            set_forwarded(&mut h, peer.parse().unwrap(), None, false);
+            assert_eq!(h[&X_FORWARDED_FOR], peer);
+        }
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct RateLimitHeaders {
     enforced: u64,
     /// The `RateLimit-Policy` value when every enforced policy applied, the common case.
     all: Option<HeaderValue>,
+    /// Per policy, its limit (`X-RateLimit-Limit`) as a number and as a value made once: a
+    /// limit of 1024 or more would otherwise cost an allocation on every response.
+    limits: Vec<(u64, HeaderValue)>,
 }
 
 impl RateLimitHeaders {
@@ -99,6 +102,7 @@ impl RateLimitHeaders {
     ) -> Self {
         let mut items = Vec::new();
         let mut names = Vec::new();
+        let mut limits = Vec::new();
         let mut enforced = 0u64;
         for (i, (name, rule, shadow)) in policies.into_iter().enumerate() {
             let name = sf_string(name);
@@ -108,6 +112,8 @@ impl RateLimitHeaders {
             };
             items.push(item.into_boxed_str());
             names.push(name.into_boxed_str());
+            let limit = quota_units(rule);
+            limits.push((limit, super::number_value(limit)));
             if !shadow && i < MAX_POLICIES {
                 enforced |= 1 << i;
             }
@@ -118,6 +124,7 @@ impl RateLimitHeaders {
             names,
             enforced,
             all: None,
+            limits,
         };
         h.all = h.join(enforced);
         h
@@ -134,7 +141,11 @@ impl RateLimitHeaders {
             ..outcome
         };
         if self.mode.x_ratelimit() {
-            insert_rate_limit_headers(headers, &outcome);
+            let limit = match self.limits.get(policy) {
+                Some((n, value)) if *n == outcome.limit => value.clone(),
+                _ => super::number_value(outcome.limit),
+            };
+            insert_rate_limit_headers(headers, &outcome, limit);
         }
         if !self.mode.ietf() {
             return;
@@ -306,6 +317,33 @@ mod tests {
         h.insert(&mut headers, &limits, true);
         assert_eq!(headers[&RATELIMIT_POLICY], r#""per_ip";q=100;w=10"#);
         assert_eq!(headers[&RATELIMIT], r#""per_ip";r=0;t=0"#);
+    }
+
+    /// The limit's value is made once per policy; an outcome with another limit (an override)
+    /// still reports its own.
+    #[test]
+    fn x_ratelimit_limit_is_the_outcome_s_own() {
+        let a = Rule::TokenBucket(TokenBucket {
+            rate: 1.0,
+            burst: 5_000,
+        });
+        let h = RateLimitHeaders::new(HeaderMode::XRateLimit, [("p", &a, false)]);
+        for limit in [5_000, 20, 70_000, 5_000] {
+            let limits = Limits {
+                governing: Some((
+                    0,
+                    Outcome {
+                        limit,
+                        ..outcome(3, 0)
+                    },
+                )),
+                applied: 1,
+            };
+            let mut headers = HeaderMap::new();
+            h.insert(&mut headers, &limits, false);
+            assert_eq!(headers["x-ratelimit-limit"], limit.to_string().as_str());
+            assert_eq!(headers["x-ratelimit-remaining"], "3");
+        }
     }
 
     #[test]

@@ -13,11 +13,14 @@
 //! away) is dropped before the call is written, so a request that failed open never consumes later.
 //! Used on one server (and Sentinel's master); a Cluster decides per slot (`cluster.rs`).
 
+use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use fred::prelude::{Key, Value};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use super::wire::Packed;
 use super::{Shared, StoreError};
@@ -55,37 +58,62 @@ impl Batcher {
 }
 
 async fn drain(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Job>) {
-    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    loop {
-        // Wait for a free call first: whatever queues meanwhile joins the next batch.
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(first) = rx.recv().await else {
-            return;
-        };
-        let mut jobs = Vec::with_capacity(rx.len().min(MAX_BATCH - 1) + 1);
-        jobs.push(first);
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
+    // The calls in flight are polled by this task itself: a task spawned per call would copy
+    // the call's future (kilobytes) several times on its way in, for every batch.
+    let mut slots: [_; MAX_IN_FLIGHT] = [pin!(None), pin!(None)];
+    let mut open = true;
+    std::future::poll_fn(move |cx| {
+        for slot in &mut slots {
+            poll_slot(slot, cx);
+        }
+        // A free call takes everything queued meanwhile: with none free, the queue waits (and
+        // is not polled; a call that ends wakes this task).
+        while open {
+            let Some(slot) = slots.iter_mut().find(|slot| slot.is_none()) else {
+                break;
+            };
+            match rx.poll_recv(cx) {
+                Poll::Ready(Some(first)) => {
+                    let mut jobs = Vec::with_capacity(rx.len().min(MAX_BATCH - 1) + 1);
+                    jobs.push(first);
+                    while jobs.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let Some(shared) = shared.upgrade() else {
+                        return Poll::Ready(());
+                    };
+                    slot.set(Some(call(shared, jobs)));
+                    poll_slot(slot, cx);
+                }
+                Poll::Ready(None) => open = false,
+                Poll::Pending => break,
             }
         }
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        tokio::spawn(async move {
-            call(&shared, jobs).await;
-            drop(permit);
-        });
+        if !open && slots.iter().all(|slot| slot.is_none()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// Polls the call in `slot`, if any, and empties the slot once the call is over.
+fn poll_slot<F: Future<Output = ()>>(slot: &mut Pin<&mut Option<F>>, cx: &mut Context<'_>) {
+    if let Some(call) = slot.as_mut().as_pin_mut() {
+        if call.poll(cx).is_ready() {
+            slot.set(None);
+        }
     }
 }
 
 /// One script call for `jobs`, each answered with its own part of the reply. However many they
 /// are, the call is decide.lua's packed batch: two arguments and one reply string, where the
 /// plain form costs the client eight values to write and read per decision.
-async fn call(shared: &Shared, mut jobs: Vec<Job>) {
+async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
     let now = Instant::now();
     jobs.retain(|job| job.deadline > now && !job.reply.is_closed());
     let Some(budget) = jobs.iter().map(|job| job.deadline - now).min() else {
@@ -103,7 +131,9 @@ async fn call(shared: &Shared, mut jobs: Vec<Job>) {
         Value::from_static_str("packed"),
         Value::Bytes(packed.into()),
     ];
-    // One call site: the call's future is most of this task's size.
+    // One call site: the call's future is most of this task's size. It runs to its end even
+    // when its decisions' callers have given up: fred's own timeout is what keeps a timed-out
+    // command from being written later.
     let result = shared
         .run_within::<Packed>(budget, || (keys.clone(), args.to_vec()))
         .await;

@@ -384,6 +384,10 @@ impl RedisStore {
         if !self.shared.batcher.submit(job) {
             return Err(StoreError::Connection("store shut down".to_string()));
         }
+        // A timer per decision, although the batch also drops a decision whose deadline passed
+        // unsent: fred's command timeout does not always hold (a stalled server; see
+        // `decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout`), and a call cut
+        // short by a timer of the batch's could still be written later and consume.
         let reply = match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(reply)) => reply?,
             // Dropped unsent: its deadline passed while it waited for a call.
