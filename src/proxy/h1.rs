@@ -205,20 +205,10 @@ impl Conn {
     }
 
     async fn read_more(&mut self) -> io::Result<usize> {
-        self.read.reserve(READ_SIZE);
-        loop {
-            let room = self.read.capacity() - self.read.len();
-            match self.io.try_read_buf(&mut self.read) {
-                Ok(n) => {
-                    self.drained = n < room;
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.io.readable().await?,
-                Err(e) => return Err(e),
-            }
-        }
+        std::future::poll_fn(|cx| self.poll_read_more(cx)).await
     }
 
+    /// Reads what the socket has into the buffer (0 at the end of the stream).
     fn poll_read_more(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         self.read.reserve(READ_SIZE);
         loop {

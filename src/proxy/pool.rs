@@ -33,6 +33,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
@@ -337,16 +338,19 @@ impl UpstreamClient {
         }
     }
 
-    /// Opens a lean connection that holds `slot` until it closes.
-    async fn connect_lean(&self, slot: OwnedSemaphorePermit) -> Result<h1::Conn, ClientError> {
-        let io = self
-            .shared
+    /// A new connection to the target, TCP (and TLS for `https://`) only.
+    async fn dial(&self) -> Result<TokioIo<Stream>, ClientError> {
+        self.shared
             .connector
             .clone()
             .oneshot(self.shared.target.clone())
             .await
-            .map_err(|e| ClientError::Connect(e.into()))?;
-        match io.into_inner() {
+            .map_err(|e| ClientError::Connect(e.into()))
+    }
+
+    /// Opens a lean connection that holds `slot` until it closes.
+    async fn connect_lean(&self, slot: OwnedSemaphorePermit) -> Result<h1::Conn, ClientError> {
+        match self.dial().await?.into_inner() {
             Stream::Plain(tcp) => Ok(h1::Conn::new(tcp, slot)),
             Stream::Tls(_) => Err(ClientError::Connect(
                 "a TLS stream for a plain upstream".into(),
@@ -359,13 +363,7 @@ impl UpstreamClient {
         &self,
         slot: OwnedSemaphorePermit,
     ) -> Result<SendRequest<RequestBody>, ClientError> {
-        let io = self
-            .shared
-            .connector
-            .clone()
-            .oneshot(self.shared.target.clone())
-            .await
-            .map_err(|e| ClientError::Connect(e.into()))?;
+        let io = self.dial().await?;
         let (sender, connection) = http1::Builder::new()
             // Copy body chunks into the head's buffer and write once: cheaper than hyper's
             // vectored queue for the small messages a gateway mostly carries.
