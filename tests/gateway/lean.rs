@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::support::client::{empty, raw_connect, read_head, request};
+use crate::support::upstream::next_head;
 use crate::support::{Client, TestGateway, LIVENESS};
 
 const FORWARD_ALL: &str = r#"
@@ -56,19 +57,10 @@ impl Scripted {
                 let seen = seen.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
                     for n in 0.. {
-                        let end = loop {
-                            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                                break end + 4;
-                            }
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(read) => buf.extend_from_slice(&chunk[..read]),
-                            }
+                        let Some(head) = next_head(&mut stream, &mut buf).await else {
+                            return;
                         };
-                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                        buf.drain(..end);
                         seen.lock().expect("heads").push(head.clone());
                         match script(n, &head) {
                             Answer::Send(bytes) => {

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::support::client::{empty, full, raw_connect, read_head, request};
+use crate::support::upstream::next_head;
 use crate::support::{Client, TestGateway, Upstream, LIVENESS};
 use http_body_util::BodyExt;
 
@@ -45,13 +46,8 @@ impl OneShotUpstream {
             while let Ok((mut stream, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&chunk[..n]),
-                        }
+                    if next_head(&mut stream, &mut Vec::new()).await.is_none() {
+                        return;
                     }
                     let reply =
                         b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok";
@@ -208,16 +204,10 @@ async fn answer_early(mut stream: tokio::net::TcpStream, bodies: Arc<AtomicUsize
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
-        let head_end = loop {
-            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break end + 4;
-            }
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
+        let Some(head) = next_head(&mut stream, &mut buf).await else {
+            return;
         };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let head = head.to_ascii_lowercase();
         let length: usize = head
             .lines()
             .find_map(|line| line.strip_prefix("content-length:"))
@@ -226,7 +216,6 @@ async fn answer_early(mut stream: tokio::net::TcpStream, bodies: Arc<AtomicUsize
         if stream.write_all(reply).await.is_err() {
             return;
         }
-        buf.drain(..head_end);
         while buf.len() < length {
             match stream.read(&mut chunk).await {
                 Ok(0) | Err(_) => return,

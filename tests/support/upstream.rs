@@ -365,3 +365,21 @@ pub async fn unreachable_addr() -> SocketAddr {
     drop(listener);
     addr
 }
+
+/// For the raw upstreams tests script by hand: reads from `stream` until `buf` holds a whole
+/// message head, then takes the head off `buf` (what follows it stays). `None` once the peer
+/// closes or the read fails.
+pub async fn next_head(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+            buf.drain(..end + 4);
+            return Some(head);
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
