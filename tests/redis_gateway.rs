@@ -287,15 +287,7 @@ async fn a_stalled_redis_on(workers: usize) {
     assert_eq!(client.get(&gw.url("/open")).await.status, 200);
 
     // SIGSTOP: the connection stays open but nothing answers.
-    let pid = redis.pid().expect("redis pid").to_string();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
+    signal(&redis, "-STOP");
     let mut slow = 0;
     for _ in 0..20 {
         let started = Instant::now();
@@ -307,7 +299,7 @@ async fn a_stalled_redis_on(workers: usize) {
             slow += 1;
         }
     }
-    signal("-CONT");
+    signal(&redis, "-CONT");
     // The breaker opened after a handful of timeouts: the rest skipped Redis.
     assert!(
         (1..=8).contains(&slow),
@@ -350,15 +342,7 @@ async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
     let url = gw.url("/queued");
     assert_eq!(client.get(&url).await.status, 200);
 
-    let pid = redis.pid().expect("redis pid").to_string();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
+    signal(&redis, "-STOP");
     let send = |n: usize| -> Vec<_> {
         (0..n)
             .map(|_| {
@@ -384,7 +368,7 @@ async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
         assert_eq!(status, 200, "failure_mode open");
         took.push(elapsed);
     }
-    signal("-CONT");
+    signal(&redis, "-CONT");
     let slowest = took.iter().max().copied().unwrap_or_default();
     assert!(
         slowest < TIMEOUT + Duration::from_millis(250),
@@ -504,4 +488,14 @@ async fn leases_of_a_killed_instance_expire_after_their_ttl() {
         "capacity came back after {back:?}, before the {TTL:?} lease TTL"
     );
     upstream.release(2);
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to the test's Redis server by its PID.
+fn signal(redis: &RedisServer, sig: &str) {
+    let pid = redis.pid().expect("redis pid").to_string();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
 }
