@@ -443,11 +443,11 @@ fn parse_head(
         } else if name == TRANSFER_ENCODING {
             // The last coding decides (RFC 9112 §6.3 item 4).
             if let Some(last) = value.as_bytes().rsplit(|&b| b == b',').next() {
-                chunked = Some(trim(last).eq_ignore_ascii_case(b"chunked"));
+                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             }
         } else if name == CONNECTION {
             for token in value.as_bytes().split(|&b| b == b',') {
-                let token = trim(token);
+                let token = token.trim_ascii();
                 close |= token.eq_ignore_ascii_case(b"close");
                 keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }
@@ -484,7 +484,7 @@ fn parse_head(
 }
 
 fn content_length(digits: &[u8]) -> Option<u64> {
-    let digits = trim(digits);
+    let digits = digits.trim_ascii();
     if digits.is_empty() || digits.len() > 19 {
         return None;
     }
@@ -496,7 +496,7 @@ fn content_length(digits: &[u8]) -> Option<u64> {
 /// The size of a chunk-size line (`1a;ext=1\r`), hexadecimal, extensions ignored.
 fn chunk_size(line: &[u8]) -> Option<u64> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let hex = line.split(|&b| b == b';').next().map(trim)?;
+    let hex = line.split(|&b| b == b';').next().map(<[u8]>::trim_ascii)?;
     if hex.is_empty() || hex.len() > 15 {
         return None;
     }
@@ -504,10 +504,6 @@ fn chunk_size(line: &[u8]) -> Option<u64> {
         let digit = (d as char).to_digit(16)?;
         Some(n * 16 + u64::from(digit))
     })
-}
-
-fn trim(bytes: &[u8]) -> &[u8] {
-    bytes.trim_ascii()
 }
 
 /// Errors that mean the peer closed or reset the connection.
