@@ -20,23 +20,30 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use fred::prelude::{Key, Value};
+use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot};
 
-use super::wire::Packed;
+use super::wire::{self, Packed};
 use super::{Shared, StoreError};
+use crate::limiter::engine::INLINE_CHECKS;
+use crate::limiter::Decision;
 
 /// Decisions in one script call at most (the script runs about 5 µs a decision, blocking Redis).
 pub const MAX_BATCH: usize = 64;
 /// Script calls in flight at once (fred pipelines them on the pool's connections).
 const MAX_IN_FLIGHT: usize = 2;
 
-/// One request's decision: its keys, its arguments as [`super::wire::pack`] writes them (`now`,
-/// the number of checks, then six per check), and where its reply goes.
+/// One request's decision, written once into one buffer: its arguments as
+/// [`super::wire::pack`] writes them (`now`, the number of checks, then six per check), then its
+/// keys one after another; and where its decision goes.
 pub struct Job {
-    pub keys: Vec<Key>,
-    pub packed: Vec<u8>,
+    pub wire: Vec<u8>,
+    /// Where the packed arguments end and the first key starts in `wire`.
+    pub packed_len: usize,
+    /// Where each key ends in `wire` (one per check).
+    pub key_ends: SmallVec<[usize; INLINE_CHECKS]>,
     pub deadline: Instant,
-    pub reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
+    pub reply: oneshot::Sender<Result<Decision, StoreError>>,
 }
 
 /// The queue of decisions waiting for a call.
@@ -111,22 +118,42 @@ fn poll_slot<F: Future<Output = ()>>(slot: &mut Pin<&mut Option<F>>, cx: &mut Co
 }
 
 /// One script call for `jobs`, each answered with its own part of the reply. However many they
-/// are, the call is decide.lua's packed batch: two arguments and one reply string, where the
-/// plain form costs the client eight values to write and read per decision.
+/// are, the call is decide.lua's packed batch: the keys, then two arguments and one reply string,
+/// where the plain form costs the client eight values to write and read per decision. The keys
+/// are slices of one buffer: no allocation per key.
 async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
     let now = Instant::now();
     jobs.retain(|job| job.deadline > now && !job.reply.is_closed());
     let Some(budget) = jobs.iter().map(|job| job.deadline - now).min() else {
         return;
     };
-    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut packed = Vec::with_capacity(jobs.iter().map(|j| j.packed.len()).sum());
-    let mut shape = Vec::with_capacity(jobs.len());
-    for job in &mut jobs {
-        shape.push(job.keys.len());
-        keys.append(&mut job.keys);
-        packed.extend_from_slice(&job.packed);
+    let (mut packed_len, mut names_len, mut keys) = (0, 0, 0);
+    for job in &jobs {
+        packed_len += job.packed_len;
+        names_len += job.wire.len() - job.packed_len;
+        keys += job.key_ends.len();
     }
+    let mut packed = Vec::with_capacity(packed_len);
+    let mut names = Vec::with_capacity(names_len);
+    let mut ends = Vec::with_capacity(keys);
+    for job in &jobs {
+        let (args, job_names) = job.wire.split_at(job.packed_len);
+        packed.extend_from_slice(args);
+        let base = names.len();
+        names.extend_from_slice(job_names);
+        ends.extend(job.key_ends.iter().map(|&end| base + end - job.packed_len));
+    }
+    let names = bytes::Bytes::from(names);
+    let keys = || {
+        let mut start = 0;
+        ends.iter()
+            .map(|&end| {
+                let key = Key::from(names.slice(start..end));
+                start = end;
+                key
+            })
+            .collect()
+    };
     let args = [
         Value::from_static_str("packed"),
         Value::Bytes(packed.into()),
@@ -135,21 +162,23 @@ async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
     // when its decisions' callers have given up: fred's own timeout is what keeps a timed-out
     // command from being written later.
     let result = shared
-        .run_within::<Packed>(budget, || (keys.clone(), args.to_vec()))
+        .run_within::<Packed>(budget, || (keys(), args.to_vec()))
         .await;
     match result {
         Ok(Packed(reply)) => {
             let mut at = 0;
-            for (job, n) in jobs.into_iter().zip(shape) {
-                let len = 1 + 7 * n;
-                let part = reply.get(at..at + len).map(<[i64]>::to_vec).ok_or_else(|| {
-                    StoreError::Script(format!(
-                        "decide.lua answered {} values for a batch",
+            for job in jobs {
+                let n = job.key_ends.len();
+                let len = 8 * (1 + 7 * n);
+                let decision = match reply.get(at..at + len) {
+                    Some(part) => wire::decode_packed(part, n),
+                    None => Err(StoreError::Script(format!(
+                        "decide.lua answered {} bytes for a batch",
                         reply.len()
-                    ))
-                });
+                    ))),
+                };
                 at += len;
-                let _ = job.reply.send(part);
+                let _ = job.reply.send(decision);
             }
         }
         Err(e) => {

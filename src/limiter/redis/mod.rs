@@ -373,11 +373,20 @@ impl RedisStore {
     async fn evaluate(&self, checks: &[Check<'_>], lease: u64) -> Result<Decision, StoreError> {
         let timeout = self.shared.timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let mut packed = Vec::with_capacity(16 + 48 * checks.len());
-        wire::pack(self.test_now(), checks, lease, &mut packed);
+        let prefix = &self.shared.key_prefix;
+        let names: usize = checks.iter().map(|c| wire::key_len(prefix, c)).sum();
+        let mut wire = Vec::with_capacity(16 + 48 * checks.len() + names);
+        wire::pack(self.test_now(), checks, lease, &mut wire);
+        let packed_len = wire.len();
+        let mut key_ends = smallvec::SmallVec::with_capacity(checks.len());
+        for check in checks {
+            wire::push_key(prefix, check, &mut wire);
+            key_ends.push(wire.len());
+        }
         let job = batch::Job {
-            keys: self.keys(checks),
-            packed,
+            wire,
+            packed_len,
+            key_ends,
             deadline: Instant::now() + timeout,
             reply,
         };
@@ -388,12 +397,11 @@ impl RedisStore {
         // unsent: fred's command timeout does not always hold (a stalled server; see
         // `decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout`), and a call cut
         // short by a timer of the batch's could still be written later and consume.
-        let reply = match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(reply)) => reply?,
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(decision)) => decision,
             // Dropped unsent: its deadline passed while it waited for a call.
-            Ok(Err(_)) | Err(_) => return Err(StoreError::Timeout(timeout)),
-        };
-        wire::decode(&reply, checks.len())
+            Ok(Err(_)) | Err(_) => Err(StoreError::Timeout(timeout)),
+        }
     }
 }
 

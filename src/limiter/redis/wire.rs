@@ -1,6 +1,8 @@
 //! The wire format between the store and `scripts/decide.lua`: key names, arguments, the reply.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
+
+use smallvec::SmallVec;
 
 use fred::prelude::Value;
 
@@ -10,24 +12,36 @@ use crate::limiter::{calendar, Check, Clock, Decision, Outcome, Rule, StoreError
 /// one Cluster slot; the kind suffix keeps one data type per key, and for the bucketed window
 /// the bucket width too (bucket indexes mean nothing under another width).
 pub fn key(prefix: &str, check: &Check<'_>) -> String {
-    let mut key = String::with_capacity(prefix.len() + check.key.len() + 24);
-    key.push_str(prefix);
-    key.push('{');
-    escape_tag(check.key, &mut key);
-    key.push_str("}:");
-    key.push_str(check.rule.kind());
+    let mut key = Vec::with_capacity(key_len(prefix, check));
+    push_key(prefix, check, &mut key);
+    // Every part pushed is a `str` (an escape is ASCII): always UTF-8.
+    String::from_utf8(key).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Room for [`key`]'s bytes (enough for every kind's suffix).
+pub fn key_len(prefix: &str, check: &Check<'_>) -> usize {
+    prefix.len() + check.key.len() + 48
+}
+
+/// Appends [`key`] to `out`: a batch writes every key of a request into one buffer, without a
+/// `String` per key (`batch.rs`).
+pub fn push_key(prefix: &str, check: &Check<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(prefix.as_bytes());
+    out.push(b'{');
+    escape_tag(check.key, out);
+    out.extend_from_slice(b"}:");
+    out.extend_from_slice(check.rule.kind().as_bytes());
     if let Rule::SlidingWindow(sw) = check.rule {
         if sw.buckets > 0 {
-            // Infallible for a String.
-            let _ = write!(key, ":{}:{}", sw.window_us, sw.buckets);
+            // Infallible for a Vec.
+            let _ = write!(out, ":{}:{}", sw.window_us, sw.buckets);
         }
     }
     if let Rule::Quota(q) = check.rule {
         // One counter per period length; the period itself is inside (decide.lua's `q_eval`).
-        key.push(':');
-        key.push_str(q.per.as_str());
+        out.push(b':');
+        out.extend_from_slice(q.per.as_str().as_bytes());
     }
-    key
 }
 
 /// The script's ARGV: `now` (`None`: the script reads Redis `TIME`), then
@@ -126,49 +140,66 @@ fn integer(v: f64) -> Option<i64> {
         .then_some(t as i64)
 }
 
-/// A packed batch's reply: its integers, read from one string of little-endian doubles.
+/// A packed batch's reply, one string of little-endian doubles, kept whole: each decision of the
+/// batch reads its own part with [`decode_packed`].
 #[derive(Debug)]
-pub struct Packed(pub Vec<i64>);
+pub struct Packed(pub bytes::Bytes);
 
 impl fred::types::FromValue for Packed {
     fn from_value(value: Value) -> Result<Self, fred::error::Error> {
-        let bad = || {
-            fred::error::Error::new(
-                fred::error::ErrorKind::Parse,
-                "decide.lua: a packed reply is whole doubles, each within i64",
-            )
+        let bytes = match value {
+            Value::Bytes(b) => b,
+            Value::String(s) => s.into_inner(),
+            _ => {
+                return Err(fred::error::Error::new(
+                    fred::error::ErrorKind::Parse,
+                    "decide.lua: a packed reply is one string",
+                ))
+            }
         };
-        let bytes = match &value {
-            Value::Bytes(b) => b.as_ref(),
-            Value::String(s) => s.as_bytes(),
-            _ => return Err(bad()),
-        };
-        if bytes.len() % 8 != 0 {
-            return Err(bad());
-        }
-        let mut numbers = Vec::with_capacity(bytes.len() / 8);
-        for chunk in bytes.chunks_exact(8) {
-            let mut le = [0u8; 8];
-            le.copy_from_slice(chunk);
-            numbers.push(integer(f64::from_le_bytes(le)).ok_or_else(bad)?);
-        }
-        Ok(Packed(numbers))
+        Ok(Packed(bytes))
     }
 }
 
+/// Values of one packed decision kept inline: [`decode`]'s `1 + 7 * checks`.
+const INLINE_VALUES: usize = 1 + 7 * crate::limiter::engine::INLINE_CHECKS;
+
+/// The integers of a packed reply: whole doubles, each within `i64` (else `None`).
+fn packed_integers(bytes: &[u8]) -> Option<SmallVec<[i64; INLINE_VALUES]>> {
+    if !bytes.len().is_multiple_of(8) {
+        return None;
+    }
+    let mut numbers = SmallVec::with_capacity(bytes.len() / 8);
+    for chunk in bytes.chunks_exact(8) {
+        let mut le = [0u8; 8];
+        le.copy_from_slice(chunk);
+        numbers.push(integer(f64::from_le_bytes(le))?);
+    }
+    Some(numbers)
+}
+
+/// One decision's part of a packed reply: [`decode`] of its doubles.
+pub fn decode_packed(bytes: &[u8], checks: usize) -> Result<Decision, StoreError> {
+    let numbers = packed_integers(bytes).ok_or_else(|| {
+        StoreError::Script("decide.lua: a packed reply is whole doubles, each within i64".into())
+    })?;
+    decode(&numbers, checks)
+}
+
 /// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
-/// the tag, injectively, so distinct identities stay distinct keys.
-fn escape_tag(identity: &str, out: &mut String) {
+/// the tag, injectively, so distinct identities stay distinct keys. Byte by byte: the three are
+/// ASCII, which no byte of a multi-byte UTF-8 character equals.
+fn escape_tag(identity: &str, out: &mut Vec<u8>) {
     if !identity.bytes().any(|b| matches!(b, b'{' | b'}' | b'%')) {
-        out.push_str(identity);
+        out.extend_from_slice(identity.as_bytes());
         return;
     }
-    for c in identity.chars() {
-        match c {
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
+    for b in identity.bytes() {
+        match b {
+            b'{' => out.extend_from_slice(b"%7B"),
+            b'}' => out.extend_from_slice(b"%7D"),
+            b'%' => out.extend_from_slice(b"%25"),
+            b => out.push(b),
         }
     }
 }
@@ -331,12 +362,9 @@ mod tests {
 
     #[test]
     fn a_packed_reply_reads_back_and_refuses_anything_else() {
-        use fred::types::FromValue;
-        let packed = |values: &[f64]| {
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            Value::Bytes(bytes.into())
-        };
-        let Packed(numbers) = Packed::from_value(packed(&[
+        let packed =
+            |values: &[f64]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let numbers = packed_integers(&packed(&[
             1.0,
             3.0,
             -2.0,
@@ -346,29 +374,41 @@ mod tests {
         ]))
         .expect("packed");
         // Truncated toward zero, as Redis returns a Lua number.
-        assert_eq!(numbers, vec![1, 3, -2, 1_763_900_000_123_457, 2, -2]);
+        assert_eq!(&numbers[..], &[1, 3, -2, 1_763_900_000_123_457, 2, -2]);
         for bad in [f64::NAN, f64::INFINITY, 9_223_372_036_854_775_808.0, -1e19] {
-            assert!(Packed::from_value(packed(&[1.0, bad])).is_err(), "{bad}");
+            assert!(packed_integers(&packed(&[1.0, bad])).is_none(), "{bad}");
         }
-        let Packed(extremes) = Packed::from_value(packed(&[
+        let extremes = packed_integers(&packed(&[
             -9_223_372_036_854_775_808.0,
             4_611_686_018_427_387_904.0,
         ]))
         .expect("extremes");
-        assert_eq!(extremes, vec![i64::MIN, 1 << 62]);
-        assert!(Packed::from_value(Value::Bytes(vec![0u8; 7].into())).is_err());
+        assert_eq!(&extremes[..], &[i64::MIN, 1 << 62]);
+        assert!(packed_integers(&[0u8; 7]).is_none());
+        let decision = decode_packed(&packed(&[0.0, 1.0, 5.0, 4.0, 1e6, 0.0, 7.0, 3.0]), 1)
+            .expect("one decision");
+        assert!(!decision.allowed);
+        assert_eq!(decision.outcomes[0].remaining, 4);
+        assert!(decode_packed(&packed(&[1.0, 1.0, 5.0]), 1).is_err());
+        assert!(decode_packed(&packed(&[1.0, f64::NAN, 5.0, 4.0, 0.0, 0.0, 0.0, 0.0]), 1).is_err());
+        use fred::types::FromValue;
+        let Packed(bytes) = Packed::from_value(Value::Bytes(packed(&[1.0]).into())).expect("bytes");
+        assert_eq!(bytes.len(), 8);
         assert!(Packed::from_value(Value::Integer(1)).is_err());
     }
 
     #[test]
     fn tag_escaping_is_injective_and_brace_free() {
-        let mut a = String::new();
+        let mut a = Vec::new();
         escape_tag("r:p:{x}", &mut a);
-        let mut b = String::new();
+        let mut b = Vec::new();
         escape_tag("r:p:%7Bx%7D", &mut b);
-        assert_eq!(a, "r:p:%7Bx%7D");
-        assert_eq!(b, "r:p:%257Bx%257D");
-        assert!(!a.contains(['{', '}']));
+        assert_eq!(a, b"r:p:%7Bx%7D");
+        assert_eq!(b, b"r:p:%257Bx%257D");
+        assert!(!a.contains(&b'{') && !a.contains(&b'}'));
+        let mut c = Vec::new();
+        escape_tag("é{ü}%", &mut c);
+        assert_eq!(c, "é%7Bü%7D%25".as_bytes());
     }
 
     #[test]
