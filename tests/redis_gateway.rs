@@ -376,6 +376,53 @@ async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
     );
 }
 
+/// Decisions that arrive while Redis stays stalled, wave after wave, each end by their own
+/// timeout: with both calls in flight stuck past their deadlines (fred's command timeout does not
+/// always end them), the decisions queued behind them are timed by the batch itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_arriving_throughout_a_redis_stall_each_wait_at_most_the_timeout() {
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    let redis = RedisServer::start();
+    let config = format!(
+        "{}routes:\n{}",
+        store(&redis, "400ms", "open"),
+        route("waves", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
+    );
+    let gw = GatewayProcess::spawn_with_workers(&config, 2).await;
+    wait_ready(&gw, 200, READY).await;
+    let client = Client::new();
+    let url = gw.url("/waves");
+    assert_eq!(client.get(&url).await.status, 200);
+
+    signal(&redis, "-STOP");
+    let mut tasks = Vec::new();
+    // 24 waves of 3 over 1.2 s: three times the timeout, so calls are sent, stall and time out
+    // while later decisions queue behind them.
+    for _ in 0..24 {
+        for _ in 0..3 {
+            let (client, url) = (client.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                let started = Instant::now();
+                let reply = client.get(&url).await;
+                (reply.status, started.elapsed())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut took = Vec::new();
+    for task in tasks {
+        let (status, elapsed) = task.await.expect("request task");
+        assert_eq!(status, 200, "failure_mode open");
+        took.push(elapsed);
+    }
+    signal(&redis, "-CONT");
+    let slowest = took.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest < TIMEOUT + Duration::from_millis(250),
+        "a request waited {slowest:?} with a store timeout of {TIMEOUT:?}: {took:?}"
+    );
+}
+
 /// Regression: right after start the store was still connecting, and the gateway took
 /// `failed_open` decisions (no rate-limit headers, 8 admitted on a burst of 5) and logged a false
 /// `redis store is unreachable`. Requests sent the moment the gateway says it listens must be

@@ -11,13 +11,19 @@
 //! an idle gateway sends each decision alone, at once, and a busy one sends bigger batches rather
 //! than more calls. A decision whose caller has given up (its timeout passed, the client went
 //! away) is dropped before the call is written, so a request that failed open never consumes later.
+//!
+//! Every decision ends by its deadline (`timeout` after it was queued) without a timer of its own:
+//! a call answers all of its decisions with a timeout when the earliest deadline among them
+//! passes, and keeps polling fred's command to its end; while every call is taken, one timer of
+//! the draining task drops the queued decisions whose deadline has passed.
 //! Used on one server (and Sentinel's master); a Cluster decides per slot (`cluster.rs`).
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fred::prelude::{Key, Value};
 use smallvec::SmallVec;
@@ -53,9 +59,14 @@ pub struct Batcher {
 
 impl Batcher {
     /// Starts the task that drains the queue; it ends when `shared` is dropped.
-    pub fn start(shared: Weak<Shared>) -> (Batcher, impl std::future::Future<Output = ()>) {
+    /// Every decision's deadline is `timeout` after it is queued.
+    pub fn start(
+        shared: Weak<Shared>,
+        timeout: Duration,
+    ) -> (Batcher, impl std::future::Future<Output = ()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Batcher { tx }, drain(shared, rx))
+        let start = move |jobs| shared.upgrade().map(|shared| call(shared, jobs));
+        (Batcher { tx }, drain(start, timeout, rx))
     }
 
     /// Queues `job`; false when the draining task is gone (the store is shutting down).
@@ -64,48 +75,93 @@ impl Batcher {
     }
 }
 
-async fn drain(shared: Weak<Shared>, mut rx: mpsc::UnboundedReceiver<Job>) {
+/// Takes the queue's decisions into calls made by `start` (`None`: the store is gone, stop).
+async fn drain<F: Future<Output = ()>>(
+    mut start: impl FnMut(Vec<Job>) -> Option<F>,
+    timeout: Duration,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
     // The calls in flight are polled by this task itself: a task spawned per call would copy
     // the call's future (kilobytes) several times on its way in, for every batch.
     let mut slots: [_; MAX_IN_FLIGHT] = [pin!(None), pin!(None)];
+    // Decisions taken off the queue to be timed, oldest first, waiting for a free call.
+    let mut held: VecDeque<Job> = VecDeque::new();
+    // Armed while every call is taken: the calls in flight may be stalled past their deadlines,
+    // and the decisions waiting behind them must still end by their own (see `expire`).
+    let mut guard = pin!(tokio::time::sleep(Duration::ZERO));
+    let mut armed = false;
     let mut open = true;
     std::future::poll_fn(move |cx| {
         for slot in &mut slots {
             poll_slot(slot, cx);
         }
+        if armed && guard.as_mut().poll(cx).is_ready() {
+            armed = false;
+            expire(&mut rx, &mut held);
+        }
         // A free call takes everything queued meanwhile: with none free, the queue waits (and
         // is not polled; a call that ends wakes this task).
-        while open {
+        while open || !held.is_empty() {
             let Some(slot) = slots.iter_mut().find(|slot| slot.is_none()) else {
                 break;
             };
-            match rx.poll_recv(cx) {
-                Poll::Ready(Some(first)) => {
-                    let mut jobs = Vec::with_capacity(rx.len().min(MAX_BATCH - 1) + 1);
-                    jobs.push(first);
-                    while jobs.len() < MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
-                        }
+            if held.is_empty() {
+                match rx.poll_recv(cx) {
+                    Poll::Ready(Some(first)) => held.push_back(first),
+                    Poll::Ready(None) => {
+                        open = false;
+                        continue;
                     }
-                    let Some(shared) = shared.upgrade() else {
-                        return Poll::Ready(());
-                    };
-                    slot.set(Some(call(shared, jobs)));
-                    poll_slot(slot, cx);
+                    Poll::Pending => break,
                 }
-                Poll::Ready(None) => open = false,
-                Poll::Pending => break,
+            }
+            let mut jobs = Vec::with_capacity((held.len() + rx.len()).min(MAX_BATCH));
+            let from_held = held.len().min(MAX_BATCH);
+            jobs.extend(held.drain(..from_held));
+            while jobs.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            let Some(call) = start(jobs) else {
+                return Poll::Ready(());
+            };
+            slot.set(Some(call));
+            poll_slot(slot, cx);
+        }
+        if !armed && slots.iter().all(|slot| slot.is_some()) {
+            // Every decision queued from now on has a deadline after `timeout` from now; one
+            // already held, its own.
+            let at = held
+                .front()
+                .map_or_else(|| Instant::now() + timeout, |job| job.deadline);
+            guard.as_mut().reset(tokio::time::Instant::from_std(at));
+            armed = true;
+            if guard.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
             }
         }
-        if !open && slots.iter().all(|slot| slot.is_none()) {
+        if !open && held.is_empty() && slots.iter().all(|slot| slot.is_none()) {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
     })
     .await;
+}
+
+/// Every call taken past the guard's deadline: the queue's decisions move to `held` (in order,
+/// so the oldest deadline is first), and those whose deadline has passed are dropped unsent,
+/// which their callers see as a timeout.
+fn expire(rx: &mut mpsc::UnboundedReceiver<Job>, held: &mut VecDeque<Job>) {
+    while let Ok(job) = rx.try_recv() {
+        held.push_back(job);
+    }
+    let now = Instant::now();
+    while held.front().is_some_and(|job| job.deadline <= now) {
+        held.pop_front();
+    }
 }
 
 /// Polls the call in `slot`, if any, and empties the slot once the call is over.
@@ -159,11 +215,26 @@ async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
         Value::Bytes(packed.into()),
     ];
     // One call site: the call's future is most of this task's size. It runs to its end even
-    // when its decisions' callers have given up: fred's own timeout is what keeps a timed-out
+    // when its decisions have been answered: fred's own timeout is what keeps a timed-out
     // command from being written later.
-    let result = shared
-        .run_within::<Packed>(budget, || (keys(), args.to_vec()))
-        .await;
+    let mut fred = pin!(shared.run_within::<Packed>(budget, || (keys(), args.to_vec())));
+    // The decisions' own timer: fred's command timeout does not always hold (a stalled server;
+    // `decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout`).
+    let mut expiry = pin!(tokio::time::sleep_until(tokio::time::Instant::from_std(
+        now + budget
+    )));
+    let result = std::future::poll_fn(|cx| match fred.as_mut().poll(cx) {
+        Poll::Ready(result) => Poll::Ready(Some(result)),
+        Poll::Pending => expiry.as_mut().poll(cx).map(|()| None),
+    })
+    .await;
+    let Some(result) = result else {
+        for job in jobs {
+            let _ = job.reply.send(Err(StoreError::Timeout(shared.timeout)));
+        }
+        let _ = fred.await;
+        return;
+    };
     match result {
         Ok(Packed(reply)) => {
             let mut at = 0;
@@ -196,5 +267,72 @@ fn same(e: &StoreError) -> StoreError {
         StoreError::Connection(s) => StoreError::Connection(s.clone()),
         StoreError::Script(s) => StoreError::Script(s.clone()),
         StoreError::CircuitOpen => StoreError::CircuitOpen,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(timeout: Duration) -> (Job, oneshot::Receiver<Result<Decision, StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            wire: Vec::new(),
+            packed_len: 0,
+            key_ends: SmallVec::new(),
+            deadline: Instant::now() + timeout,
+            reply,
+        };
+        (job, answer)
+    }
+
+    /// With every call stalled past its deadline (a call that never ends), the decisions queued
+    /// behind them end by their own deadline, unsent.
+    #[tokio::test]
+    async fn decisions_queued_behind_calls_that_never_end_end_by_their_deadline() {
+        const TIMEOUT: Duration = Duration::from_millis(200);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let calls = started.clone();
+        let start = move |jobs: Vec<Job>| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(async move {
+                let _unanswered = jobs;
+                std::future::pending::<()>().await
+            })
+        };
+        tokio::spawn(drain(start, TIMEOUT, rx));
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_IN_FLIGHT {
+            let (job, answer) = job(TIMEOUT);
+            tx.send(job).expect("drain runs");
+            stalled.push(answer);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let sent = Instant::now();
+        let mut queued = Vec::new();
+        for _ in 0..3 {
+            let (job, answer) = job(TIMEOUT);
+            tx.send(job).expect("drain runs");
+            queued.push(answer);
+        }
+        for answer in queued {
+            let waited = tokio::time::timeout(TIMEOUT * 3, answer).await;
+            assert!(
+                matches!(waited, Ok(Err(_))),
+                "a queued decision was not dropped by its deadline"
+            );
+        }
+        let took = sent.elapsed();
+        assert!(
+            took >= TIMEOUT && took < TIMEOUT + Duration::from_millis(150),
+            "{took:?}"
+        );
+        assert_eq!(
+            started.load(std::sync::atomic::Ordering::Relaxed),
+            MAX_IN_FLIGHT,
+            "no call was started for the queued decisions"
+        );
+        drop(stalled);
     }
 }

@@ -199,7 +199,7 @@ impl RedisStore {
         drop(pool.connect());
         let shared = Arc::new_cyclic(|weak| Shared {
             batcher: {
-                let (batcher, drain) = batch::Batcher::start(weak.clone());
+                let (batcher, drain) = batch::Batcher::start(weak.clone(), timeout);
                 tokio::spawn(drain);
                 batcher
             },
@@ -393,14 +393,11 @@ impl RedisStore {
         if !self.shared.batcher.submit(job) {
             return Err(StoreError::Connection("store shut down".to_string()));
         }
-        // A timer per decision, although the batch also drops a decision whose deadline passed
-        // unsent: fred's command timeout does not always hold (a stalled server; see
-        // `decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout`), and a call cut
-        // short by a timer of the batch's could still be written later and consume.
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(decision)) => decision,
+        // No timer here: the batch answers every decision by its deadline, sent or not (`batch.rs`).
+        match answer.await {
+            Ok(decision) => decision,
             // Dropped unsent: its deadline passed while it waited for a call.
-            Ok(Err(_)) | Err(_) => Err(StoreError::Timeout(timeout)),
+            Err(_) => Err(StoreError::Timeout(timeout)),
         }
     }
 }
