@@ -2,8 +2,6 @@
 
 use std::io::Write as _;
 
-use smallvec::SmallVec;
-
 use fred::prelude::Value;
 
 use crate::limiter::{calendar, Check, Clock, Decision, Outcome, Rule, StoreError, SystemClock};
@@ -130,16 +128,6 @@ pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut Vec<u8
     }
 }
 
-/// A reply double as Redis makes a Lua number an integer reply: truncated toward zero. `None`
-/// for what no `i64` holds (NaN, infinities, beyond ±2^63).
-fn integer(v: f64) -> Option<i64> {
-    let t = v.trunc();
-    // 2^63 is exact as a double; `as` is exact for every whole double in [-2^63, 2^63).
-    (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0)
-        .contains(&t)
-        .then_some(t as i64)
-}
-
 /// A packed batch's reply, one string of little-endian doubles, kept whole: each decision of the
 /// batch reads its own part with [`decode_packed`].
 #[derive(Debug)]
@@ -161,29 +149,35 @@ impl fred::types::FromValue for Packed {
     }
 }
 
-/// Values of one packed decision kept inline: [`decode`]'s `1 + 7 * checks`.
-const INLINE_VALUES: usize = 1 + 7 * crate::limiter::engine::INLINE_CHECKS;
-
-/// The integers of a packed reply: whole doubles, each within `i64` (else `None`).
-fn packed_integers(bytes: &[u8]) -> Option<SmallVec<[i64; INLINE_VALUES]>> {
-    if !bytes.len().is_multiple_of(8) {
-        return None;
-    }
-    let mut numbers = SmallVec::with_capacity(bytes.len() / 8);
-    for chunk in bytes.chunks_exact(8) {
-        let mut le = [0u8; 8];
-        le.copy_from_slice(chunk);
-        numbers.push(integer(f64::from_le_bytes(le))?);
-    }
-    Some(numbers)
+/// The integer a packed reply's double (at `chunk`) stands for, as Redis makes a Lua number an
+/// integer reply: truncated toward zero (`as` does). `None` for what no `i64` holds (NaN,
+/// infinities, beyond ±2^63): 2^63 is exact as a double, and no double lies strictly between
+/// -2^63 - 1 and -2^63, so checking the value itself is checking its truncation.
+fn packed_integer(chunk: &[u8]) -> Option<i64> {
+    let mut le = [0u8; 8];
+    le.copy_from_slice(chunk);
+    let v = f64::from_le_bytes(le);
+    (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0)
+        .contains(&v)
+        .then_some(v as i64)
 }
 
-/// One decision's part of a packed reply: [`decode`] of its doubles.
+/// One decision's part of a packed reply (`1 + 7 * checks` doubles), read as [`decode`] reads
+/// the integers, straight from the bytes (the refund stamps are not read: a batch never refunds).
 pub fn decode_packed(bytes: &[u8], checks: usize) -> Result<Decision, StoreError> {
-    let numbers = packed_integers(bytes).ok_or_else(|| {
-        StoreError::Script("decide.lua: a packed reply is whole doubles, each within i64".into())
-    })?;
-    decode(&numbers, checks)
+    if bytes.len() != 8 * (1 + 7 * checks) {
+        return Err(StoreError::Script(format!(
+            "decide.lua answered {} bytes for {checks} checks",
+            bytes.len()
+        )));
+    }
+    outcomes(checks, |i| {
+        packed_integer(&bytes[8 * i..8 * i + 8]).ok_or_else(|| {
+            StoreError::Script(
+                "decide.lua: a packed reply is whole doubles, each within i64".into(),
+            )
+        })
+    })
 }
 
 /// Cluster hash tags end at the first `}`: keep braces (and the escape character itself) out of
@@ -212,20 +206,30 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
             reply.len()
         )));
     }
-    let unsigned =
-        |v: i64| u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")));
+    outcomes(checks, |i| Ok(reply[i]))
+}
+
+/// The decision in a reply whose `i`th integer is `value(i)`: `allowed_all`, then five per check.
+fn outcomes(
+    checks: usize,
+    value: impl Fn(usize) -> Result<i64, StoreError>,
+) -> Result<Decision, StoreError> {
+    let unsigned = |i: usize| {
+        let v = value(i)?;
+        u64::try_from(v).map_err(|_| StoreError::Script(format!("negative value {v}")))
+    };
     let mut outcomes = crate::limiter::Outcomes::with_capacity(checks);
-    for o in reply[1..1 + 5 * checks].chunks_exact(5) {
+    for at in (1..1 + 5 * checks).step_by(5) {
         outcomes.push(Outcome {
-            allowed: o[0] != 0,
-            limit: unsigned(o[1])?,
-            remaining: unsigned(o[2])?,
-            reset_us: unsigned(o[3])?,
-            retry_after_us: unsigned(o[4])?,
+            allowed: value(at)? != 0,
+            limit: unsigned(at + 1)?,
+            remaining: unsigned(at + 2)?,
+            reset_us: unsigned(at + 3)?,
+            retry_after_us: unsigned(at + 4)?,
         });
     }
     Ok(Decision {
-        allowed: reply[0] != 0,
+        allowed: value(0)? != 0,
         outcomes,
     })
 }
@@ -296,6 +300,14 @@ mod tests {
     use super::*;
     use crate::limiter::{Concurrency, SlidingWindow, TokenBucket};
 
+    /// The reading of a reply double before `packed_integer`: truncated, then range-checked.
+    fn integer(v: f64) -> Option<i64> {
+        let t = v.trunc();
+        (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0)
+            .contains(&t)
+            .then_some(t as i64)
+    }
+
     /// The packed doubles are the plain call's arguments, number for number, as decide.lua's
     /// `tonumber` reads them (the kind as its number).
     #[test]
@@ -364,33 +376,50 @@ mod tests {
     fn a_packed_reply_reads_back_and_refuses_anything_else() {
         let packed =
             |values: &[f64]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
-        let numbers = packed_integers(&packed(&[
-            1.0,
-            3.0,
-            -2.0,
-            1_763_900_000_123_457.0,
-            2.9,
-            -2.9,
-        ]))
-        .expect("packed");
-        // Truncated toward zero, as Redis returns a Lua number.
-        assert_eq!(&numbers[..], &[1, 3, -2, 1_763_900_000_123_457, 2, -2]);
-        for bad in [f64::NAN, f64::INFINITY, 9_223_372_036_854_775_808.0, -1e19] {
-            assert!(packed_integers(&packed(&[1.0, bad])).is_none(), "{bad}");
+        let read = |values: &[f64]| -> Vec<Option<i64>> {
+            packed(values).chunks_exact(8).map(packed_integer).collect()
+        };
+        // Truncated toward zero, as Redis returns a Lua number; what no i64 holds is refused.
+        assert_eq!(
+            read(&[1.0, 3.0, -2.0, 1_763_900_000_123_457.0, 2.9, -2.9, -0.5]),
+            [1, 3, -2, 1_763_900_000_123_457, 2, -2, 0].map(Some)
+        );
+        assert_eq!(
+            read(&[
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                9_223_372_036_854_775_808.0,
+                -1e19
+            ]),
+            [None; 5]
+        );
+        assert_eq!(
+            read(&[-9_223_372_036_854_775_808.0, 4_611_686_018_427_387_904.0]),
+            [Some(i64::MIN), Some(1 << 62)]
+        );
+        // The same integers as `integer`, the reply's reading before.
+        for v in [
+            0.0,
+            -0.0,
+            1e300,
+            -9.2e18,
+            9.2e18,
+            123.999,
+            -7.5,
+            f64::MIN_POSITIVE,
+        ] {
+            assert_eq!(read(&[v])[0], integer(v), "{v}");
         }
-        let extremes = packed_integers(&packed(&[
-            -9_223_372_036_854_775_808.0,
-            4_611_686_018_427_387_904.0,
-        ]))
-        .expect("extremes");
-        assert_eq!(&extremes[..], &[i64::MIN, 1 << 62]);
-        assert!(packed_integers(&[0u8; 7]).is_none());
         let decision = decode_packed(&packed(&[0.0, 1.0, 5.0, 4.0, 1e6, 0.0, 7.0, 3.0]), 1)
             .expect("one decision");
         assert!(!decision.allowed);
         assert_eq!(decision.outcomes[0].remaining, 4);
+        assert_eq!(decision.outcomes[0].retry_after_us, 0);
         assert!(decode_packed(&packed(&[1.0, 1.0, 5.0]), 1).is_err());
+        assert!(decode_packed(&packed(&[0.0; 9]), 1).is_err());
         assert!(decode_packed(&packed(&[1.0, f64::NAN, 5.0, 4.0, 0.0, 0.0, 0.0, 0.0]), 1).is_err());
+        assert!(decode_packed(&packed(&[1.0, 1.0, -5.0, 4.0, 0.0, 0.0, 0.0, 0.0]), 1).is_err());
         use fred::types::FromValue;
         let Packed(bytes) = Packed::from_value(Value::Bytes(packed(&[1.0]).into())).expect("bytes");
         assert_eq!(bytes.len(), 8);
