@@ -109,7 +109,7 @@ where
                 }
             }
         }
-        let Some(request) = parse_request(&mut buf) else {
+        let Some(request) = parse_request(&mut buf, limits.max_header_size) else {
             return Ended::HandOff(Prefixed::new(buf.freeze(), stream));
         };
 
@@ -153,11 +153,12 @@ fn room(buf: &mut BytesMut) {
 
 /// The request at the start of `buf` if it is the common kind (see the module docs), taken out
 /// of `buf`; `None` leaves `buf` whole for hyper.
-fn parse_request(buf: &mut BytesMut) -> Option<Request<ClientBody>> {
+fn parse_request(buf: &mut BytesMut, max_head: usize) -> Option<Request<ClientBody>> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut fields);
     let len = match parsed.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
+        // Over `max_header_size`: hyper's 431, even when it came in one read.
+        Ok(httparse::Status::Complete(len)) if len <= max_head => len,
         _ => return None,
     };
     if parsed.method != Some("GET") || parsed.version != Some(1) {

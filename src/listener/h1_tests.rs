@@ -2,7 +2,7 @@ use super::*;
 
 fn parse(bytes: &[u8]) -> (Option<Request<ClientBody>>, BytesMut) {
     let mut buf = BytesMut::from(bytes);
-    let request = parse_request(&mut buf);
+    let request = parse_request(&mut buf, 8 * 1024);
     (request, buf)
 }
 
@@ -43,6 +43,15 @@ fn requests_asking_for_more_are_left_whole_for_hyper() {
         assert!(request.is_none(), "{}", String::from_utf8_lossy(case));
         assert_eq!(&rest[..], case, "{}", String::from_utf8_lossy(case));
     }
+}
+
+#[test]
+fn a_head_over_the_size_limit_is_left_for_hyper_s_431() {
+    let head = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut buf = BytesMut::from(&head[..]);
+    assert!(parse_request(&mut buf, head.len() - 1).is_none());
+    assert_eq!(&buf[..], head);
+    assert!(parse_request(&mut buf, head.len()).is_some());
 }
 
 #[test]
