@@ -11,14 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::admission;
 use crate::config::{Action, Route};
 use crate::keys::RequestView;
 use crate::metrics::UpstreamErrorKind;
 use crate::normalize;
-use crate::proxy::body::ResponseBody;
+use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::{self, ClientSide, ForwardError};
 use crate::respond::{self, Refusal};
 use crate::route::{PathParams, RequestHead};
@@ -28,7 +27,7 @@ use crate::state::{AppState, Live, RouteResources};
 pub async fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let started = Instant::now();
     let live = state.live.load_full();
@@ -88,7 +87,7 @@ async fn admit<'l>(
     resources: &'l RouteResources,
     params: &PathParams,
     peer: SocketAddr,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     host: Option<&str>,
 ) -> Result<Admission, Refusal<'l>> {
     if matches!(route.action, Action::CheckOnly) {
@@ -129,7 +128,7 @@ async fn act<'l>(
     route: &'l Route,
     resources: &'l RouteResources,
     params: &PathParams,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     admitted: Admission,
 ) -> Result<Response<ResponseBody>, Refusal<'l>> {
     let Admission {

@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -33,9 +32,11 @@ use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::log_throttle::Throttle;
 use crate::metrics::Metrics;
-use crate::proxy::body::ResponseBody;
+use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::state::AppState;
 use crate::tls::ServerTls;
+
+mod h1;
 
 /// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
 /// Browsers cancel a few when a page is left; hundreds in seconds is an attack.
@@ -156,7 +157,7 @@ pub(crate) async fn serve_public(
     let handler = move |peer, req| crate::gateway::handle(app.clone(), peer, req);
     let tls_task = tls.map(|(listener, tls)| {
         let handler = handler.clone();
-        let https = move |peer, mut req: Request<Incoming>| {
+        let https = move |peer, mut req: Request<ClientBody>| {
             req.extensions_mut().insert(crate::tls::Https);
             handler(peer, req)
         };
@@ -183,7 +184,7 @@ pub(crate) async fn serve_check<H, F>(
     shutdown: watch::Receiver<bool>,
     handler: H,
 ) where
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     let metrics = ListenerMetrics::unregistered();
@@ -200,7 +201,7 @@ async fn serve_http<H, F>(
     metrics: ListenerMetrics,
     handler: H,
 ) where
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     let settings = state.live.load().config.server.clone();
@@ -223,7 +224,10 @@ async fn serve_http<H, F>(
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
     let builder = Arc::new(builder);
-    let header_read_timeout = settings.header_read_timeout;
+    let limits = h1::Limits {
+        header_read_timeout: settings.header_read_timeout,
+        max_header_size: settings.max_header_size,
+    };
     let max_connections = u32::try_from(settings.max_connections).unwrap_or(u32::MAX);
     let slots = Arc::new(Semaphore::new(max_connections as usize));
 
@@ -262,7 +266,7 @@ async fn serve_http<H, F>(
                 handler,
                 &builder,
                 stopping,
-                header_read_timeout,
+                limits,
                 &metrics,
                 tls.as_deref(),
             )
@@ -289,18 +293,18 @@ async fn serve_connection<H, F>(
     handler: H,
     builder: &auto::Builder<TokioExecutor>,
     mut stopping: watch::Receiver<bool>,
-    header_read_timeout: Duration,
+    limits: h1::Limits,
     metrics: &ListenerMetrics,
     tls: Option<&ServerTls>,
 ) where
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     // A connection that has not said a byte when shutdown begins has no request to finish: close
     // it rather than hold the drain until its detection times out.
     if let Some(tls) = tls {
         let accepted = tokio::select! {
-            accepted = crate::tls::accept::accept(tls, stream, header_read_timeout) => accepted,
+            accepted = crate::tls::accept::accept(tls, stream, limits.header_read_timeout) => accepted,
             _ = stopping.wait_for(|stop| *stop) => None,
         };
         if let Some(stream) = accepted {
@@ -317,21 +321,38 @@ async fn serve_connection<H, F>(
         return;
     }
     let known = tokio::select! {
-        known = protocol_known(&stream, header_read_timeout) => known,
-        _ = stopping.wait_for(|stop| *stop) => false,
+        known = protocol_known(&stream, limits.header_read_timeout) => known,
+        _ = stopping.wait_for(|stop| *stop) => None,
     };
-    if !known {
-        return;
+    match known {
+        None => {}
+        Some(Protocol::H2) => {
+            serve_io(
+                TokioIo::new(stream),
+                peer,
+                handler,
+                builder,
+                stopping,
+                metrics,
+            )
+            .await;
+        }
+        Some(Protocol::Http1) => {
+            if let h1::Ended::HandOff(io) =
+                h1::serve(stream, peer, &handler, limits, &stopping).await
+            {
+                serve_io(TokioIo::new(io), peer, handler, builder, stopping, metrics).await;
+            }
+        }
     }
-    serve_io(
-        TokioIo::new(stream),
-        peer,
-        handler,
-        builder,
-        stopping,
-        metrics,
-    )
-    .await;
+}
+
+/// What a plain-TCP client speaks, from its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    /// The h2c preface (prior knowledge).
+    H2,
 }
 
 /// Serves one connection whose protocol is known, until it ends, shutdown, or abuse.
@@ -344,7 +365,7 @@ async fn serve_io<I, H, F>(
     metrics: &ListenerMetrics,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     let connection = Arc::new(Connection {
@@ -357,7 +378,7 @@ async fn serve_io<I, H, F>(
             connection: state.clone(),
             done: false,
         };
-        let response = handler(peer, req);
+        let response = handler(peer, req.map(ClientBody::from));
         async move {
             let response = response.await;
             finished.done();
@@ -418,29 +439,32 @@ fn is_reset_flood(e: &(dyn std::error::Error + 'static)) -> bool {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Waits until the client's first bytes tell HTTP/1.1 from an h2c preface, for at most `limit`;
-/// `false` when the client said too little in time (or hung up). hyper-util's own detection waits
+/// `None` when the client said too little in time (or hung up). hyper-util's own detection waits
 /// without a deadline, and hyper's `header_read_timeout` only starts after it, so without this a
 /// client that connects and stays silent, or trickles a preface, holds a connection forever
 /// (slowloris). Bytes are peeked, not read: hyper then reads them as usual. A slow HTTP/1.1 head
 /// thus gets at most twice `limit` in all: this wait, then hyper's own.
-async fn protocol_known(stream: &TcpStream, limit: Duration) -> bool {
+async fn protocol_known(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut buf = [0u8; H2_PREFACE.len()];
     loop {
         let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
             Ok(Ok(n)) => n,
-            Ok(Err(_)) | Err(_) => return false,
+            Ok(Err(_)) | Err(_) => return None,
         };
         if n == 0 {
-            return false;
+            return None;
         }
-        if n == H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] {
-            return true;
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some(Protocol::Http1);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(Protocol::H2);
         }
         // Part of a preface: `peek` returns at once while bytes are waiting, so pause rather
         // than spin. Real h2c clients send the 24 bytes in one write and never get here.
         if tokio::time::Instant::now() >= deadline {
-            return false;
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(5).min(deadline - tokio::time::Instant::now()))
             .await;

@@ -11,13 +11,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 
 use super::{original_request, result_of};
 use crate::admission::{self, Checked};
 use crate::config::compile::deny_status;
 use crate::metrics::{CheckResult, DoorMetrics};
-use crate::proxy::body::ResponseBody;
+use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::respond::{self, Refusal};
 use crate::state::AppState;
 
@@ -39,7 +38,7 @@ impl HttpDoor {
 pub async fn handle(
     door: Arc<HttpDoor>,
     peer: SocketAddr,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     if req.uri().path() != "/check" {
         return Ok(respond::not_found());

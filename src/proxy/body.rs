@@ -68,12 +68,31 @@ impl Body for ResponseBody {
     }
 }
 
+/// The body of a client's request as the gateway receives it: hyper's, or none at all for a
+/// request the lean HTTP/1.1 server read whole (`crate::listener::h1`), which takes only requests
+/// that declare no body.
+#[derive(Debug, Default)]
+pub struct ClientBody(Option<Incoming>);
+
+impl ClientBody {
+    /// No body: nothing to read, and the request says so.
+    pub fn empty() -> Self {
+        ClientBody(None)
+    }
+}
+
+impl From<Incoming> for ClientBody {
+    fn from(body: Incoming) -> Self {
+        ClientBody(Some(body))
+    }
+}
+
 /// A client's request body on its way upstream, cut off past `max_body_size` or when the client
 /// sends nothing for `body_read_timeout` (hyper then aborts the upstream request, which frees the
 /// upstream connection, and the client gets 408 if no response has started).
 #[derive(Debug)]
 pub struct RequestBody {
-    inner: Incoming,
+    inner: Option<Incoming>,
     remaining: u64,
     idle_timeout: Duration,
     /// Armed when the client has nothing to give; created on the first wait only, so bodies that
@@ -93,9 +112,9 @@ pub struct BodyReadTimeout;
 pub struct BodyTooLarge;
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limit: u64, idle_timeout: Duration) -> Self {
+    pub fn new(inner: ClientBody, limit: u64, idle_timeout: Duration) -> Self {
         RequestBody {
-            inner,
+            inner: inner.0,
             remaining: limit,
             idle_timeout,
             idle: None,
@@ -129,7 +148,10 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = &mut this.inner else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Pending => {
                 if this.poll_idle(cx).is_ready() {
                     return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
@@ -152,10 +174,12 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }

@@ -18,7 +18,7 @@ use std::io;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
 use smallvec::SmallVec;
@@ -387,7 +387,10 @@ fn encode_head(buf: &mut Vec<u8>, parts: &Parts) {
 }
 
 /// Parses a response head off the front of `buf`: `None` while it is incomplete. Field values
-/// share the head's bytes instead of being copied one by one.
+/// share the head's bytes instead of being copied one by one. Hop-by-hop fields (RFC 9110
+/// §7.6.1: `Connection`, the fields it names, and the fixed list) are read for framing and reuse
+/// but never put in the response's field map, where `headers::strip_hop_by_hop` would only
+/// have to find and remove them again.
 fn parse_head(
     buf: &mut BytesMut,
     head_only: bool,
@@ -409,49 +412,65 @@ fn parse_head(
     } else {
         Version::HTTP_11
     };
-    let base = buf.as_ptr() as usize;
-    let spans: SmallVec<[(usize, usize, usize, usize); 24]> = parsed
-        .headers
-        .iter()
-        .map(|f| {
-            let name = f.name.as_ptr() as usize - base;
-            let value = f.value.as_ptr() as usize - base;
-            (name, name + f.name.len(), value, value + f.value.len())
-        })
-        .collect();
-    let head = buf.split_to(len).freeze();
 
-    // Room for the gateway's own fields (rate-limit headers) without growing the table.
-    let mut headers = HeaderMap::with_capacity(spans.len() + EXTRA_FIELDS);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = false;
     let mut keep_alive = false;
-    for (ns, ne, vs, ve) in spans {
-        let name =
-            HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Error::Malformed("field name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
-            .map_err(|_| Error::Malformed("field value"))?;
-        if name == CONTENT_LENGTH {
-            for part in value.as_bytes().split(|&b| b == b',') {
+    // Names a `Connection` field lists (besides its own options): hop-by-hop for this response.
+    let mut named: SmallVec<[&[u8]; 4]> = SmallVec::new();
+    for field in parsed.headers.iter() {
+        let name = field.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for part in field.value.split(|&b| b == b',') {
                 let n = content_length(part).ok_or(Error::Malformed("content-length"))?;
                 if length.is_some_and(|seen| seen != n) {
                     return Err(Error::Malformed("conflicting content-length"));
                 }
                 length = Some(n);
             }
-        } else if name == TRANSFER_ENCODING {
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             // The last coding decides (RFC 9112 §6.3 item 4).
-            if let Some(last) = value.as_bytes().rsplit(|&b| b == b',').next() {
+            if let Some(last) = field.value.rsplit(|&b| b == b',').next() {
                 chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             }
-        } else if name == CONNECTION {
-            for token in value.as_bytes().split(|&b| b == b',') {
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in field.value.split(|&b| b == b',') {
                 let token = token.trim_ascii();
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                } else if !token.is_empty() {
+                    named.push(token);
+                }
             }
         }
+    }
+    let base = buf.as_ptr() as usize;
+    let spans: SmallVec<[(usize, usize, usize, usize); 24]> = parsed
+        .headers
+        .iter()
+        .filter(|f| {
+            let name = f.name.as_bytes();
+            !(hop_by_hop(name) || named.iter().any(|n| name.eq_ignore_ascii_case(n)))
+        })
+        .map(|f| {
+            let name = f.name.as_ptr() as usize - base;
+            let value = f.value.as_ptr() as usize - base;
+            (name, name + f.name.len(), value, value + f.value.len())
+        })
+        .collect();
+    drop(named);
+    let head = buf.split_to(len).freeze();
+
+    // Room for the gateway's own fields (rate-limit headers) without growing the table.
+    let mut headers = HeaderMap::with_capacity(spans.len() + EXTRA_FIELDS);
+    for (ns, ne, vs, ve) in spans {
+        let name =
+            HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Error::Malformed("field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
+            .map_err(|_| Error::Malformed("field value"))?;
         headers.append(name, value);
     }
     let keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
@@ -481,6 +500,21 @@ fn parse_head(
     *response.version_mut() = version;
     *response.headers_mut() = headers;
     Ok(Some((response, framing, keep_alive)))
+}
+
+/// The fields every proxy treats as hop-by-hop in a response (RFC 9110 §7.6.1), besides those a
+/// `Connection` field names. `Upgrade` is among them: this exchange never carries an upgrade.
+fn hop_by_hop(name: &[u8]) -> bool {
+    const FIXED: [&[u8]; 7] = [
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    ];
+    FIXED.iter().any(|fixed| fixed.eq_ignore_ascii_case(name))
 }
 
 fn content_length(digits: &[u8]) -> Option<u64> {

@@ -173,3 +173,20 @@ fn only_bodiless_requests_without_upgrade_suit() {
         .0;
     assert!(!suits(&connect, true));
 }
+
+#[test]
+fn hop_by_hop_fields_never_reach_the_field_map() {
+    let (response, framing, keep_alive) = parse(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\n\
+          Keep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\n\
+          Trailer: x-sum\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\nX-End: kept\r\n\r\n",
+        false,
+    )
+    .expect("parsed")
+    .expect("complete");
+    let names: Vec<&str> = response.headers().keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-end"]);
+    // Still read for framing and reuse.
+    assert!(matches!(framing, Framing::Chunked(_)));
+    assert!(keep_alive);
+}

@@ -21,13 +21,13 @@ use std::sync::Arc;
 
 use http::uri::{Authority, PathAndQuery};
 use http::{Method, Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
+
 use hyper_util::rt::TokioIo;
 
 use crate::config::{ServerSettings, Upstream};
 use crate::metrics::{TargetOutcome, UpstreamErrorKind};
 use balance::Balancer;
-use body::{BodyReadTimeout, BodyTooLarge, RequestBody, ResponseBody};
+use body::{BodyReadTimeout, BodyTooLarge, ClientBody, RequestBody, ResponseBody};
 use pool::ClientError;
 pub use pool::UpstreamClient;
 
@@ -63,7 +63,7 @@ pub struct ClientSide {
 pub async fn forward(
     upstream: &Upstream,
     targets: &Arc<Balancer>,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     client_side: ClientSide,
     server: &ServerSettings,
 ) -> Result<Response<ResponseBody>, ForwardError> {

@@ -15,6 +15,7 @@ mod inflight;
 mod jwt;
 mod keys;
 mod lean;
+mod lean_server;
 mod lifecycle;
 mod limits;
 mod normalization;
