@@ -11,12 +11,12 @@
 //! an idle gateway sends each decision alone, at once, and a busy one sends bigger batches rather
 //! than more calls. A decision whose caller has given up (its timeout passed, the client went
 //! away) is dropped before the call is written, so a request that failed open never consumes later.
+//! Used on one server (and Sentinel's master); a Cluster decides per slot (`cluster.rs`).
 //!
 //! Every decision ends by its deadline (`timeout` after it was queued) without a timer of its own:
 //! a call answers all of its decisions with a timeout when the earliest deadline among them
 //! passes, and keeps polling fred's command to its end; while every call is taken, one timer of
 //! the draining task drops the queued decisions whose deadline has passed.
-//! Used on one server (and Sentinel's master); a Cluster decides per slot (`cluster.rs`).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -237,14 +237,18 @@ async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
     };
     match result {
         Ok(Packed(reply)) => {
+            // Each decision's part: `1 + 7n` doubles. A reply of any other length answers none.
+            let part = |job: &Job| 8 * (1 + 7 * job.key_ends.len());
+            let expected: usize = jobs.iter().map(part).sum();
             let mut at = 0;
             for job in jobs {
-                let n = job.key_ends.len();
-                let len = 8 * (1 + 7 * n);
+                let len = part(&job);
                 let decision = match reply.get(at..at + len) {
-                    Some(part) => wire::decode_packed(part, n),
-                    None => Err(StoreError::Script(format!(
-                        "decide.lua answered {} bytes for a batch",
+                    Some(bytes) if reply.len() == expected => {
+                        wire::decode_packed(bytes, job.key_ends.len())
+                    }
+                    _ => Err(StoreError::Script(format!(
+                        "decide.lua answered {} bytes for a batch of {expected}",
                         reply.len()
                     ))),
                 };
