@@ -236,31 +236,34 @@ async fn call(shared: Arc<Shared>, mut jobs: Vec<Job>) {
         return;
     };
     match result {
-        Ok(Packed(reply)) => {
-            // Each decision's part: `1 + 7n` doubles. A reply of any other length answers none.
-            let part = |job: &Job| 8 * (1 + 7 * job.key_ends.len());
-            let expected: usize = jobs.iter().map(part).sum();
-            let mut at = 0;
-            for job in jobs {
-                let len = part(&job);
-                let decision = match reply.get(at..at + len) {
-                    Some(bytes) if reply.len() == expected => {
-                        wire::decode_packed(bytes, job.key_ends.len())
-                    }
-                    _ => Err(StoreError::Script(format!(
-                        "decide.lua answered {} bytes for a batch of {expected}",
-                        reply.len()
-                    ))),
-                };
-                at += len;
-                let _ = job.reply.send(decision);
-            }
-        }
+        Ok(Packed(reply)) => answer(jobs, &reply),
         Err(e) => {
             for job in jobs {
                 let _ = job.reply.send(Err(same(&e)));
             }
         }
+    }
+}
+
+/// Answers each of `jobs` with its part of a packed `reply`: `1 + 7n` doubles each, in order. A
+/// reply of any other total length answers none of them.
+fn answer(jobs: Vec<Job>, reply: &[u8]) {
+    let part = |job: &Job| 8 * (1 + 7 * job.key_ends.len());
+    let expected: usize = jobs.iter().map(part).sum();
+    let mut at = 0;
+    for job in jobs {
+        let len = part(&job);
+        let decision = match reply.get(at..at + len) {
+            Some(bytes) if reply.len() == expected => {
+                wire::decode_packed(bytes, job.key_ends.len())
+            }
+            _ => Err(StoreError::Script(format!(
+                "decide.lua answered {} bytes for a batch of {expected}",
+                reply.len()
+            ))),
+        };
+        at += len;
+        let _ = job.reply.send(decision);
     }
 }
 
@@ -288,6 +291,35 @@ mod tests {
             reply,
         };
         (job, answer)
+    }
+
+    /// Each decision reads its own part of the reply; a reply one decision short answers none.
+    #[test]
+    fn a_packed_reply_is_split_by_decision_and_must_be_whole() {
+        let decision =
+            |allowed: f64, remaining: f64| [allowed, allowed, 10.0, remaining, 5.0, 0.0, 0.0, 0.0];
+        let bytes =
+            |values: &[f64]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let two = || {
+            let (mut a, ra) = job(Duration::from_secs(1));
+            let (mut b, rb) = job(Duration::from_secs(1));
+            a.key_ends.push(0);
+            b.key_ends.push(0);
+            (vec![a, b], ra, rb)
+        };
+        let (jobs, mut ra, mut rb) = two();
+        let mut reply = decision(1.0, 7.0).to_vec();
+        reply.extend(decision(0.0, 3.0));
+        answer(jobs, &bytes(&reply));
+        let a = ra.try_recv().expect("answered").expect("decided");
+        let b = rb.try_recv().expect("answered").expect("decided");
+        assert!(a.allowed && !b.allowed);
+        assert_eq!((a.outcomes[0].remaining, b.outcomes[0].remaining), (7, 3));
+
+        let (jobs, mut ra, mut rb) = two();
+        answer(jobs, &bytes(&decision(1.0, 7.0)));
+        assert!(matches!(ra.try_recv(), Ok(Err(StoreError::Script(_)))));
+        assert!(matches!(rb.try_recv(), Ok(Err(StoreError::Script(_)))));
     }
 
     /// With every call stalled past its deadline (a call that never ends), the decisions queued
