@@ -360,10 +360,9 @@ mod tests {
             );
         }
         let took = sent.elapsed();
-        assert!(
-            took >= TIMEOUT && took < TIMEOUT + Duration::from_millis(150),
-            "{took:?}"
-        );
+        // Not before the deadline; well before the stalled calls (which never end). The slack is
+        // for a loaded CI machine.
+        assert!(took >= TIMEOUT && took < TIMEOUT * 2, "{took:?}");
         assert_eq!(
             started.load(std::sync::atomic::Ordering::Relaxed),
             MAX_IN_FLIGHT,
