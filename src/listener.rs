@@ -37,6 +37,9 @@ use crate::state::AppState;
 use crate::tls::ServerTls;
 
 mod h1;
+mod prefixed;
+
+pub(crate) use prefixed::Prefixed;
 
 /// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
 /// Browsers cancel a few when a page is left; hundreds in seconds is an attack.

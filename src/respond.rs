@@ -62,7 +62,7 @@ pub fn number_value(n: u64) -> HeaderValue {
 
 /// The decimal digits of `n`, written into the end of `buf`: a loop, where `fmt` would cost
 /// several times as much on every response.
-fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut start = buf.len();
     let mut rest = n;
     loop {

@@ -26,17 +26,18 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::Prefixed;
 use crate::proxy::body::{ClientBody, ResponseBody};
 
 /// As hyper's default: a head with more fields goes to hyper, which refuses it.
@@ -57,7 +58,7 @@ pub(super) enum Ended {
     /// Closed: by the client, an error, the idle timeout or shutdown.
     Closed,
     /// hyper serves the rest: the connection, with what was read of it first.
-    HandOff(Prefixed),
+    HandOff(Prefixed<TcpStream>),
 }
 
 /// The bounds this path keeps (`server.*`).
@@ -431,18 +432,8 @@ fn encode_head(
 }
 
 fn put_decimal(out: &mut BytesMut, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut rest = n;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[start..]);
+    let mut buf = [0u8; 20];
+    out.extend_from_slice(crate::respond::digits(n, &mut buf));
 }
 
 fn put_hex(out: &mut BytesMut, n: usize) {
@@ -510,65 +501,6 @@ impl IdleTimer {
         }
         self.sleep.as_mut().reset(deadline);
         false
-    }
-}
-
-/// A connection handed to hyper: the bytes this path read come first.
-pub(super) struct Prefixed {
-    prefix: Bytes,
-    io: TcpStream,
-}
-
-impl Prefixed {
-    fn new(prefix: Bytes, io: TcpStream) -> Self {
-        Prefixed { prefix, io }
-    }
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.prefix.is_empty() {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
-        }
-        let n = this.prefix.len().min(buf.remaining());
-        buf.put_slice(&this.prefix[..n]);
-        this.prefix.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -4,16 +4,14 @@
 //! silent, or trickles an h2 preface, cannot hold a connection slot. Those first bytes are read
 //! (a TLS stream cannot be peeked) and handed back to hyper in front of the stream ([`Prefixed`]).
 
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use super::ServerTls;
+use crate::listener::Prefixed;
 
 /// The h2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -61,72 +59,8 @@ async fn first_bytes<S: AsyncRead + Unpin>(mut stream: S, limit: Duration) -> Op
         };
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() == H2_PREFACE.len() || buf[..] != H2_PREFACE[..buf.len()] {
-            return Some(Prefixed {
-                prefix: buf,
-                read: 0,
-                inner: stream,
-            });
+            return Some(Prefixed::new(buf, stream));
         }
-    }
-}
-
-/// A stream with bytes already read from it put back in front.
-#[derive(Debug)]
-pub struct Prefixed<S> {
-    prefix: Vec<u8>,
-    read: usize,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.read < this.prefix.len() {
-            let rest = &this.prefix[this.read..];
-            let n = rest.len().min(buf.remaining());
-            buf.put_slice(&rest[..n]);
-            this.read += n;
-            if this.read == this.prefix.len() {
-                this.prefix = Vec::new();
-                this.read = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
