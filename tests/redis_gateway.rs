@@ -5,6 +5,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
+
 use support::fleet::{burst, count, wait_ready};
 use support::process::{config_file, with_free_ports};
 use support::{Client, GatewayProcess, RedisServer, Reply};
@@ -323,57 +325,78 @@ async fn a_stalled_redis_on(workers: usize) {
     }
 }
 
-/// Decisions queued while both calls in flight are stalled wait at most their own timeout. The
-/// batch alone does not ensure it (fred's command timeout did not hold for a call sent to the
-/// stalled server after earlier ones had timed out: about twice the timeout here, without the
-/// per-decision timer).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
-    const TIMEOUT: Duration = Duration::from_millis(400);
+/// The store timeout of the stalled-Redis tests below.
+const STALL_TIMEOUT: Duration = Duration::from_millis(400);
+
+/// A gateway on a Redis with a 400 ms timeout (failing open) and one route, `/{name}`, that has
+/// already decided once.
+async fn gateway_before_a_stall(name: &str) -> (RedisServer, GatewayProcess, Client, String) {
     let redis = RedisServer::start();
     let config = format!(
         "{}routes:\n{}",
         store(&redis, "400ms", "open"),
-        route("queued", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
+        route(name, "", "token_bucket: { rate: 1/d, burst: 1000 }"),
     );
     let gw = GatewayProcess::spawn_with_workers(&config, 2).await;
     wait_ready(&gw, 200, READY).await;
     let client = Client::new();
-    let url = gw.url("/queued");
+    let url = gw.url(&format!("/{name}"));
     assert_eq!(client.get(&url).await.status, 200);
+    (redis, gw, client, url)
+}
 
-    signal(&redis, "-STOP");
-    let send = |n: usize| -> Vec<_> {
-        (0..n)
-            .map(|_| {
-                let (client, url) = (client.clone(), url.clone());
-                tokio::spawn(async move {
-                    let started = Instant::now();
-                    let reply = client.get(&url).await;
-                    (reply.status, started.elapsed())
-                })
+/// `n` requests at once, each timed.
+fn timed_requests(client: &Client, url: &str, n: usize) -> Vec<JoinHandle<(u16, Duration)>> {
+    (0..n)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.to_string());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let reply = client.get(&url).await;
+                (reply.status, started.elapsed())
             })
-            .collect()
-    };
-    // One call takes the first decision, the other the next few; the last wave queues behind
-    // both.
-    let mut tasks = send(1);
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    tasks.extend(send(5));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    tasks.extend(send(6));
+        })
+        .collect()
+}
+
+/// How long each request took; every one admitted (failing open).
+async fn times(tasks: Vec<JoinHandle<(u16, Duration)>>) -> Vec<Duration> {
     let mut took = Vec::new();
     for task in tasks {
         let (status, elapsed) = task.await.expect("request task");
         assert_eq!(status, 200, "failure_mode open");
         took.push(elapsed);
     }
-    signal(&redis, "-CONT");
+    took
+}
+
+/// None slower than the timeout and some slack.
+fn assert_each_within_the_timeout(took: &[Duration]) {
     let slowest = took.iter().max().copied().unwrap_or_default();
     assert!(
-        slowest < TIMEOUT + Duration::from_millis(250),
-        "a request waited {slowest:?} with a store timeout of {TIMEOUT:?}: {took:?}"
+        slowest < STALL_TIMEOUT + Duration::from_millis(250),
+        "a request waited {slowest:?} with a store timeout of {STALL_TIMEOUT:?}: {took:?}"
     );
+}
+
+/// Decisions queued while both calls in flight are stalled wait at most their own timeout. The
+/// batch alone does not ensure it (fred's command timeout did not hold for a call sent to the
+/// stalled server after earlier ones had timed out: about twice the timeout here, without a
+/// timer of the decisions' own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
+    let (redis, _gw, client, url) = gateway_before_a_stall("queued").await;
+    signal(&redis, "-STOP");
+    // One call takes the first decision, the other the next few; the last wave queues behind
+    // both.
+    let mut tasks = timed_requests(&client, &url, 1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    tasks.extend(timed_requests(&client, &url, 5));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tasks.extend(timed_requests(&client, &url, 6));
+    let took = times(tasks).await;
+    signal(&redis, "-CONT");
+    assert_each_within_the_timeout(&took);
 }
 
 /// Decisions that arrive while Redis stays stalled, wave after wave, each end by their own
@@ -381,46 +404,18 @@ async fn decisions_queued_behind_a_stalled_redis_wait_at_most_the_timeout() {
 /// always end them), the decisions queued behind them are timed by the batch itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn decisions_arriving_throughout_a_redis_stall_each_wait_at_most_the_timeout() {
-    const TIMEOUT: Duration = Duration::from_millis(400);
-    let redis = RedisServer::start();
-    let config = format!(
-        "{}routes:\n{}",
-        store(&redis, "400ms", "open"),
-        route("waves", "", "token_bucket: { rate: 1/d, burst: 1000 }"),
-    );
-    let gw = GatewayProcess::spawn_with_workers(&config, 2).await;
-    wait_ready(&gw, 200, READY).await;
-    let client = Client::new();
-    let url = gw.url("/waves");
-    assert_eq!(client.get(&url).await.status, 200);
-
+    let (redis, _gw, client, url) = gateway_before_a_stall("waves").await;
     signal(&redis, "-STOP");
     let mut tasks = Vec::new();
     // 24 waves of 3 over 1.2 s: three times the timeout, so calls are sent, stall and time out
     // while later decisions queue behind them.
     for _ in 0..24 {
-        for _ in 0..3 {
-            let (client, url) = (client.clone(), url.clone());
-            tasks.push(tokio::spawn(async move {
-                let started = Instant::now();
-                let reply = client.get(&url).await;
-                (reply.status, started.elapsed())
-            }));
-        }
+        tasks.extend(timed_requests(&client, &url, 3));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut took = Vec::new();
-    for task in tasks {
-        let (status, elapsed) = task.await.expect("request task");
-        assert_eq!(status, 200, "failure_mode open");
-        took.push(elapsed);
-    }
+    let took = times(tasks).await;
     signal(&redis, "-CONT");
-    let slowest = took.iter().max().copied().unwrap_or_default();
-    assert!(
-        slowest < TIMEOUT + Duration::from_millis(250),
-        "a request waited {slowest:?} with a store timeout of {TIMEOUT:?}: {took:?}"
-    );
+    assert_each_within_the_timeout(&took);
 }
 
 /// Regression: right after start the store was still connecting, and the gateway took
