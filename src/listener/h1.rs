@@ -30,7 +30,7 @@ use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -402,6 +402,9 @@ fn encode_head(
             }
         } else if *name == DATE {
             has_date = true;
+        } else if *name == TRANSFER_ENCODING {
+            // Framing is this writer's (below); the proxy strips it from upstream answers anyway.
+            continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");

@@ -106,6 +106,7 @@ fn a_given_length_and_date_are_kept_and_written_once() {
         &[
             ("content-length", "5"),
             ("content-length", "7"),
+            ("transfer-encoding", "chunked"),
             ("date", "Tue, 24 Nov 2026 00:00:00 GMT"),
         ],
         ResponseBody::empty(),
