@@ -233,17 +233,14 @@ async fn killing_a_target_mid_run_fails_no_request_after_the_first_ejection() {
     let b = Upstream::start().await;
     let b_addr = b.addr;
     let gw = Arc::new(TestGateway::start(&two_targets(a.addr, b_addr, "    eject_for: 60s")).await);
-    let b_at_kill = Arc::new(AtomicUsize::new(0));
-    let seen = b_at_kill.clone();
-    let run = kill_mid_run(&gw, b_addr, move || {
-        seen.store(b.requests(), Ordering::SeqCst);
-        drop(b);
-    })
-    .await;
-    let b_at_kill = b_at_kill.load(Ordering::SeqCst);
-    assert!(b_at_kill > 0, "b took part before it died");
+    // Read once the run is over, not at the kill: a connection task of b already woken when b
+    // is dropped may still answer before the abort reaches it (the flake this test had).
+    let answered_by_b = b.request_count();
+    let run = kill_mid_run(&gw, b_addr, move || drop(b)).await;
+    let answered_by_b = *answered_by_b.borrow();
+    assert!(answered_by_b > 0, "b took part before it died");
     assert!(
-        a.requests() + b_at_kill >= WORKERS * PER_WORKER - run.failed_before,
+        a.requests() + answered_by_b >= WORKERS * PER_WORKER - run.failed_before,
         "every success was answered by a or b"
     );
 }

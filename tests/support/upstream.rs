@@ -171,6 +171,12 @@ impl Upstream {
         *self.shared.requests.borrow()
     }
 
+    /// The request count, readable after the upstream is dropped: dropping aborts its tasks,
+    /// and a connection task already woken may still answer before the abort reaches it.
+    pub fn request_count(&self) -> watch::Receiver<usize> {
+        self.shared.requests.subscribe()
+    }
+
     /// Waits until at least `n` request heads have arrived.
     pub async fn wait_for_requests(&self, n: usize) {
         let mut rx = self.shared.requests.subscribe();
