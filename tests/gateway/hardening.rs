@@ -10,29 +10,12 @@ use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::support::client::{raw_connect, read_head};
+use crate::support::client::{self, raw_connect, read_head};
 use crate::support::{metric, Client, GatewayProcess, TestGateway, Upstream, LIVENESS};
 
 /// Reads one response (head, then a `content-length` body) from `stream`.
 async fn read_response(stream: &mut TcpStream) -> (String, Vec<u8>) {
-    let (head, mut body) = read_head(stream).await;
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length: ")
-                .map(str::to_string)
-        })
-        .map_or(0, |n| n.trim().parse().expect("content-length"));
-    while body.len() < length {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(LIVENESS, stream.read(&mut chunk))
-            .await
-            .expect("body timed out")
-            .expect("read body");
-        assert!(n > 0, "closed mid-body");
-        body.extend_from_slice(&chunk[..n]);
-    }
+    let (head, body, _) = client::read_response(stream, Vec::new()).await;
     (head, body)
 }
 

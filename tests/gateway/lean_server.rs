@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::client::{raw_connect, read_head};
+use crate::support::client::{raw_connect, read_head, read_response};
 use crate::support::{TestGateway, Upstream, LIVENESS};
 
 const IDLE: Duration = Duration::from_millis(400);
@@ -37,36 +37,12 @@ routes:
     (upstream, gw)
 }
 
-/// One response read from `stream` (after `rest`, bytes already read): its head and its body,
-/// framed by `content-length`; returns what was read past it.
+/// One response read from `stream` after `rest` (bytes of it already read): its head, its body
+/// as text, and what was read past it.
 async fn response(stream: &mut TcpStream, rest: Vec<u8>) -> (String, String, Vec<u8>) {
-    let (head, mut bytes) = if rest.windows(4).any(|w| w == b"\r\n\r\n") {
-        let end = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
-        let mut head = rest;
-        let bytes = head.split_off(end + 4);
-        (String::from_utf8_lossy(&head).into_owned(), bytes)
-    } else {
-        let (head, more) = read_head(stream).await;
-        let mut bytes = rest;
-        bytes.extend_from_slice(&more);
-        // `read_head` saw only the stream; a head split between `rest` and it is not expected.
-        (head, bytes)
-    };
-    let length: usize = field(&head, "content-length")
-        .expect("content-length")
-        .parse()
-        .expect("length");
-    while bytes.len() < length {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(LIVENESS, stream.read(&mut chunk))
-            .await
-            .expect("body timed out")
-            .expect("read");
-        assert!(n > 0, "closed inside a body");
-        bytes.extend_from_slice(&chunk[..n]);
-    }
-    let rest = bytes.split_off(length);
-    (head, String::from_utf8_lossy(&bytes).into_owned(), rest)
+    let (head, body, rest) = read_response(stream, rest).await;
+    assert!(field(&head, "content-length").is_some(), "{head}");
+    (head, String::from_utf8_lossy(&body).into_owned(), rest)
 }
 
 fn field<'h>(head: &'h str, name: &str) -> Option<&'h str> {

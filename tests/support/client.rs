@@ -158,7 +158,11 @@ impl Reply {
 /// Reads from `stream` until the end of a response head; returns the head and any bytes after
 /// it.
 pub async fn read_head(stream: &mut TcpStream) -> (String, Vec<u8>) {
-    let mut buf = Vec::new();
+    read_head_after(stream, Vec::new()).await
+}
+
+/// [`read_head`] for a head that may have begun in `buf`, bytes already read.
+async fn read_head_after(stream: &mut TcpStream, mut buf: Vec<u8>) -> (String, Vec<u8>) {
     let mut chunk = [0u8; 4096];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -172,6 +176,32 @@ pub async fn read_head(stream: &mut TcpStream) -> (String, Vec<u8>) {
         assert!(n > 0, "connection closed before a response head: {buf:?}");
         buf.extend_from_slice(&chunk[..n]);
     }
+}
+
+/// Reads one response from `stream`, framed by its `content-length` (none: no body), after
+/// `rest` (bytes of it already read). Returns its head, its body, and what was read past it
+/// (the next pipelined response's first bytes).
+pub async fn read_response(stream: &mut TcpStream, rest: Vec<u8>) -> (String, Vec<u8>, Vec<u8>) {
+    let (head, mut body) = read_head_after(stream, rest).await;
+    let length: usize = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().expect("content-length"))
+        })
+        .unwrap_or(0);
+    let mut chunk = [0u8; 4096];
+    while body.len() < length {
+        let n = tokio::time::timeout(LIVENESS, stream.read(&mut chunk))
+            .await
+            .expect("body timed out")
+            .expect("read body");
+        assert!(n > 0, "the connection closed mid-body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    let rest = body.split_off(length);
+    (head, body, rest)
 }
 
 /// Opens a connection and writes `bytes` to it.
