@@ -14,16 +14,7 @@ use tokio::task::JoinHandle;
 use crate::support::client::{empty, raw_connect, read_head, request};
 use crate::support::upstream::next_head;
 use crate::support::{Client, TestGateway, LIVENESS};
-
-const FORWARD_ALL: &str = r#"
-upstreams:
-  up:
-    url: http://$UPSTREAM
-    timeout: 2s
-routes:
-  - name: all
-    upstream: up
-"#;
+use crate::FORWARD_ALL;
 
 /// What the scripted upstream does with one request.
 enum Answer {

@@ -6,6 +6,18 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// One route forwarding everything to the test's upstream, with a 2 s upstream timeout
+/// (the upstream connection tests in `lean.rs` and `pool.rs`).
+const FORWARD_ALL: &str = r#"
+upstreams:
+  up:
+    url: http://$UPSTREAM
+    timeout: 2s
+routes:
+  - name: all
+    upstream: up
+"#;
+
 mod admin;
 mod concurrency;
 mod exempt;

@@ -13,20 +13,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::support::client::{empty, full, raw_connect, read_head, request};
+use crate::support::client::{empty, full, raw_connect, read_head, read_response, request};
 use crate::support::upstream::next_head;
 use crate::support::{Client, TestGateway, Upstream, LIVENESS};
+use crate::FORWARD_ALL;
 use http_body_util::BodyExt;
-
-const FORWARD_ALL: &str = r#"
-upstreams:
-  up:
-    url: http://$UPSTREAM
-    timeout: 2s
-routes:
-  - name: all
-    upstream: up
-"#;
 
 /// An upstream that answers one request per connection with a keep-alive response, then closes
 /// the connection at once: what a server with a very short idle timeout does.
@@ -237,18 +228,10 @@ async fn a_response_that_ends_before_its_request_body_pools_its_connection_once_
     )
     .await;
     // The whole response arrives while half the request body is still to come.
-    let (head, mut body) = read_head(&mut client).await;
+    let (head, body, rest) = read_response(&mut client, Vec::new()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    while body.len() < 2 {
-        let mut chunk = [0u8; 64];
-        let n = tokio::time::timeout(LIVENESS, client.read(&mut chunk))
-            .await
-            .expect("response body timed out")
-            .expect("read");
-        assert!(n > 0, "closed before the response body");
-        body.extend_from_slice(&chunk[..n]);
-    }
     assert_eq!(body, b"ok");
+    assert!(rest.is_empty(), "bytes after the response: {rest:?}");
     client.write_all(b"56789").await.expect("write the rest");
     upstream.wait_for_bodies(1).await;
     // Sent in full, the connection is idle again, and the next request with a body takes it.
