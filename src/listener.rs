@@ -1,6 +1,8 @@
 //! The public listener: accepts connections (HTTP/1.1 and h2c, and on the TLS listener HTTP/1.1
 //! and h2 by ALPN) and bounds what each may cost. The TLS listener ([`crate::tls`]) has the same
-//! bounds (its own `max_connections` slots), plus a handshake timeout.
+//! bounds (its own `max_connections` slots), plus a handshake timeout. On plain TCP, HTTP/1.1
+//! connections start on the lean path (`src/listener/h1.rs`), which serves plain `GET`s itself and hands the
+//! connection to hyper, bytes already read included, at the first request of any other kind.
 //!
 //! - At most `server.max_connections` are open at once. The acceptor waits for a free slot before
 //!   it accepts again, so connections past the limit wait in the kernel's accept backlog (and are
@@ -445,8 +447,8 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// `None` when the client said too little in time (or hung up). hyper-util's own detection waits
 /// without a deadline, and hyper's `header_read_timeout` only starts after it, so without this a
 /// client that connects and stays silent, or trickles a preface, holds a connection forever
-/// (slowloris). Bytes are peeked, not read: hyper then reads them as usual. A slow HTTP/1.1 head
-/// thus gets at most twice `limit` in all: this wait, then hyper's own.
+/// (slowloris). Bytes are peeked, not read: the lean path (or hyper) then reads them as usual. A
+/// slow HTTP/1.1 head thus gets at most twice `limit` in all: this wait, then hyper's own.
 async fn protocol_known(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut buf = [0u8; H2_PREFACE.len()];

@@ -71,7 +71,7 @@ impl Body for ResponseBody {
 /// The body of a client's request as the gateway receives it: hyper's, or none at all for a
 /// request the lean HTTP/1.1 server read whole (`crate::listener::h1`), which takes only requests
 /// that declare no body.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClientBody(Option<Incoming>);
 
 impl ClientBody {
