@@ -82,6 +82,11 @@ if ! command -v kubectl >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 fi
+# A clean build of every test target takes about 3.6 GB under target/ (fmt, clippy and cargo test).
+avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ -n "$avail_kb" ] && [ "$avail_kb" -lt $((4 * 1024 * 1024)) ]; then
+  echo "warning: $((avail_kb / 1024)) MB free here; a clean test build needs about 3.6 GB" >&2
+fi
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
