@@ -6,8 +6,10 @@ mod support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use support::rls::{call, descriptor, request, start_with};
+use prost::Message;
+use support::rls::{call, descriptor, raw_call, request, start, start_with};
 use support::stores::TestStore;
 
 const OK: i32 = Code::Ok as i32;
@@ -465,6 +467,54 @@ async fn unit_multiplier_makes_a_window_of_n_units(store: TestStore) {
                 "{key}: the oldest hit leaves after 30 min, not {reset} s"
             );
         }
+    }
+    rls.stop().await;
+}
+
+/// The gRPC door reads the request message in place (`src/rls/ask.rs`); a message as protobuf
+/// allows it (unknown fields, two encodings one after the other, which merge: the last domain
+/// wins, descriptors add up) is answered as prost would decode it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_and_merged_messages_are_read_as_protobuf_says() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    let mut message = request("elsewhere", vec![descriptor(&[("user", "bob")])]).encode_to_vec();
+    // Unknown fields: a varint (field 9), a group (field 10) and bytes (field 11).
+    message.extend_from_slice(&[
+        0x48, 0x96, 0x01, 0x53, 0x08, 0x01, 0x54, 0x5a, 0x02, 0xff, 0xfe,
+    ]);
+    message.extend(request("shop", vec![descriptor(&[("user", "carol")])]).encode_to_vec());
+    for round in 0..4 {
+        let answer = raw_call(rls.grpc, &message).await;
+        assert_eq!(answer.status.as_deref(), Some("0"), "{:?}", answer.message);
+        let r = RateLimitResponse::decode(&answer.body[..]).expect("a response message");
+        // Both descriptors, on domain `shop` (3 a minute per user).
+        assert_eq!(r.statuses.len(), 2);
+        let remaining: Vec<u32> = r.statuses.iter().map(|s| s.limit_remaining).collect();
+        if round < 3 {
+            assert_eq!(r.overall_code, OK);
+            assert_eq!(remaining, [2 - round, 2 - round]);
+        } else {
+            assert_eq!(r.overall_code, OVER);
+        }
+    }
+    rls.stop().await;
+}
+
+/// A request message that is not protobuf gets prost's decoding error (gRPC `INTERNAL`), as
+/// before the in-place reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_message_gets_the_decoding_error() {
+    let rls = start(&[("shop.yaml", CONFIG)], "").await;
+    // Field 1 (`domain`, a string) sent as a varint; then a string that is not UTF-8.
+    for message in [&[0x08, 0x01][..], &[0x0a, 0x02, 0xc3, 0x28][..]] {
+        let answer = raw_call(rls.grpc, message).await;
+        assert_eq!(answer.status.as_deref(), Some("13"));
+        let text = answer.message.unwrap_or_default();
+        assert!(
+            text.starts_with("failed to decode the request message"),
+            "{text}"
+        );
+        assert!(answer.body.is_empty());
     }
     rls.stop().await;
 }

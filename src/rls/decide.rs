@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
+use super::ask::Ask;
 use super::metrics::CallResult;
 use super::plan::{plan_request, Limited, Plan};
 use super::settings::{RlsResources, RlsSnapshot};
@@ -57,6 +58,11 @@ impl RlsService {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RlsError> {
+        self.answer(&Ask::of(request)).await
+    }
+
+    /// [`Self::should_rate_limit`] on the request's fields, however they were read.
+    pub(crate) async fn answer(&self, request: &Ask<'_>) -> Result<RateLimitResponse, RlsError> {
         let live = self.state.live.load();
         let (Some(rls), Some(resources)) = (live.config.rls.as_ref(), live.rls.as_ref()) else {
             return Err(RlsError::NotConfigured);
@@ -78,7 +84,7 @@ impl RlsService {
         &self,
         rls: &RlsSnapshot,
         resources: &RlsResources,
-        request: &RateLimitRequest,
+        request: &Ask<'_>,
     ) -> Result<(RateLimitResponse, Kind), RlsError> {
         let now_us = self.clock.now_us();
         let plans = plan_request(rls, resources, request, now_us)?;

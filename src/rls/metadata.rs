@@ -5,10 +5,10 @@
 //! its limit (the first writer of a key wins; mappings merge).
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 
+use super::ask::Ask;
 use super::plan::Plan;
 
 fn value(kind: Kind) -> Value {
@@ -20,12 +20,12 @@ fn text(s: impl Into<String>) -> Value {
 }
 
 pub(crate) fn response_metadata(
-    request: &RateLimitRequest,
+    request: &Ask<'_>,
     plans: &[Plan<'_>],
     statuses: &[DescriptorStatus],
 ) -> Struct {
     let mut fields = std::collections::HashMap::new();
-    fields.insert("domain".to_owned(), text(request.domain.clone()));
+    fields.insert("domain".to_owned(), text(request.domain));
     let descriptors = request
         .descriptors
         .iter()
@@ -34,7 +34,7 @@ pub(crate) fn response_metadata(
             let entries = d
                 .entries
                 .iter()
-                .map(|e| text(format!("{}={}", e.key, e.value)))
+                .map(|(key, value)| text(format!("{key}={value}")))
                 .collect();
             f.insert(
                 "entries".to_owned(),
@@ -49,10 +49,10 @@ pub(crate) fn response_metadata(
                     )),
                 );
             }
-            if let Some(hits) = &d.hits_addend {
+            if let Some(hits) = d.hits_addend {
                 f.insert(
                     "hitsAddend".to_owned(),
-                    value(Kind::NumberValue(hits.value as f64)),
+                    value(Kind::NumberValue(hits as f64)),
                 );
             }
             value(Kind::StructValue(Struct { fields: f }))

@@ -9,6 +9,7 @@
 //! - `glob`: wildcard values, `*` anywhere;
 //! - `yaml`: a YAML tree that keeps line numbers for error messages;
 //! - `settings`: the `rls:` block of `policies.yaml` and the per-rule runtime state;
+//! - `ask`: the request's fields, borrowed from prost's message or read in place from its bytes;
 //! - `plan`: each descriptor's rule and counter (lookups, `replaces`, Envoy's override);
 //! - `decide`: `ShouldRateLimit` translated to engine checks and the verdict back (one store call
 //!   per request; no decision policy of its own);
@@ -16,6 +17,7 @@
 //!   thread serves a connection, gRPC on HTTP/2 (the rate limit and health methods),
 //!   `POST /json`, per-rule counters.
 
+mod ask;
 mod balance;
 pub mod config;
 pub mod decide;

@@ -5,9 +5,7 @@
 
 use std::borrow::Cow;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-
+use super::ask::{Ask, AskDescriptor};
 use super::decide::RlsError;
 use super::metrics::RuleMetrics;
 use super::rule::{write_entries_key, Algorithm, Entry, Unit};
@@ -43,7 +41,7 @@ pub(crate) enum Plan<'a> {
 pub(crate) fn plan_request<'a>(
     rls: &'a RlsSnapshot,
     resources: &'a RlsResources,
-    request: &RateLimitRequest,
+    request: &Ask<'_>,
     now_us: u64,
 ) -> Result<Vec<Plan<'a>>, RlsError> {
     if request.domain.is_empty() {
@@ -62,7 +60,7 @@ pub(crate) fn plan_request<'a>(
         plans.push(plan(
             rls,
             resources,
-            &request.domain,
+            request.domain,
             descriptor,
             request_hits,
             now_us,
@@ -103,19 +101,15 @@ fn plan<'a>(
     rls: &'a RlsSnapshot,
     resources: &'a RlsResources,
     domain: &str,
-    descriptor: &RateLimitDescriptor,
+    descriptor: &AskDescriptor<'_>,
     request_hits: u64,
     now_us: u64,
 ) -> Result<Plan<'a>, RlsError> {
     if !rls.tree.has_domain(domain) {
         return Ok(Plan::Free);
     }
-    let entries: Vec<Entry<'_>> = descriptor
-        .entries
-        .iter()
-        .map(|e| (e.key.as_str(), e.value.as_str()))
-        .collect();
-    let cost = descriptor.hits_addend.map_or(request_hits, |h| h.value);
+    let entries: &[Entry<'_>] = &descriptor.entries;
+    let cost = descriptor.hits_addend.unwrap_or(request_hits);
     let mut key = String::with_capacity(64);
     key.push_str("rls|");
     if let Some(over) = &descriptor.limit {
@@ -135,7 +129,7 @@ fn plan<'a>(
         };
         // Its own namespace (`rls|=|`): an override never shares state with a config rule.
         key.push_str("=|");
-        write_entries_key(domain, &entries, &mut key);
+        write_entries_key(domain, entries, &mut key);
         key.push('|');
         key.push_str(unit.name());
         return Ok(Plan::Limited(Limited {
@@ -147,10 +141,10 @@ fn plan<'a>(
             shadow: false,
             cost,
             fixed_end_us: None,
-            metrics: Cow::Owned(resources.vecs.rule(domain, &override_label(&entries))),
+            metrics: Cow::Owned(resources.vecs.rule(domain, &override_label(entries))),
         }));
     }
-    let Some((id, rule)) = rls.tree.lookup(domain, &entries) else {
+    let Some((id, rule)) = rls.tree.lookup(domain, entries) else {
         return Ok(Plan::Free);
     };
     let Some(enforced) = rls.enforced(id) else {
@@ -159,7 +153,7 @@ fn plan<'a>(
     let (Some(core), Some(unit)) = (enforced.core, rule.unit) else {
         return Ok(Plan::Unlimited);
     };
-    rule.write_counter_key(&entries, &mut key);
+    rule.write_counter_key(entries, &mut key);
     let fixed_end_us = enforced.fixed_window_us.filter(|w| *w > 0).map(|w| {
         let index = now_us / w;
         key.push('|');
@@ -171,7 +165,7 @@ fn plan<'a>(
         None => Cow::Owned(
             resources
                 .vecs
-                .rule(domain, &rule.metric_descriptor(&entries)),
+                .rule(domain, &rule.metric_descriptor(entries)),
         ),
     };
     Ok(Plan::Limited(Limited {

@@ -28,6 +28,7 @@ use tokio::sync::{watch, Notify};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
+use super::ask::Ask;
 use super::decide::{RlsError, RlsService};
 use super::grpc::HEALTH_SERVICE_NAME;
 
@@ -165,11 +166,20 @@ async fn call(
     };
     match parts.uri.path() {
         RLS_METHOD => {
-            let request = match RateLimitRequest::decode(message) {
-                Ok(r) => r,
-                Err(e) => return send_status(&mut respond, INTERNAL, &decode_error(&e)),
+            // Read in place (no allocation per string); prost decodes only what that refuses,
+            // so that a bad message gets prost's error.
+            let decoded;
+            let request = match Ask::read(&message) {
+                Some(ask) => ask,
+                None => match RateLimitRequest::decode(message.clone()) {
+                    Ok(r) => {
+                        decoded = r;
+                        Ask::of(&decoded)
+                    }
+                    Err(e) => return send_status(&mut respond, INTERNAL, &decode_error(&e)),
+                },
             };
-            match service.should_rate_limit(&request).await {
+            match service.answer(&request).await {
                 Ok(response) => send_message(&mut respond, &response),
                 Err(e) => {
                     let status = super::grpc::status(&e);

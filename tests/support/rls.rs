@@ -128,3 +128,64 @@ pub async fn call(
         .expect("ShouldRateLimit")
         .into_inner()
 }
+
+/// What a gRPC call sent as raw bytes got: `grpc-status`, `grpc-message` (from the trailers, or
+/// from the headers of a trailers-only answer) and the response message's bytes.
+pub struct RawAnswer {
+    pub status: Option<String>,
+    pub message: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// `ShouldRateLimit` with `message` as the request message's bytes, as they are (one
+/// uncompressed gRPC frame over a fresh HTTP/2 connection): for messages a generated client
+/// cannot send. The response message is returned undecoded, without its 5-byte prefix.
+pub async fn raw_call(addr: SocketAddr, message: &[u8]) -> RawAnswer {
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        let driver = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let request = http::Request::builder()
+            .method(Method::POST)
+            .uri(format!(
+                "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .expect("request");
+        let (response, mut stream) = send.send_request(request, false).expect("send request");
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&u32::try_from(message.len()).expect("len").to_be_bytes());
+        frame.extend_from_slice(message);
+        stream
+            .send_data(bytes::Bytes::from(frame), true)
+            .expect("send data");
+        let (parts, mut body) = response.await.expect("response").into_parts();
+        let mut data = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("response body");
+            let _ = body.flow_control().release_capacity(chunk.len());
+            data.extend_from_slice(&chunk);
+        }
+        let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+        let field = |name: &str| {
+            trailers
+                .get(name)
+                .or_else(|| parts.headers.get(name))
+                .map(|v| v.to_str().expect("ASCII").to_owned())
+        };
+        let answer = RawAnswer {
+            status: field("grpc-status"),
+            message: field("grpc-message"),
+            body: data.get(5..).unwrap_or_default().to_vec(),
+        };
+        driver.abort();
+        answer
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), exchange)
+        .await
+        .expect("raw gRPC call timed out")
+}
