@@ -134,11 +134,7 @@ impl RlsService {
             let error = verdict.into_error().unwrap_or(StoreError::CircuitOpen);
             return Err(RlsError::Store(error));
         }
-        let quota: Vec<bool> = plans
-            .iter()
-            .map(|p| matches!(p, Plan::Limited(l) if quota_mode(l)))
-            .collect();
-        let mut response = respond(rls, statuses, &quota, governing_status);
+        let mut response = respond(rls, statuses, &plans, governing_status);
         if rls.response_dynamic_metadata {
             response.dynamic_metadata = Some(super::metadata::response_metadata(
                 request,
@@ -218,16 +214,21 @@ fn duration(us: u64) -> PbDuration {
 fn respond(
     rls: &RlsSnapshot,
     statuses: Vec<DescriptorStatus>,
-    quota: &[bool],
+    plans: &[Plan<'_>],
     governing: Option<usize>,
 ) -> RateLimitResponse {
     let is_over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
-    let limit_over = statuses.iter().zip(quota).any(|(s, q)| !q && is_over(s));
-    let quotas = quota.iter().filter(|q| **q).count();
+    let quota = || {
+        plans
+            .iter()
+            .map(|p| matches!(p, Plan::Limited(l) if quota_mode(l)))
+    };
+    let limit_over = statuses.iter().zip(quota()).any(|(s, q)| !q && is_over(s));
+    let quotas = quota().filter(|q| *q).count();
     let quotas_over = statuses
         .iter()
-        .zip(quota)
-        .filter(|(s, q)| **q && is_over(s))
+        .zip(quota())
+        .filter(|(s, q)| *q && is_over(s))
         .count();
     let over = limit_over || (quotas > 0 && quotas_over == quotas);
     let mut response = RateLimitResponse {
