@@ -170,6 +170,9 @@ async fn act<'l>(
         }
         Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
+    if after.reads_response() {
+        crate::proxy::fields::materialize(&mut response);
+    }
     after.charge(state, route, resources, response.headers());
     route
         .rate_limit_headers

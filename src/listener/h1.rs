@@ -39,6 +39,7 @@ use tokio::sync::watch;
 
 use super::Prefixed;
 use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::proxy::fields::has_name;
 
 /// As hyper's default: a head with more fields goes to hyper, which refuses it.
 const MAX_HEADERS: usize = 100;
@@ -378,14 +379,29 @@ fn encode_head(
     let mut length = None;
     let mut reusable = !closing;
     let mut has_date = false;
+    // A lean upstream exchange's fields, copied as they came (its hop-by-hop fields were never
+    // kept), less those the gateway set itself: the gateway's replace the upstream's.
+    if let Some(raw) = body.upstream_fields() {
+        for (name, value, line) in raw.iter() {
+            if has_name(headers, name) {
+                continue;
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                match length_value(value) {
+                    Some(n) if length.is_none() => length = Some(n),
+                    _ => continue,
+                }
+            } else if name.eq_ignore_ascii_case(b"date") {
+                has_date = true;
+            }
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
     for (name, value) in headers {
         if *name == CONTENT_LENGTH {
             // One valid length is written, as hyper writes it.
-            match value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-            {
+            match length_value(value.as_bytes()) {
                 Some(n) if length.is_none() => length = Some(n),
                 _ => continue,
             }
@@ -432,6 +448,11 @@ fn encode_head(
     };
     out.extend_from_slice(b"\r\n");
     (framing, reusable)
+}
+
+/// A `Content-Length` value hyper would write: one decimal number, spaces around it allowed.
+fn length_value(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
 fn put_decimal(out: &mut BytesMut, n: u64) {
