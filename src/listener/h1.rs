@@ -39,7 +39,7 @@ use tokio::sync::watch;
 
 use super::Prefixed;
 use crate::proxy::body::{ClientBody, ResponseBody};
-use crate::proxy::fields::has_name;
+use crate::proxy::fields::{has_name, OwnValue};
 
 /// As hyper's default: a head with more fields goes to hyper, which refuses it.
 const MAX_HEADERS: usize = 100;
@@ -383,7 +383,7 @@ fn encode_head(
     // kept), less those the gateway set itself: the gateway's replace the upstream's.
     if let Some(raw) = body.upstream_fields() {
         for (name, value, line) in raw.iter() {
-            if has_name(headers, name) {
+            if raw.owns(name) || has_name(headers, name) {
                 continue;
             }
             if name.eq_ignore_ascii_case(b"content-length") {
@@ -395,6 +395,15 @@ fn encode_head(
                 has_date = true;
             }
             out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        }
+        for (name, value) in raw.own() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            match value {
+                OwnValue::Number(n) => put_decimal(out, *n),
+                OwnValue::Value(value) => out.extend_from_slice(value.as_bytes()),
+            }
             out.extend_from_slice(b"\r\n");
         }
     }

@@ -44,6 +44,17 @@ impl ResponseBody {
         }
     }
 
+    /// The upstream's raw fields, to set the gateway's own beside them.
+    pub fn upstream_fields_mut(&mut self) -> Option<&mut super::fields::RawFields> {
+        match self {
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
+                body.upstream_fields_mut()
+            }
+            ResponseBody::Leased(body) => body.body_mut().upstream_fields_mut(),
+            ResponseBody::Full(_) => None,
+        }
+    }
+
     /// Takes the upstream's raw fields, if any are left.
     pub fn take_upstream_fields(&mut self) -> Option<super::fields::RawFields> {
         match self {

@@ -7,13 +7,15 @@
 //! response's `HeaderMap` holds only what the gateway sets itself (its rate-limit fields). The lean
 //! writer copies the lines as they came; everything else that reads the fields (hyper's server,
 //! for HTTP/2, TLS and handed-over connections; response-cost charging) first moves them into the
-//! map with [`materialize`]. Either way, a name the gateway set replaces the upstream's, as
-//! `HeaderMap::insert` did when both were in one map.
+//! map with [`materialize`]. The gateway's own fields on such a response (its rate-limit fields)
+//! are kept beside them, unformatted ([`FieldSink`]). Either way, a name the gateway set replaces
+//! the upstream's, as `HeaderMap::insert` did when both were in one map.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
 
 use super::body::ResponseBody;
+use crate::respond::headers::FieldSink;
 
 /// The fields of one response head, in order. Hop-by-hop fields were left out when the head was
 /// parsed. `httparse` admitted each name as a token and each value as HTAB, SP, VCHAR or obs-text,
@@ -26,6 +28,16 @@ pub struct RawFields {
     /// several times on its way to the writer, and a few hundred inline bytes cost more in
     /// copies than one allocation does.
     spans: Vec<[u32; 4]>,
+    /// The fields the gateway set on this response, in order; each replaces the upstream's of
+    /// the same name. Numbers stay numbers until written: no `HeaderValue` is made for them.
+    own: Vec<(HeaderName, OwnValue)>,
+}
+
+/// A value the gateway set.
+#[derive(Debug)]
+pub enum OwnValue {
+    Number(u64),
+    Value(HeaderValue),
 }
 
 impl RawFields {
@@ -39,11 +51,28 @@ impl RawFields {
                 Some([a?, b?, c?, d?])
             })
             .collect();
-        RawFields { head, spans }
+        RawFields {
+            head,
+            spans,
+            own: Vec::new(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
+        self.spans.is_empty() && self.own.is_empty()
+    }
+
+    /// Whether the gateway set a field named `name` (any case).
+    pub fn owns(&self, name: &[u8]) -> bool {
+        self.own.iter().any(|(own, _)| {
+            let own = own.as_str().as_bytes();
+            own.len() == name.len() && own.eq_ignore_ascii_case(name)
+        })
+    }
+
+    /// The gateway's own fields, in the order it set them.
+    pub fn own(&self) -> &[(HeaderName, OwnValue)] {
+        &self.own
     }
 
     /// Each field as `(name, value, line)`: the name in the upstream's case, the value without
@@ -55,14 +84,14 @@ impl RawFields {
         })
     }
 
-    /// Adds these fields to `headers` ahead of what it holds, leaving out every name it already
-    /// has (the gateway's own fields replace the upstream's).
+    /// Adds these fields to `headers` ahead of what it holds: the upstream's, less every name
+    /// the gateway set (here or in `headers`), then the gateway's own.
     pub fn merge_into(self, headers: &mut HeaderMap) {
-        let own = std::mem::take(headers);
-        let mut merged = HeaderMap::with_capacity(self.spans.len() + own.len());
+        let set = std::mem::take(headers);
+        let mut merged = HeaderMap::with_capacity(self.spans.len() + self.own.len() + set.len());
         for &[ns, ne, vs, ve] in &self.spans {
             let name = &self.head[ns as usize..ne as usize];
-            if has_name(&own, name) {
+            if has_name(&set, name) || self.owns(name) {
                 continue;
             }
             let value = self.head.slice(vs as usize..ve as usize);
@@ -77,8 +106,40 @@ impl RawFields {
                 _ => tracing::debug!("dropping an upstream field http refuses"),
             }
         }
-        merged.extend(own);
+        for (name, value) in self.own {
+            let value = match value {
+                OwnValue::Number(n) => crate::respond::number_value(n),
+                OwnValue::Value(value) => value,
+            };
+            merged.insert(name, value);
+        }
+        merged.extend(set);
         *headers = merged;
+    }
+}
+
+impl FieldSink for RawFields {
+    fn set(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.set_own(name, OwnValue::Value(value));
+    }
+
+    fn set_number(&mut self, name: &HeaderName, n: u64) {
+        self.set_own(name, OwnValue::Number(n));
+    }
+}
+
+impl RawFields {
+    fn set_own(&mut self, name: &HeaderName, value: OwnValue) {
+        match self.own.iter_mut().find(|(own, _)| own == name) {
+            Some((_, old)) => *old = value,
+            None => {
+                if self.own.is_empty() {
+                    // The x-ratelimit dialect's three, or the IETF draft's two: one allocation.
+                    self.own.reserve_exact(3);
+                }
+                self.own.push((name.clone(), value));
+            }
+        }
     }
 }
 

@@ -352,6 +352,10 @@ impl Body {
         &self.fields
     }
 
+    pub fn fields_mut(&mut self) -> &mut RawFields {
+        &mut self.fields
+    }
+
     /// Takes the response's fields, leaving none.
     pub fn take_fields(&mut self) -> RawFields {
         std::mem::take(&mut self.fields)

@@ -467,6 +467,13 @@ impl UpstreamBody {
         }
     }
 
+    pub fn upstream_fields_mut(&mut self) -> Option<&mut RawFields> {
+        match &mut self.inner {
+            Inner::Lean(body, _) => Some(body.fields_mut()),
+            Inner::Hyper { .. } => None,
+        }
+    }
+
     /// Takes the raw fields of a lean exchange's response, if any are left.
     pub fn take_upstream_fields(&mut self) -> Option<RawFields> {
         match &mut self.inner {
