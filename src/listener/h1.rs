@@ -24,6 +24,7 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::task::Poll;
@@ -156,9 +157,10 @@ fn room(buf: &mut BytesMut) {
 /// The request at the start of `buf` if it is the common kind (see the module docs), taken out
 /// of `buf`; `None` leaves `buf` whole for hyper.
 fn parse_request(buf: &mut BytesMut, max_head: usize) -> Option<Request<ClientBody>> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut fields);
-    let len = match parsed.parse(buf) {
+    // Uninitialised: a table of empty fields would be written in full for every request.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match parsed.parse_with_uninit_headers(buf, &mut fields) {
         // Over `max_header_size`: hyper's 431, even when it came in one read.
         Ok(httparse::Status::Complete(len)) if len <= max_head => len,
         _ => return None,

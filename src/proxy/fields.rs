@@ -41,16 +41,9 @@ pub enum OwnValue {
 }
 
 impl RawFields {
-    /// `head` and the spans of the fields to keep in it; spans beyond `u32` are not kept (a head
-    /// is at most [`super::h1::MAX_HEAD`] and a read).
-    pub(crate) fn new(head: Bytes, spans: &[[usize; 4]]) -> Self {
-        let spans = spans
-            .iter()
-            .filter_map(|span| {
-                let [a, b, c, d] = span.map(|n| u32::try_from(n).ok());
-                Some([a?, b?, c?, d?])
-            })
-            .collect();
+    /// `head` and, per field to keep, where its name and value start and end in it. A head is
+    /// at most [`super::h1::MAX_HEAD`] and one read, far below `u32::MAX`.
+    pub(crate) fn new(head: Bytes, spans: Vec<[u32; 4]>) -> Self {
         RawFields {
             head,
             spans,
@@ -176,10 +169,10 @@ mod tests {
             let colon = line.iter().position(|&b| b == b':').unwrap_or(0);
             let value = line[colon + 1..].trim_ascii();
             let vs = at + colon + 1 + line[colon + 1..].iter().take_while(|b| **b == b' ').count();
-            spans.push([at, at + colon, vs, vs + value.len()]);
+            spans.push([at, at + colon, vs, vs + value.len()].map(|n| n as u32));
             at += len + 1;
         }
-        RawFields::new(Bytes::from_static(head), &spans)
+        RawFields::new(Bytes::from_static(head), spans)
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! nothing of closing, and left no stray bytes behind.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -421,9 +422,14 @@ struct Head {
 /// fields (RFC 9110 §7.6.1: `Connection`, the fields it names, and the fixed list) are read for
 /// framing and reuse but never kept.
 fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let len = match parsed.parse(buf) {
+    // Uninitialised: a table of empty fields would be written in full for every response.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(Error::Malformed("too many fields")),
@@ -473,22 +479,23 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error
             }
         }
     }
+    // Every offset below is under `len`, so it fits the spans' `u32`.
+    if u32::try_from(len).is_err() {
+        return Err(Error::HeadTooLarge);
+    }
     let base = buf.as_ptr() as usize;
-    let spans: SmallVec<[[usize; 4]; 16]> = parsed
-        .headers
-        .iter()
-        .filter(|f| {
-            let name = f.name.as_bytes();
-            !(hop_by_hop(name) || named.iter().any(|n| name.eq_ignore_ascii_case(n)))
-        })
-        .map(|f| {
-            let name = f.name.as_ptr() as usize - base;
-            let value = f.value.as_ptr() as usize - base;
-            [name, name + f.name.len(), value, value + f.value.len()]
-        })
-        .collect();
+    let mut spans = Vec::with_capacity(parsed.headers.len());
+    for f in parsed.headers.iter() {
+        let name = f.name.as_bytes();
+        if hop_by_hop(name) || named.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            continue;
+        }
+        let name = f.name.as_ptr() as usize - base;
+        let value = f.value.as_ptr() as usize - base;
+        spans.push([name, name + f.name.len(), value, value + f.value.len()].map(|n| n as u32));
+    }
     drop(named);
-    let fields = RawFields::new(buf.split_to(len).freeze(), &spans);
+    let fields = RawFields::new(buf.split_to(len).freeze(), spans);
     let keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
 
     let bodiless = head_only

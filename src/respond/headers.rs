@@ -411,13 +411,13 @@ mod tests {
                     governing: Some((0, outcome(1_234_567, 2_500_000))),
                     applied: 1,
                 };
-                let mut raw = RawFields::new(head.clone(), &spans);
+                let mut raw = RawFields::new(head.clone(), spans.to_vec());
                 h.insert(&mut raw, &limits, limited);
                 let mut via_raw = HeaderMap::new();
                 raw.merge_into(&mut via_raw);
 
                 let mut via_map = HeaderMap::new();
-                RawFields::new(head.clone(), &spans).merge_into(&mut via_map);
+                RawFields::new(head.clone(), spans.to_vec()).merge_into(&mut via_map);
                 h.insert(&mut via_map, &limits, limited);
 
                 let sorted = |m: &HeaderMap| {
