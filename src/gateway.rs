@@ -170,10 +170,16 @@ async fn act<'l>(
         }
         Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
     };
+    if after.reads_response() {
+        crate::proxy::fields::materialize(&mut response);
+    }
     after.charge(state, route, resources, response.headers());
-    route
-        .rate_limit_headers
-        .insert(response.headers_mut(), &limits, false);
+    // A lean upstream response keeps its fields raw: the gateway's go beside them, unformatted.
+    let fields = &route.rate_limit_headers;
+    match response.body_mut().upstream_fields_mut() {
+        Some(raw) => fields.insert(raw, &limits, false),
+        None => fields.insert(response.headers_mut(), &limits, false),
+    }
     if let Some(lease) = lease {
         response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
     }

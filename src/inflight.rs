@@ -77,6 +77,12 @@ impl AfterAdmission {
         })
     }
 
+    /// Whether [`charge`](Self::charge) reads the response's fields: a policy of the request
+    /// charges a cost from a response header.
+    pub fn reads_response(&self) -> bool {
+        !self.charges.is_empty()
+    }
+
     /// Charges each cost from the response now that its head is here: the header's amount (or
     /// the fallback) less the `min_cost` admission took. In-process at once; on Redis in a
     /// spawned task, so the client's response is not held up by the extra round trip.
@@ -220,6 +226,14 @@ pub struct Leased {
 impl Leased {
     pub fn wrap(body: ResponseBody, guard: LeaseGuard) -> ResponseBody {
         ResponseBody::Leased(Box::new(Leased { body, guard }))
+    }
+
+    pub fn body(&self) -> &ResponseBody {
+        &self.body
+    }
+
+    pub fn body_mut(&mut self) -> &mut ResponseBody {
+        &mut self.body
     }
 }
 

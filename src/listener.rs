@@ -385,8 +385,12 @@ async fn serve_io<I, H, F>(
         };
         let response = handler(peer, req.map(ClientBody::from));
         async move {
-            let response = response.await;
+            let mut response = response.await;
             finished.done();
+            // hyper writes the response from its field map alone.
+            if let Ok(response) = &mut response {
+                crate::proxy::fields::materialize(response);
+            }
             response
         }
     });

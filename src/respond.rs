@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::limiter::Outcome;
 use crate::proxy::body::ResponseBody;
@@ -26,20 +26,6 @@ pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-
 /// Whole seconds, rounded up.
 pub fn ceil_seconds(us: u64) -> u64 {
     us.div_ceil(1_000_000)
-}
-
-/// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds) for the governing outcome.
-/// `limit` is `outcome.limit` as a value, which the caller may have made once per policy.
-pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, limit: HeaderValue) {
-    headers.insert(X_RATELIMIT_LIMIT.clone(), limit);
-    headers.insert(
-        X_RATELIMIT_REMAINING.clone(),
-        number_value(outcome.remaining),
-    );
-    headers.insert(
-        X_RATELIMIT_RESET.clone(),
-        number_value(ceil_seconds(outcome.reset_us)),
-    );
 }
 
 /// Numbers below this have their header values made once: the rate-limit headers of most

@@ -24,6 +24,7 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::task::Poll;
@@ -39,6 +40,7 @@ use tokio::sync::watch;
 
 use super::Prefixed;
 use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::proxy::fields::{has_name, OwnValue};
 
 /// As hyper's default: a head with more fields goes to hyper, which refuses it.
 const MAX_HEADERS: usize = 100;
@@ -155,9 +157,10 @@ fn room(buf: &mut BytesMut) {
 /// The request at the start of `buf` if it is the common kind (see the module docs), taken out
 /// of `buf`; `None` leaves `buf` whole for hyper.
 fn parse_request(buf: &mut BytesMut, max_head: usize) -> Option<Request<ClientBody>> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut fields);
-    let len = match parsed.parse(buf) {
+    // Uninitialised: a table of empty fields would be written in full for every request.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match parsed.parse_with_uninit_headers(buf, &mut fields) {
         // Over `max_header_size`: hyper's 431, even when it came in one read.
         Ok(httparse::Status::Complete(len)) if len <= max_head => len,
         _ => return None,
@@ -378,14 +381,38 @@ fn encode_head(
     let mut length = None;
     let mut reusable = !closing;
     let mut has_date = false;
+    // A lean upstream exchange's fields, copied as they came (its hop-by-hop fields were never
+    // kept), less those the gateway set itself: the gateway's replace the upstream's.
+    if let Some(raw) = body.upstream_fields() {
+        for (name, value, line) in raw.iter() {
+            if raw.owns(name) || has_name(headers, name) {
+                continue;
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                match length_value(value) {
+                    Some(n) if length.is_none() => length = Some(n),
+                    _ => continue,
+                }
+            } else if name.eq_ignore_ascii_case(b"date") {
+                has_date = true;
+            }
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        }
+        for (name, value) in raw.own() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            match value {
+                OwnValue::Number(n) => put_decimal(out, *n),
+                OwnValue::Value(value) => out.extend_from_slice(value.as_bytes()),
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+    }
     for (name, value) in headers {
         if *name == CONTENT_LENGTH {
             // One valid length is written, as hyper writes it.
-            match value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-            {
+            match length_value(value.as_bytes()) {
                 Some(n) if length.is_none() => length = Some(n),
                 _ => continue,
             }
@@ -432,6 +459,11 @@ fn encode_head(
     };
     out.extend_from_slice(b"\r\n");
     (framing, reusable)
+}
+
+/// A `Content-Length` value hyper would write: one decimal number, spaces around it allowed.
+fn length_value(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
 fn put_decimal(out: &mut BytesMut, n: u64) {

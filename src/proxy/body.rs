@@ -31,6 +31,40 @@ impl ResponseBody {
     pub fn empty() -> Self {
         ResponseBody::Full(None)
     }
+
+    /// The upstream's fields still kept raw ([`super::fields`]): part of the response's fields,
+    /// beside its `HeaderMap`.
+    pub fn upstream_fields(&self) -> Option<&super::fields::RawFields> {
+        match self {
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
+                body.upstream_fields()
+            }
+            ResponseBody::Leased(body) => body.body().upstream_fields(),
+            ResponseBody::Full(_) => None,
+        }
+    }
+
+    /// The upstream's raw fields, to set the gateway's own beside them.
+    pub fn upstream_fields_mut(&mut self) -> Option<&mut super::fields::RawFields> {
+        match self {
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
+                body.upstream_fields_mut()
+            }
+            ResponseBody::Leased(body) => body.body_mut().upstream_fields_mut(),
+            ResponseBody::Full(_) => None,
+        }
+    }
+
+    /// Takes the upstream's raw fields, if any are left.
+    pub fn take_upstream_fields(&mut self) -> Option<super::fields::RawFields> {
+        match self {
+            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
+                body.take_upstream_fields()
+            }
+            ResponseBody::Leased(body) => body.body_mut().take_upstream_fields(),
+            ResponseBody::Full(_) => None,
+        }
+    }
 }
 
 impl Body for ResponseBody {

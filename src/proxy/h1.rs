@@ -15,16 +15,19 @@
 //! nothing of closing, and left no stray bytes behind.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode, Version};
 use smallvec::SmallVec;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+
+use super::fields::RawFields;
 
 /// Largest response head accepted (status line and fields).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -33,8 +36,6 @@ const MAX_HEADERS: usize = 100;
 /// Longest chunk-size line (with extensions), and most trailer bytes, accepted.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
-/// Fields the gateway may add to a response (its rate-limit headers) beyond the upstream's.
-const EXTRA_FIELDS: usize = 8;
 /// Room offered to each read.
 const READ_SIZE: usize = 8 * 1024;
 
@@ -98,6 +99,8 @@ pub struct Body {
     conn: Option<Conn>,
     framing: Framing,
     keep_alive: bool,
+    /// The response's fields, until the writer or [`super::fields::materialize`] takes them.
+    fields: RawFields,
 }
 
 /// Whether a request can take the lean path: no body to stream, nothing to upgrade.
@@ -160,8 +163,12 @@ impl Conn {
                     error,
                     unanswered: false,
                 };
-                if let Some((response, framing, keep_alive)) =
-                    parse_head(&mut self.read, head_only).map_err(fail)?
+                if let Some(Head {
+                    response,
+                    fields,
+                    framing,
+                    keep_alive,
+                }) = parse_head(&mut self.read, head_only).map_err(fail)?
                 {
                     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                         return Err(fail(Error::Switched));
@@ -173,6 +180,7 @@ impl Conn {
                         conn: Some(self),
                         framing,
                         keep_alive,
+                        fields,
                     };
                     return Ok((response, body));
                 }
@@ -340,6 +348,20 @@ impl Body {
         }
     }
 
+    /// The response's fields, as they came.
+    pub fn fields(&self) -> &RawFields {
+        &self.fields
+    }
+
+    pub fn fields_mut(&mut self) -> &mut RawFields {
+        &mut self.fields
+    }
+
+    /// Takes the response's fields, leaving none.
+    pub fn take_fields(&mut self) -> RawFields {
+        std::mem::take(&mut self.fields)
+    }
+
     /// Whether the body has been read to its end (nothing more to poll).
     pub fn is_end(&self) -> bool {
         matches!(self.framing, Framing::Done | Framing::Length(0))
@@ -386,18 +408,28 @@ fn encode_head(buf: &mut Vec<u8>, parts: &Parts) {
     buf.extend_from_slice(b"\r\n");
 }
 
-/// Parses a response head off the front of `buf`: `None` while it is incomplete. Field values
-/// share the head's bytes instead of being copied one by one. Hop-by-hop fields (RFC 9110
-/// §7.6.1: `Connection`, the fields it names, and the fixed list) are read for framing and reuse
-/// but never put in the response's field map, where `headers::strip_hop_by_hop` would only
-/// have to find and remove them again.
-fn parse_head(
-    buf: &mut BytesMut,
-    head_only: bool,
-) -> Result<Option<(Response<()>, Framing, bool)>, Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let len = match parsed.parse(buf) {
+/// A parsed response head: the status (its field map empty), the fields kept, the body's
+/// framing, and whether the connection may be reused after it.
+struct Head {
+    response: Response<()>,
+    fields: RawFields,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// Parses a response head off the front of `buf`: `None` while it is incomplete. The fields stay
+/// in the head's bytes ([`RawFields`]); the response's own field map is left empty. Hop-by-hop
+/// fields (RFC 9110 §7.6.1: `Connection`, the fields it names, and the fixed list) are read for
+/// framing and reuse but never kept.
+fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error> {
+    // Uninitialised: a table of empty fields would be written in full for every response.
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => return Err(Error::Malformed("too many fields")),
@@ -447,32 +479,23 @@ fn parse_head(
             }
         }
     }
-    let base = buf.as_ptr() as usize;
-    let spans: SmallVec<[(usize, usize, usize, usize); 24]> = parsed
-        .headers
-        .iter()
-        .filter(|f| {
-            let name = f.name.as_bytes();
-            !(hop_by_hop(name) || named.iter().any(|n| name.eq_ignore_ascii_case(n)))
-        })
-        .map(|f| {
-            let name = f.name.as_ptr() as usize - base;
-            let value = f.value.as_ptr() as usize - base;
-            (name, name + f.name.len(), value, value + f.value.len())
-        })
-        .collect();
-    drop(named);
-    let head = buf.split_to(len).freeze();
-
-    // Room for the gateway's own fields (rate-limit headers) without growing the table.
-    let mut headers = HeaderMap::with_capacity(spans.len() + EXTRA_FIELDS);
-    for (ns, ne, vs, ve) in spans {
-        let name =
-            HeaderName::from_bytes(&head[ns..ne]).map_err(|_| Error::Malformed("field name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
-            .map_err(|_| Error::Malformed("field value"))?;
-        headers.append(name, value);
+    // Every offset below is under `len`, so it fits the spans' `u32`.
+    if u32::try_from(len).is_err() {
+        return Err(Error::HeadTooLarge);
     }
+    let base = buf.as_ptr() as usize;
+    let mut spans = Vec::with_capacity(parsed.headers.len());
+    for f in parsed.headers.iter() {
+        let name = f.name.as_bytes();
+        if hop_by_hop(name) || named.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            continue;
+        }
+        let name = f.name.as_ptr() as usize - base;
+        let value = f.value.as_ptr() as usize - base;
+        spans.push([name, name + f.name.len(), value, value + f.value.len()].map(|n| n as u32));
+    }
+    drop(named);
+    let fields = RawFields::new(buf.split_to(len).freeze(), spans);
     let keep_alive = !close && (version == Version::HTTP_11 || keep_alive);
 
     let bodiless = head_only
@@ -498,8 +521,12 @@ fn parse_head(
     let mut response = Response::new(());
     *response.status_mut() = status;
     *response.version_mut() = version;
-    *response.headers_mut() = headers;
-    Ok(Some((response, framing, keep_alive)))
+    Ok(Some(Head {
+        response,
+        fields,
+        framing,
+        keep_alive,
+    }))
 }
 
 /// The fields every proxy treats as hop-by-hop in a response (RFC 9110 §7.6.1), besides those a

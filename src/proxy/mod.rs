@@ -11,6 +11,7 @@
 
 pub mod balance;
 pub mod body;
+pub mod fields;
 pub mod h1;
 pub mod headers;
 pub mod pool;

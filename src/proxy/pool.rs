@@ -38,6 +38,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 use super::body::{BoxError, RequestBody};
+use super::fields::RawFields;
 use super::h1;
 use crate::tls::connect::Stream;
 use crate::tls::Connector;
@@ -455,6 +456,29 @@ impl UpstreamBody {
     pub fn detach(&mut self) {
         if let Inner::Hyper { reuse, .. } = &mut self.inner {
             *reuse = None;
+        }
+    }
+
+    /// The raw fields of a lean exchange's response (none for hyper's: its map has them).
+    pub fn upstream_fields(&self) -> Option<&RawFields> {
+        match &self.inner {
+            Inner::Lean(body, _) => Some(body.fields()),
+            Inner::Hyper { .. } => None,
+        }
+    }
+
+    pub fn upstream_fields_mut(&mut self) -> Option<&mut RawFields> {
+        match &mut self.inner {
+            Inner::Lean(body, _) => Some(body.fields_mut()),
+            Inner::Hyper { .. } => None,
+        }
+    }
+
+    /// Takes the raw fields of a lean exchange's response, if any are left.
+    pub fn take_upstream_fields(&mut self) -> Option<RawFields> {
+        match &mut self.inner {
+            Inner::Lean(body, _) if !body.fields().is_empty() => Some(body.take_fields()),
+            _ => None,
         }
     }
 

@@ -22,12 +22,30 @@ use std::fmt::Write as _;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::insert_rate_limit_headers;
+use super::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use crate::limiter::calendar::Per;
 use crate::limiter::{Outcome, Rule};
 
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// Where a response's rate-limit fields go: its `HeaderMap`, or, on a lean upstream response,
+/// beside the upstream's raw fields (`crate::proxy::fields`), where numbers stay unformatted
+/// until the writer writes them. Setting a name replaces what the sink has under it.
+pub trait FieldSink {
+    fn set(&mut self, name: &HeaderName, value: HeaderValue);
+    fn set_number(&mut self, name: &HeaderName, n: u64);
+}
+
+impl FieldSink for HeaderMap {
+    fn set(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.insert(name.clone(), value);
+    }
+
+    fn set_number(&mut self, name: &HeaderName, n: u64) {
+        self.insert(name.clone(), super::number_value(n));
+    }
+}
 
 /// `rate_limit_headers:`: which fields a route's responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -132,37 +150,33 @@ impl RateLimitHeaders {
 
     /// Writes the fields of `limits` (none when no policy governs: nothing applied, or the store
     /// failed open). `limited`: the request was refused, so nothing remains.
-    pub fn insert(&self, headers: &mut HeaderMap, limits: &Limits, limited: bool) {
+    pub fn insert(&self, headers: &mut impl FieldSink, limits: &Limits, limited: bool) {
         let Some((policy, outcome)) = limits.governing else {
             return;
         };
-        let outcome = Outcome {
-            remaining: if limited { 0 } else { outcome.remaining },
-            ..outcome
-        };
+        let remaining = if limited { 0 } else { outcome.remaining };
+        let reset = super::ceil_seconds(outcome.reset_us);
         if self.mode.x_ratelimit() {
-            let limit = match self.limits.get(policy) {
-                Some((n, value)) if *n == outcome.limit => value.clone(),
-                _ => super::number_value(outcome.limit),
-            };
-            insert_rate_limit_headers(headers, &outcome, limit);
+            match self.limits.get(policy) {
+                Some((n, value)) if *n == outcome.limit => {
+                    headers.set(&X_RATELIMIT_LIMIT, value.clone());
+                }
+                _ => headers.set_number(&X_RATELIMIT_LIMIT, outcome.limit),
+            }
+            headers.set_number(&X_RATELIMIT_REMAINING, remaining);
+            headers.set_number(&X_RATELIMIT_RESET, reset);
         }
         if !self.mode.ietf() {
             return;
         }
         if let Some(value) = self.policy_value(limits.applied) {
-            headers.insert(RATELIMIT_POLICY.clone(), value);
+            headers.set(&RATELIMIT_POLICY, value);
         }
         if let Some(name) = self.names.get(policy) {
             let mut value = String::with_capacity(name.len() + 24);
-            let _ = write!(
-                value,
-                "{name};r={};t={}",
-                outcome.remaining,
-                super::ceil_seconds(outcome.reset_us)
-            );
+            let _ = write!(value, "{name};r={remaining};t={reset}");
             if let Ok(value) = HeaderValue::from_str(&value) {
-                headers.insert(RATELIMIT.clone(), value);
+                headers.set(&RATELIMIT, value);
             }
         }
     }
@@ -369,5 +383,58 @@ mod tests {
             assert_eq!(headers.contains_key(&RATELIMIT_POLICY), ietf, "{mode:?}");
         }
         assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+
+    /// The lean writer's sink (fields kept unformatted beside a lean upstream response's) ends
+    /// as the same fields as the `HeaderMap` sink, in every mode, limited or not, whatever the
+    /// upstream sent under the same names.
+    #[test]
+    fn both_sinks_give_the_same_fields() {
+        use crate::proxy::fields::RawFields;
+        let a = Rule::TokenBucket(TokenBucket {
+            rate: 1.0,
+            burst: 5_000,
+        });
+        let head = bytes::Bytes::from_static(
+            b"HTTP/1.1 200 OK\r\nx-ratelimit-limit: 1\r\nRateLimit: x\r\nServer: up\r\n\r\n",
+        );
+        let spans = [[17, 34, 36, 37], [39, 48, 50, 51], [53, 59, 61, 63]];
+        for mode in [
+            HeaderMode::XRateLimit,
+            HeaderMode::Ietf,
+            HeaderMode::Both,
+            HeaderMode::None,
+        ] {
+            for limited in [false, true] {
+                let h = RateLimitHeaders::new(mode, [("p", &a, false)]);
+                let limits = Limits {
+                    governing: Some((0, outcome(1_234_567, 2_500_000))),
+                    applied: 1,
+                };
+                let mut raw = RawFields::new(head.clone(), spans.to_vec());
+                h.insert(&mut raw, &limits, limited);
+                let mut via_raw = HeaderMap::new();
+                raw.merge_into(&mut via_raw);
+
+                let mut via_map = HeaderMap::new();
+                RawFields::new(head.clone(), spans.to_vec()).merge_into(&mut via_map);
+                h.insert(&mut via_map, &limits, limited);
+
+                let sorted = |m: &HeaderMap| {
+                    let mut v: Vec<String> = m
+                        .iter()
+                        .map(|(n, v)| format!("{n}={}", v.to_str().unwrap_or("?")))
+                        .collect();
+                    v.sort();
+                    v
+                };
+                assert_eq!(
+                    sorted(&via_raw),
+                    sorted(&via_map),
+                    "{mode:?} limited={limited}"
+                );
+                assert_eq!(via_map["server"], "up");
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::support::client::{empty, raw_connect, read_head, request};
+use crate::support::client::{empty, raw_connect, read_head, read_response, request};
 use crate::support::upstream::next_head;
 use crate::support::{Client, TestGateway, LIVENESS};
 use crate::FORWARD_ALL;
@@ -331,4 +331,59 @@ routes:
         );
     }
     assert_eq!(upstream.requests(), 4);
+}
+
+/// The upstream's own fields reach the client whole, in order and repeated, and a field the
+/// gateway sets (its rate-limit fields) replaces the upstream's of the same name: on the lean
+/// server path (a plain GET, which copies the upstream's lines as they came) and on hyper's (a
+/// POST, for which they are first moved into the field map).
+#[tokio::test]
+async fn upstream_fields_pass_whole_and_the_gateways_own_replace_them() {
+    let upstream = Scripted::start(|_, _| {
+        Answer::Send(
+            b"HTTP/1.1 200 OK\r\nServer: up\r\nSet-Cookie: a=1\r\nX-RateLimit-Limit: 999\r\n\
+              X-Custom:  spaced\r\nSet-Cookie: b=2\r\nContent-Length: 2\r\n\r\nok",
+        )
+    })
+    .await;
+    let gw = TestGateway::with_upstream(
+        r#"
+upstreams:
+  up: { url: "http://$UPSTREAM", timeout: 2s }
+routes:
+  - name: all
+    upstream: up
+    policies:
+      - { name: per_ip, key: [client_ip], token_bucket: { rate: 1/h, burst: 100 } }
+"#,
+        upstream.addr,
+    )
+    .await;
+    for request in [
+        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    ] {
+        let mut stream = raw_connect(gw.public, request).await;
+        let (head, body, _) = read_response(&mut stream, Vec::new()).await;
+        assert_eq!(body, b"ok", "{head}");
+        let fields: Vec<(String, String)> = head
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let values = |name: &str| -> Vec<&str> {
+            fields
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(values("server"), ["up"], "{head}");
+        assert_eq!(values("set-cookie"), ["a=1", "b=2"], "{head}");
+        assert_eq!(values("x-custom"), ["spaced"], "{head}");
+        assert_eq!(values("x-ratelimit-limit"), ["100"], "{head}");
+        assert_eq!(values("content-length"), ["2"], "{head}");
+        assert_eq!(values("date").len(), 1, "{head}");
+    }
 }
