@@ -157,6 +157,11 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// A varint of at most 10 bytes, the tenth at most 1 (no overflow of 64 bits).
     fn varint(&mut self) -> Option<u64> {
+        // Keys and short lengths: one byte.
+        if let [byte @ 0..0x80, rest @ ..] = self.buf {
+            self.buf = rest;
+            return Some(u64::from(*byte));
+        }
         let mut value = 0u64;
         for (i, &byte) in self.buf.iter().take(10).enumerate() {
             value |= u64::from(byte & 0x7f) << (7 * i);
