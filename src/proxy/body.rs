@@ -57,13 +57,9 @@ impl ResponseBody {
 
     /// Takes the upstream's raw fields, if any are left.
     pub fn take_upstream_fields(&mut self) -> Option<super::fields::RawFields> {
-        match self {
-            ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
-                body.take_upstream_fields()
-            }
-            ResponseBody::Leased(body) => body.body_mut().take_upstream_fields(),
-            ResponseBody::Full(_) => None,
-        }
+        self.upstream_fields_mut()
+            .filter(|fields| !fields.is_empty())
+            .map(std::mem::take)
     }
 }
 

@@ -353,13 +353,9 @@ impl Body {
         &self.fields
     }
 
+    /// The same, to add the gateway's own or take them.
     pub fn fields_mut(&mut self) -> &mut RawFields {
         &mut self.fields
-    }
-
-    /// Takes the response's fields, leaving none.
-    pub fn take_fields(&mut self) -> RawFields {
-        std::mem::take(&mut self.fields)
     }
 
     /// Whether the body has been read to its end (nothing more to poll).

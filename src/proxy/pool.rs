@@ -467,18 +467,11 @@ impl UpstreamBody {
         }
     }
 
+    /// The same, to set the gateway's fields beside them or take them.
     pub fn upstream_fields_mut(&mut self) -> Option<&mut RawFields> {
         match &mut self.inner {
             Inner::Lean(body, _) => Some(body.fields_mut()),
             Inner::Hyper { .. } => None,
-        }
-    }
-
-    /// Takes the raw fields of a lean exchange's response, if any are left.
-    pub fn take_upstream_fields(&mut self) -> Option<RawFields> {
-        match &mut self.inner {
-            Inner::Lean(body, _) if !body.fields().is_empty() => Some(body.take_fields()),
-            _ => None,
         }
     }
 
