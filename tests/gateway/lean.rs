@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::support::client::{empty, raw_connect, read_head, read_response, request};
+use crate::support::client::{empty, head_values, raw_connect, read_head, read_response, request};
 use crate::support::upstream::next_head;
 use crate::support::{Client, TestGateway, LIVENESS};
 use crate::FORWARD_ALL;
@@ -366,19 +366,7 @@ routes:
         let mut stream = raw_connect(gw.public, request).await;
         let (head, body, _) = read_response(&mut stream, Vec::new()).await;
         assert_eq!(body, b"ok", "{head}");
-        let fields: Vec<(String, String)> = head
-            .lines()
-            .skip(1)
-            .filter_map(|line| line.split_once(':'))
-            .map(|(n, v)| (n.to_ascii_lowercase(), v.trim().to_string()))
-            .collect();
-        let values = |name: &str| -> Vec<&str> {
-            fields
-                .iter()
-                .filter(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-                .collect()
-        };
+        let values = |name: &str| head_values(&head, name);
         assert_eq!(values("server"), ["up"], "{head}");
         assert_eq!(values("set-cookie"), ["a=1", "b=2"], "{head}");
         assert_eq!(values("x-custom"), ["spaced"], "{head}");

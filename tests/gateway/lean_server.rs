@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::client::{raw_connect, read_head, read_response};
+use crate::support::client::{head_field, raw_connect, read_head, read_response};
 use crate::support::{TestGateway, Upstream, LIVENESS};
 
 const IDLE: Duration = Duration::from_millis(400);
@@ -41,15 +41,8 @@ routes:
 /// as text, and what was read past it.
 async fn response(stream: &mut TcpStream, rest: Vec<u8>) -> (String, String, Vec<u8>) {
     let (head, body, rest) = read_response(stream, rest).await;
-    assert!(field(&head, "content-length").is_some(), "{head}");
+    assert!(head_field(&head, "content-length").is_some(), "{head}");
     (head, String::from_utf8_lossy(&body).into_owned(), rest)
-}
-
-fn field<'h>(head: &'h str, name: &str) -> Option<&'h str> {
-    head.lines().find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim())
-    })
 }
 
 /// Reads until the gateway closes the connection; how long that took from `since`.
@@ -142,9 +135,9 @@ async fn a_refusal_is_framed_and_dated() {
         head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
         "{head}"
     );
-    assert_eq!(field(&head, "x-ratelimit-remaining"), Some("0"));
-    assert!(field(&head, "retry-after").is_some(), "{head}");
-    let date = field(&head, "date").expect("date");
+    assert_eq!(head_field(&head, "x-ratelimit-remaining"), Some("0"));
+    assert!(head_field(&head, "retry-after").is_some(), "{head}");
+    let date = head_field(&head, "date").expect("date");
     assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
     assert!(rest.is_empty());
     assert_eq!(upstream.requests(), 1);

@@ -178,19 +178,28 @@ async fn read_head_after(stream: &mut TcpStream, mut buf: Vec<u8>) -> (String, V
     }
 }
 
+/// Every value of the field `name` (any case) in a raw response head, trimmed, in order.
+pub fn head_values<'h>(head: &'h str, name: &str) -> Vec<&'h str> {
+    head.lines()
+        .skip(1)
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, value)| value.trim())
+        .collect()
+}
+
+/// The first value of the field `name` (any case) in a raw response head.
+pub fn head_field<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head_values(head, name).first().copied()
+}
+
 /// Reads one response from `stream`, framed by its `content-length` (none: no body), after
 /// `rest` (bytes of it already read). Returns its head, its body, and what was read past it
 /// (the next pipelined response's first bytes).
 pub async fn read_response(stream: &mut TcpStream, rest: Vec<u8>) -> (String, Vec<u8>, Vec<u8>) {
     let (head, mut body) = read_head_after(stream, rest).await;
-    let length: usize = head
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().expect("content-length"))
-        })
-        .unwrap_or(0);
+    let length: usize = head_field(&head, "content-length")
+        .map_or(0, |value| value.parse().expect("content-length"));
     let mut chunk = [0u8; 4096];
     while body.len() < length {
         let n = tokio::time::timeout(LIVENESS, stream.read(&mut chunk))
