@@ -5,7 +5,10 @@
 # worker process) under callgrind in front of the static NGINX upstream, collects only while wrk
 # sends load, and prints Ir per request.
 #
-# Usage: bench/callgrind.sh [turnstile|nginx] [SECONDS] [CONNECTIONS]
+# Usage: bench/callgrind.sh [--cache] [turnstile|nginx] [SECONDS] [CONNECTIONS]
+# --cache also simulates the caches and prints first-level instruction-cache misses per request
+# (I1mr): the cost of a hot path spread over more code than the cache holds, which instruction
+# counts do not show (docs/benchmarks.md, issue 14's eighth pass).
 # CALLGRIND_TEMPLATE=turnstile-flood-memory.yaml.tmpl counts a flood (every request a 429) instead;
 # a template with "redis" in its name (turnstile-redis.yaml.tmpl, turnstile-flood-redis.yaml.tmpl)
 # gets a throwaway redis-server on a free port (CALLGRIND_REDIS_POOL connections, default 4). Only
@@ -15,6 +18,11 @@ set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
+CACHE=()
+if [[ "${1:-}" == --cache ]]; then
+    CACHE=(--cache-sim=yes)
+    shift
+fi
 TARGET=${1:-turnstile}
 SECONDS_LOAD=${2:-5}
 CONNECTIONS=${3:-8}
@@ -72,7 +80,7 @@ fi
 PORT=$(free_port)
 STAMP=$(date +%Y%m%d-%H%M%S)
 CG_OUT="$OUT_DIR/$TARGET-$STAMP.out"
-VG=(valgrind --tool=callgrind --instr-atstart=no "--callgrind-out-file=$CG_OUT")
+VG=(valgrind --tool=callgrind "${CACHE[@]}" --instr-atstart=no "--callgrind-out-file=$CG_OUT")
 case "$TARGET" in
     turnstile)
         render "$BENCH_DIR/${CALLGRIND_TEMPLATE:-turnstile-memory.yaml.tmpl}" \
@@ -110,4 +118,9 @@ REQUESTS=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
 NON2XX=$(awk '/Non-2xx/ {print $NF}' "$WORK/wrk.txt")
 IR=$(awk '/^totals:/ {print $2}' "$CG_OUT")
 echo "$TARGET: $REQUESTS requests (non-2xx: ${NON2XX:-0}), $IR instructions, $((IR / REQUESTS)) Ir/request"
+if (( ${#CACHE[@]} )); then
+    # The totals line follows the events line's order: Ir Dr Dw I1mr ...
+    I1MR=$(awk '/^totals:/ {print $5}' "$CG_OUT")
+    echo "$TARGET: $I1MR first-level instruction-cache misses, $((I1MR / REQUESTS)) I1mr/request"
+fi
 echo "profile: $CG_OUT"

@@ -6,7 +6,7 @@
 #
 # Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
 #                     [--connections N] [--workers "1 2"] [--no-build] [--turnstile BIN]
-#                     [--max-busy PCT] [--max-wait SECS]
+#                     [--max-busy PCT] [--max-wait SECS] [--pgo]
 #                     [--layout proxy-alone|servers-together|unpinned|both]
 # Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct);
 #           redis (Turnstile on Redis vs NGINX + ngx_lua vs NGINX proxy, and decisions/s vs the
@@ -15,6 +15,8 @@
 #           flood (every request over its limit, on each store; see bench/flood.sh);
 #           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
 #           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh).
+# --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
+# of a plain `cargo build --release`.
 #
 # CPU placement (2 cores), 1-worker rows: the proxy under test (NGINX's worker, or Turnstile with
 # TURNSTILE_WORKERS=1) runs on CPU $BENCH_CPU_PROXY. With --layout proxy-alone (the default) it
@@ -39,6 +41,7 @@ CONNECTIONS=${BENCH_CONNECTIONS:-64}
 WRK_THREADS=${BENCH_WRK_THREADS:-1}
 WORKERS_LIST=${BENCH_WORKERS:-"1 2"}
 BUILD=1
+PGO=0
 TURNSTILE_BIN=${TURNSTILE_BIN:-}
 CPU_PROXY=${BENCH_CPU_PROXY:-0}
 CPU_LOAD=${BENCH_CPU_LOAD:-1}
@@ -62,6 +65,7 @@ while [[ $# -gt 0 ]]; do
         --connections) CONNECTIONS="$2"; shift 2 ;;
         --workers) WORKERS_LIST="$2"; shift 2 ;;
         --no-build) BUILD=0; shift ;;
+        --pgo) PGO=1; shift ;;
         --turnstile) TURNSTILE_BIN="$2"; BUILD=0; shift 2 ;;
         --max-busy) MAX_BUSY="$2"; shift 2 ;;
         --max-wait) MAX_WAIT="$2"; shift 2 ;;
@@ -483,6 +487,13 @@ done
 for tool in "$NGINX" "$WRK" taskset curl python3; do
     command -v "$tool" >/dev/null || { echo "error: $tool not found; install it" >&2; exit 2; }
 done
+
+# Built once, before a --layout both run starts its two halves.
+if (( PGO )) && [[ -z "$TURNSTILE_BIN" ]]; then
+    echo "building turnstile with profile-guided optimisation (bench/pgo.sh)..."
+    TURNSTILE_BIN=$("$BENCH_DIR/pgo.sh" | tail -1)
+    ORIGINAL_ARGS+=(--turnstile "$TURNSTILE_BIN")
+fi
 
 case "$LAYOUT" in
     proxy-alone) CPU_UPSTREAM=$CPU_LOAD ;;
