@@ -23,7 +23,7 @@ SECONDS_PER_LOAD=3
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --seconds) SECONDS_PER_LOAD="$2"; shift 2 ;;
-        *) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+        *) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 for tool in cargo rustc nginx wrk redis-server python3 curl; do
@@ -118,6 +118,20 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 20}
 YAML
 
+# load TEMPLATE URL [WRK ARGS...]: wrk for --seconds. A profile of errors would train the wrong
+# paths: every answer must be a 200 (a 429 on a flood), and no connection may fail.
+load() {
+    local template=$1 url=$2 out
+    shift 2
+    out=$(timeout 60 wrk -t1 -c50 -d"${SECONDS_PER_LOAD}s" "$@" "$url")
+    grep 'Requests/sec' <<<"$out" >&2
+    if grep -q 'Socket errors' <<<"$out" || { [[ $template != *flood* ]] && grep -q 'Non-2xx' <<<"$out"; }; then
+        echo "pgo: the $template load failed:" >&2
+        echo "$out" >&2
+        return 1
+    fi
+}
+
 # train TEMPLATE WORKERS: the instrumented gateway on bench/TEMPLATE.yaml.tmpl (plus an Envoy rate
 # limit listener), under GETs, POSTs and rate-limit calls.
 train() {
@@ -132,9 +146,8 @@ train() {
     local pid=$LAST_PID
     wait_http "http://127.0.0.1:$port/" "$pid"
     echo "pgo: $template, $workers worker(s)" >&2
-    timeout 60 wrk -t1 -c50 -d"${SECONDS_PER_LOAD}s" "http://127.0.0.1:$port/" | grep 'Requests/sec' >&2
-    timeout 60 wrk -t1 -c50 -d"${SECONDS_PER_LOAD}s" -s "$WORK/post.lua" "http://127.0.0.1:$port/" \
-        | grep 'Requests/sec' >&2
+    load "$template" "http://127.0.0.1:$port/"
+    load "$template" "http://127.0.0.1:$port/" -s "$WORK/post.lua"
     timeout 60 "$RLS_LOAD" --addr "127.0.0.1:$rls" \
         --domain train --key user --values 1000 --seconds "$SECONDS_PER_LOAD" --requests 2000000 \
         --concurrency 64 --connections 4 | tail -1 >&2
