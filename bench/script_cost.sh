@@ -3,9 +3,10 @@
 # INFO commandstats, or with --callgrind, instructions per decision counted by callgrind (load-
 # independent; build redis-server from its tag with symbols to see where they go).
 #
-# Usage: bench/script_cost.sh [--callgrind] [--text] [SCRIPT] [BATCH] [CALLS]
+# Usage: bench/script_cost.sh [--callgrind] [--text] [SCRIPT] [BATCH] [CALLS] [KEYS]
 #   SCRIPT  default scripts/decide.lua; BATCH decisions per call (default 15); CALLS (default
-#           4000, or 300 under callgrind). REDIS_SERVER names the server binary (default
+#           4000, or 300 under callgrind); KEYS distinct counters the decisions cycle through
+#           (default 50: no call repeats a key; 1 is one busy client, every decision on one key). REDIS_SERVER names the server binary (default
 #           redis-server), pinned to CPU $BENCH_CPU_LOAD (default 1) when not under callgrind.
 #   --text  sends the older space-separated packed words (for a decide.lua before 2026-11-23).
 set -euo pipefail
@@ -24,6 +25,7 @@ done
 SCRIPT=${1:-$REPO_DIR/scripts/decide.lua}
 BATCH=${2:-15}
 CALLS=${3:-$([[ $CALLGRIND == 1 ]] && echo 300 || echo 4000)}
+NKEYS=${4:-50}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnstile-script.XXXXXX")
@@ -52,16 +54,16 @@ for _ in $(seq 1 150); do
 done
 LOAD=(python3 "$BENCH_DIR/script_load.py" "$PORT" "$SCRIPT")
 # A first round loads the script and warms the keys; only the second is measured.
-"${LOAD[@]}" "$BATCH" 50 50 "${TEXT[@]}" >/dev/null
+"${LOAD[@]}" "$BATCH" 50 "$NKEYS" "${TEXT[@]}" >/dev/null
 if [[ $CALLGRIND == 1 ]]; then
     callgrind_control -z "$PID" >/dev/null 2>&1
-    "${LOAD[@]}" "$BATCH" "$CALLS" 50 "${TEXT[@]}"
+    "${LOAD[@]}" "$BATCH" "$CALLS" "$NKEYS" "${TEXT[@]}"
     callgrind_control -d "$PID" >/dev/null 2>&1
     sleep 0.5
     IR=$(grep -h "^totals:" "$WORK"/cg.* | awk '{print $2}' | sort -n | tail -1)
-    echo "$(basename "$SCRIPT"): $((IR / (BATCH * CALLS))) instructions per decision ($BATCH a call, $CALLS calls)"
+    echo "$(basename "$SCRIPT"): $((IR / (BATCH * CALLS))) instructions per decision ($BATCH a call, $CALLS calls, $NKEYS keys)"
     mkdir -p "$BENCH_DIR/out/callgrind"
     cp "$(ls -S "$WORK"/cg.* | head -1)" "$BENCH_DIR/out/callgrind/redis-script-$(date +%Y%m%d-%H%M%S).out"
 else
-    "${LOAD[@]}" "$BATCH" "$CALLS" 50 "${TEXT[@]}"
+    "${LOAD[@]}" "$BATCH" "$CALLS" "$NKEYS" "${TEXT[@]}"
 fi

@@ -47,7 +47,7 @@
 --
 -- Every policy is evaluated from the stored state first; only if all allow (shadow policies aside)
 -- is anything written, so a rejected request consumes nothing anywhere. Every written key gets a
--- PEXPIRE.
+-- PEXPIRE (a run of single-bucket decisions on one bucket writes it once, at the run's end).
 
 -- Writes after TIME must replicate as effects (needed before Redis 5; a no-op since).
 if redis.replicate_commands then
@@ -501,15 +501,47 @@ local argv = {}
 -- every decision of a call (only indices 1..policies are read), so a decision allocates no lists.
 local plans, outcomes, commits = {}, {}, {}
 
+-- The bucket of the last single-bucket decision, kept across decisions of this call: a batch of
+-- concurrent requests is often one busy client's, and a run of decisions on one bucket then reads
+-- it once and writes it once, instead of an HMGET, an HSET and a PEXPIRE each (docs/redis.md).
+-- Exact: the script is atomic, every other reader or writer of a bucket in this call flushes it
+-- first, and the values kept are the ones a read would give back (the %.17g written parses back to
+-- the same double; ts is kept truncated, as %d writes it).
+-- bucket_t is false for a key Redis does not hold (a full bucket); bucket_ttl, the TTL in ms the
+-- last commit asked for, is nil while nothing is left to write.
+local bucket_key, bucket_t, bucket_ts, bucket_ttl = nil, nil, nil, nil
+
+-- Writes the kept bucket if a decision committed to it, and forgets it.
+local function flush()
+  if bucket_ttl then
+    call('HSET', bucket_key, 't', format('%.17g', bucket_t), 'ts', format('%d', bucket_ts))
+    call('PEXPIRE', bucket_key, bucket_ttl)
+  end
+  bucket_key, bucket_ttl = nil, nil
+end
+
 -- The usual decision, a single token bucket, in one straight line: tb_eval, tb_outcome and
 -- tb_commit's arithmetic in the same order, without a plan table or a call between them (15% of
 -- Redis's instructions for such a decision; docs/benchmarks.md). tests/conformance.rs holds both
 -- paths to the spec: its single-bucket steps come here, its steps with several checks do not.
 local function decide_tb(key, rate, burst, cost, shadow, now, reply, rn, force)
-  local h = call('HMGET', key, 't', 'ts')
-  local tokens, ts = burst, now
-  if h[1] and h[2] then
-    tokens, ts = tonumber(h[1]), tonumber(h[2])
+  local tokens, ts
+  if key == bucket_key then
+    tokens, ts = bucket_t, bucket_ts
+  else
+    if bucket_ttl then
+      flush()
+    end
+    local h = call('HMGET', key, 't', 'ts')
+    if h[1] and h[2] then
+      tokens, ts = tonumber(h[1]), tonumber(h[2])
+    else
+      tokens = false
+    end
+    bucket_key, bucket_t, bucket_ts = key, tokens, ts
+  end
+  if not tokens then
+    tokens, ts = burst, now
   end
   local elapsed = now - ts
   if elapsed < 0 then
@@ -540,8 +572,9 @@ local function decide_tb(key, rate, burst, cost, shadow, now, reply, rn, force)
     remaining = 0
   end
   if consumed and cost > 0 then
-    call('HSET', key, 't', format('%.17g', tokens - cost), 'ts', format('%d', ts))
-    call('PEXPIRE', key, ceil((reset + (ts - now)) / 1000) + 1000)
+    -- The bucket refills from ts, which a stepped-back clock can put in the future (ttl_ms).
+    bucket_t, bucket_ts = tokens - cost, ts - ts % 1
+    bucket_ttl = ceil((reset + (ts - now)) / 1000) + 1000
   end
   reply[rn + 1], reply[rn + 2], reply[rn + 3], reply[rn + 4] =
     (allowed or shadow == 1) and 1 or 0, allowed and 1 or 0, burst, remaining
@@ -560,6 +593,8 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
       return decide_tb(KEYS[kbase + 1], rate, burst, cost, argv[abase + 5], now, reply, rn, force)
     end
   end
+  -- Its checks read and write Redis directly, so the kept bucket goes first.
+  flush()
   local all_allowed = true
   for i = 1, policies do
     local a = abase + 6 * (i - 1)
@@ -707,25 +742,32 @@ if argv[1] == 'batch' then
   -- Decisions one after another, each all-or-nothing on its own and seeing the ones before.
   local src = ARGV
   local nkeys = #KEYS
-  local k, a, rn = 0, 2, 0
+  local k, a, rn, err = 0, 2, 0, nil
   while a <= argc do
     local policies = tonumber((packed and argv or src)[a + 1] or '')
     local now = now_of((packed and argv or src)[a])
     if not now or now < 0 then
-      return redis.error_reply('decide.lua: bad now')
+      err = redis.error_reply('decide.lua: bad now')
+      break
     end
     if not policies or policies < 1 or k + policies > nkeys or a + 1 + 6 * policies > argc then
-      return redis.error_reply('decide.lua: bad batch')
+      err = redis.error_reply('decide.lua: bad batch')
+      break
     end
     if not packed then
       numeric(src, a + 2, policies)
     end
-    local err
-    rn, err = decide(k, a + 2, policies, now, reply, rn, false)
-    if not rn then
-      return err
+    local next_rn
+    next_rn, err = decide(k, a + 2, policies, now, reply, rn, false)
+    if not next_rn then
+      break
     end
-    k, a = k + policies, a + 2 + 6 * policies
+    rn, k, a = next_rn, k + policies, a + 2 + 6 * policies
+  end
+  -- Also after a bad decision: the decisions before it stand, as separate calls' would.
+  flush()
+  if err then
+    return err
   end
   if k ~= nkeys then
     return redis.error_reply('decide.lua: bad batch')
@@ -758,6 +800,7 @@ if not now or now < 0 then
 end
 numeric(ARGV, 2 + base, #KEYS)
 local rn, err = decide(0, 2 + base, #KEYS, now, reply, 0, force)
+flush()
 if not rn then
   return err
 end

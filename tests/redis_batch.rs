@@ -252,3 +252,120 @@ fn q_args(now: u64) -> [String; 6] {
         "1".to_string(),
     ]
 }
+
+/// One decision of a plain batch: microseconds after a start, then its checks as (counter, the
+/// check's six arguments).
+type Decision = (u64, Vec<(&'static str, [String; 6])>);
+
+/// A run of single-bucket decisions on one bucket reads it once and writes it once
+/// (decide.lua's kept bucket), and answers and stores exactly what separate calls do: the same
+/// integers, the same tokens and timestamp, the TTL of the run's last commit. Runs broken by
+/// another bucket, by a decision with several checks on that bucket, and by a refusal are in it.
+#[test]
+fn a_run_on_one_bucket_answers_and_stores_what_separate_calls_do() {
+    let redis = support::redis::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let now = 1_763_900_000_123_457u64;
+    let a = |cost: u64| ("a", tb_args(cost));
+    let b = |cost: u64| ("b", tb_args(cost));
+    let w = || ("w", sw_args(1));
+    let decisions: Vec<Decision> = vec![
+        (0, vec![a(1)]),
+        (1_700, vec![a(1)]),
+        (1_700, vec![a(5)]), // refused: over the burst
+        (2_000, vec![a(1)]),
+        (2_000, vec![a(1)]), // refused: empty
+        (2_500, vec![b(1)]),
+        (900_000, vec![a(1)]), // refused: a third of a token
+        (3_100_000, vec![a(1), w()]),
+        (3_100_000, vec![a(1)]), // refused
+        (6_100_000, vec![a(1)]),
+        (6_100_000, vec![a(0)]),
+        (8_000_000, vec![a(1)]), // refused
+        (9_000_000, vec![b(2)]),
+        (9_000_000, vec![b(1)]), // a run of two commits, each with its own TTL
+    ];
+    let key = |prefix: &str, counter: &str, kind: &str| format!("{prefix}{{{counter}}}:{kind}");
+    let batch_words = |prefix: &str, decisions: &[Decision]| {
+        let mut keys = Vec::new();
+        let mut argv = vec!["batch".to_string()];
+        for (at, checks) in decisions {
+            argv.push((now + at).to_string());
+            argv.push(checks.len().to_string());
+            for (counter, args) in checks {
+                keys.push(key(prefix, counter, &args[0]));
+                argv.extend(args.iter().cloned());
+            }
+        }
+        let mut words = vec!["eval".to_string(), script.clone(), keys.len().to_string()];
+        words.extend(keys);
+        words.extend(argv);
+        words
+    };
+    let integers = |words: Vec<String>| -> Vec<i64> {
+        let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+        let reply = redis.cli(&refs);
+        reply
+            .iter()
+            .flat_map(|line| line.split_whitespace())
+            .map(|n| {
+                n.parse()
+                    .unwrap_or_else(|_| panic!("not an integer: {reply:?}"))
+            })
+            .collect()
+    };
+
+    let together = integers(batch_words("run:", &decisions));
+    let mut separate = Vec::new();
+    for d in &decisions {
+        separate.extend(integers(batch_words("one:", std::slice::from_ref(d))));
+    }
+    assert_eq!(together, separate);
+    // Each decision's reply is its verdict, then seven integers per check.
+    let mut verdicts = Vec::new();
+    let mut at = 0;
+    for (_, checks) in &decisions {
+        verdicts.push(together[at]);
+        at += 1 + 7 * checks.len();
+    }
+    assert_eq!(verdicts, [1, 1, 0, 1, 0, 1, 0, 1, 0, 1, 1, 0, 1, 1]);
+
+    for (counter, kind) in [("a", "tb"), ("b", "tb"), ("w", "sw")] {
+        let (run, one) = (key("run:", counter, kind), key("one:", counter, kind));
+        if kind == "tb" {
+            for field in ["t", "ts"] {
+                assert_eq!(
+                    redis.cli(&["hget", &run, field]),
+                    redis.cli(&["hget", &one, field]),
+                    "{counter}.{field}"
+                );
+            }
+        }
+        let pttl = |k: &str| -> i64 { redis.cli(&["pttl", k])[0].parse().expect("pttl") };
+        let (run_ttl, one_ttl) = (pttl(&run), pttl(&one));
+        assert!(run_ttl > 0, "{run} has no TTL");
+        // The separate calls ran later, so theirs is at most the time between longer.
+        assert!(
+            (one_ttl - run_ttl).abs() < 500,
+            "{counter}: TTL {run_ttl} ms in a run, {one_ttl} ms alone"
+        );
+    }
+
+    // A malformed decision fails the call; the decisions before it stand, as separate calls'.
+    let mut words = batch_words("bad:", &decisions[..2]);
+    words.extend(["x", "1"].map(String::from));
+    let reply = redis.cli(&words.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(reply.join(" ").contains("bad"), "{reply:?}");
+    for d in &decisions[..2] {
+        integers(batch_words("good:", std::slice::from_ref(d)));
+    }
+    for field in ["t", "ts"] {
+        assert_eq!(
+            redis.cli(&["hget", &key("bad:", "a", "tb"), field]),
+            redis.cli(&["hget", &key("good:", "a", "tb"), field]),
+            "{field} after a malformed third decision"
+        );
+    }
+}
