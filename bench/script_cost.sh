@@ -6,8 +6,9 @@
 # Usage: bench/script_cost.sh [--callgrind] [--text] [SCRIPT] [BATCH] [CALLS] [KEYS]
 #   SCRIPT  default scripts/decide.lua; BATCH decisions per call (default 15); CALLS (default
 #           4000, or 300 under callgrind); KEYS distinct counters the decisions cycle through
-#           (default 50: no call repeats a key; 1 is one busy client, every decision on one key). REDIS_SERVER names the server binary (default
-#           redis-server), pinned to CPU $BENCH_CPU_LOAD (default 1) when not under callgrind.
+#           (default 50: no call repeats a key; 1 is one busy client, every decision on one key).
+#           REDIS_SERVER names the server binary (default redis-server), pinned to CPU
+#           $BENCH_CPU_LOAD (default 1) when not under callgrind.
 #   --text  sends the older space-separated packed words (for a decide.lua before 2026-11-23).
 set -euo pipefail
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

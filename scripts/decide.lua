@@ -534,13 +534,14 @@ local function decide_tb(key, rate, burst, cost, shadow, now, reply, rn, force)
     end
     local h = call('HMGET', key, 't', 'ts')
     if h[1] and h[2] then
+      -- A field that is not a number stays nil and fails the call below, as it always has.
       tokens, ts = tonumber(h[1]), tonumber(h[2])
     else
       tokens = false
     end
     bucket_key, bucket_t, bucket_ts = key, tokens, ts
   end
-  if not tokens then
+  if tokens == false then
     tokens, ts = burst, now
   end
   local elapsed = now - ts
