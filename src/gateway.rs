@@ -24,51 +24,85 @@ use crate::route::{PathParams, RequestHead};
 use crate::state::{AppState, Live, RouteResources};
 
 /// Serves one request; never fails (refusals become responses).
-pub async fn handle(
+///
+/// An async block rather than an `async fn`: an `async fn` keeps its arguments in its state
+/// beside the locals they become, and the request is the largest of them.
+#[allow(clippy::manual_async_fn)]
+pub fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,
     mut req: Request<ClientBody>,
-) -> Result<Response<ResponseBody>, Infallible> {
-    let started = Instant::now();
-    let live = state.live.load_full();
-    // One spelling per request, before anything reads it: routing, keys and the upstream.
-    if let Err(e) = normalize::canonicalize(&mut req, live.config.server.paths) {
-        let response = respond::refusal(&Refusal::BadRequest(e.to_string()));
-        live.unmatched
-            .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
-        return Ok(response);
-    }
-    let host = normalize::host::host(req.headers());
-    let head = RequestHead {
-        method: req.method(),
-        host,
-        path: req.uri().path(),
-        headers: req.headers(),
-    };
-    let Some((index, params)) = admission::route_for(&live, &head) else {
-        let refusal = match admission::allowed_methods(&live, &head) {
-            Some(allow) => Refusal::MethodNotAllowed(allow),
-            None => Refusal::NoRoute,
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+    async move {
+        let started = Instant::now();
+        let live = state.live.load_full();
+        // One spelling per request, before anything reads it: routing, keys and the upstream.
+        if let Err(e) = normalize::canonicalize(&mut req, live.config.server.paths) {
+            let response = respond::refusal(&Refusal::BadRequest(e.to_string()));
+            live.unmatched
+                .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+            return Ok(response);
+        }
+        let host = normalize::host::host(req.headers());
+        let head = RequestHead {
+            method: req.method(),
+            host,
+            path: req.uri().path(),
+            headers: req.headers(),
         };
-        let response = respond::refusal(&refusal);
-        live.unmatched
-            .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
-        return Ok(response);
-    };
+        let Some((index, params)) = admission::route_for(&live, &head) else {
+            let refusal = match admission::allowed_methods(&live, &head) {
+                Some(allow) => Refusal::MethodNotAllowed(allow),
+                None => Refusal::NoRoute,
+            };
+            let response = respond::refusal(&refusal);
+            live.unmatched
+                .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+            return Ok(response);
+        };
 
-    let route = &live.config.routes[index];
-    let resources = &live.routes[index];
-    // Admission reads the request (and the host found above); only then is it moved on.
-    let admitted = admit(&state, &live, route, resources, &params, peer, &req, host).await;
-    let served = match admitted {
-        Ok(admitted) => act(&state, &live, route, resources, &params, req, admitted).await,
-        Err(refusal) => Err(refusal),
-    };
-    let response = served.unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
-    resources
-        .metrics
-        .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
-    Ok(response)
+        let route = &live.config.routes[index];
+        let resources = &live.routes[index];
+        // Admission reads the request (and the host found above); only then is it moved on.
+        let admitted = admit(&state, &live, route, resources, &params, peer, &req, host).await;
+        // The act phase, its steps synchronous but the upstream's: this future holds the request's
+        // state itself, and a nested future would be copied whole into it (`proxy::Outgoing`).
+        let served = match admitted {
+            Ok(Admission {
+                limits,
+                mut after,
+                peer_ip,
+            }) => {
+                // Held from here: a failure below, or the client going away, drops it (released).
+                let lease = after.lease(&state, &resources.metrics.in_flight);
+                // Bound before the await, so the step's result is not kept in this future's state.
+                let answered = 'act: {
+                    let (outgoing, upgrade) =
+                        match begin_act(&live, route, resources, &params, req, peer_ip) {
+                            Ok(Act::Forward(outgoing, upgrade)) => (outgoing, upgrade),
+                            Ok(Act::Answer(response)) => break 'act Ok(response),
+                            Err(refusal) => break 'act Err(refusal),
+                        };
+                    outgoing
+                        .send()
+                        .await
+                        .and_then(|sent| proxy::finish(sent, upgrade))
+                        .map_err(|e| {
+                            upstream_failed(route, resources, e, live.config.server.max_body_size)
+                        })
+                };
+                answered.map(|response| {
+                    end_act(&state, route, resources, response, &limits, after, lease)
+                })
+            }
+            Err(refusal) => Err(refusal),
+        };
+        let response = served.unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
+        resources
+            .metrics
+            .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+        Ok(response)
+    }
 }
 
 /// What admission hands the act phase.
@@ -121,36 +155,35 @@ async fn admit<'l>(
     })
 }
 
-/// The act phase: forward the admitted request, or answer it directly.
-async fn act<'l>(
-    state: &Arc<AppState>,
+/// What the act phase does with an admitted request.
+enum Act<'l> {
+    /// The route answers it itself.
+    Answer(Response<ResponseBody>),
+    /// To the upstream.
+    Forward(proxy::Outgoing<'l>, proxy::ClientUpgrade),
+}
+
+/// The act phase, up to the upstream: the direct answer, or the request made ready for it.
+// The refusal is what `handle` answers with: boxing it would allocate for nothing.
+#[allow(clippy::result_large_err)]
+fn begin_act<'l>(
     live: &'l Live,
     route: &'l Route,
     resources: &'l RouteResources,
     params: &PathParams,
-    req: Request<ClientBody>,
-    admitted: Admission,
-) -> Result<Response<ResponseBody>, Refusal<'l>> {
-    let Admission {
-        limits,
-        mut after,
-        peer_ip,
-    } = admitted;
-    let max_body = live.config.server.max_body_size;
-    // Held from here: a failure below, or the client going away, drops it (released).
-    let lease = after.lease(state, &resources.metrics.in_flight);
-
-    let mut response = match &route.action {
+    mut req: Request<ClientBody>,
+    peer_ip: std::net::IpAddr,
+) -> Result<Act<'l>, Refusal<'l>> {
+    match &route.action {
         Action::Respond(direct) => {
             let mut r = Response::new(ResponseBody::full(direct.body.clone()));
             *r.status_mut() = direct.status;
             r.headers_mut()
                 .insert(http::header::CONTENT_TYPE, direct.content_type.clone());
-            r
+            Ok(Act::Answer(r))
         }
         Action::Forward(upstream) => {
             // After the decision: keys were made from the request's own path.
-            let mut req = req;
             if let Some(rewrite) = &route.rewrite {
                 match rewrite.apply(req.uri(), params) {
                     Some(uri) => *req.uri_mut() = uri,
@@ -164,12 +197,25 @@ async fn act<'l>(
             let Some(client) = &resources.client else {
                 return Err(Refusal::UpstreamUnreachable(&route.name));
             };
-            proxy::forward(upstream, client, req, client_side, &live.config.server)
-                .await
-                .map_err(|e| upstream_failed(route, resources, e, max_body))?
+            let (outgoing, upgrade) =
+                proxy::prepare(upstream, client, req, client_side, &live.config.server);
+            Ok(Act::Forward(outgoing, upgrade))
         }
-        Action::CheckOnly => return Err(Refusal::CheckOnly(&route.name)),
-    };
+        Action::CheckOnly => Err(Refusal::CheckOnly(&route.name)),
+    }
+}
+
+/// The act phase, after the answer: the response's cost charged, the rate-limit fields added,
+/// the lease carried by the body.
+fn end_act(
+    state: &Arc<AppState>,
+    route: &Route,
+    resources: &RouteResources,
+    mut response: Response<ResponseBody>,
+    limits: &crate::respond::Limits,
+    after: crate::inflight::AfterAdmission,
+    lease: Option<crate::inflight::LeaseGuard>,
+) -> Response<ResponseBody> {
     if after.reads_response() {
         crate::proxy::fields::materialize(&mut response);
     }
@@ -177,13 +223,13 @@ async fn act<'l>(
     // A lean upstream response keeps its fields raw: the gateway's go beside them, unformatted.
     let fields = &route.rate_limit_headers;
     match response.body_mut().upstream_fields_mut() {
-        Some(raw) => fields.insert(raw, &limits, false),
-        None => fields.insert(response.headers_mut(), &limits, false),
+        Some(raw) => fields.insert(raw, limits, false),
+        None => fields.insert(response.headers_mut(), limits, false),
     }
     if let Some(lease) = lease {
         response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
     }
-    Ok(response)
+    response
 }
 
 /// Counts an upstream failure and names the refusal it becomes.

@@ -59,8 +59,34 @@ pub struct ClientSide {
     pub peer_trusted: bool,
 }
 
+/// A request made ready for its upstream by [`prepare`], sent by [`Outgoing::send`].
+///
+/// Forwarding is three steps (prepare, send, finish) rather than one `async fn` so that the
+/// caller's future holds only the sending: a nested future is copied whole each time it moves
+/// into its caller's state, and the request's futures were most of a proxied request's
+/// `memmove` (docs/benchmarks.md, issue 14's tenth pass).
+pub struct Outgoing<'a> {
+    targets: &'a Arc<Balancer>,
+    request: Request<RequestBody>,
+    /// CONNECT: the request's authority-form URI is set per target.
+    connect: bool,
+    /// The client sent no `Host`: each target's default is used.
+    own_host: bool,
+    /// One deadline for the response head, however many targets are tried.
+    deadline: tokio::time::Instant,
+}
+
+/// The client's side of an `Upgrade` the upstream may accept ([`finish`] tunnels it).
+pub struct ClientUpgrade(Option<hyper::upgrade::OnUpgrade>);
+
+/// What the upstream answered, before [`finish`] makes it the client's response.
+pub struct Sent {
+    response: Response<pool::UpstreamBody>,
+    in_flight: balance::InFlight,
+}
+
 /// Sends `req` to a target of `upstream` chosen by `targets` and returns its response (body
-/// streaming).
+/// streaming): [`prepare`], [`Outgoing::send`] and [`finish`] in one future.
 pub async fn forward(
     upstream: &Upstream,
     targets: &Arc<Balancer>,
@@ -68,6 +94,19 @@ pub async fn forward(
     client_side: ClientSide,
     server: &ServerSettings,
 ) -> Result<Response<ResponseBody>, ForwardError> {
+    let (outgoing, upgrade) = prepare(upstream, targets, req, client_side, server);
+    finish(outgoing.send().await?, upgrade)
+}
+
+/// Turns the client's request into the one its upstream gets: origin-form, HTTP/1.1, hop-by-hop
+/// fields stripped, `Host` and the `Forwarded` family set.
+pub fn prepare<'a>(
+    upstream: &Upstream,
+    targets: &'a Arc<Balancer>,
+    req: Request<ClientBody>,
+    client_side: ClientSide,
+    server: &ServerSettings,
+) -> (Outgoing<'a>, ClientUpgrade) {
     let (mut parts, body) = req.into_parts();
     let proto = if parts.extensions.get::<crate::tls::Https>().is_some() {
         "https"
@@ -118,64 +157,105 @@ pub async fn forward(
     );
 
     let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);
-    let mut outgoing = Request::from_parts(parts, body);
-    // One deadline for the response head, however many targets are tried.
-    let deadline = tokio::time::Instant::now() + upstream.timeout;
-    let mut failed = None;
-    let (response, in_flight) = loop {
-        let Some(index) = targets.pick(failed) else {
-            return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
-        };
-        let target = targets.target(index);
-        if connect {
-            *outgoing.uri_mut() = Uri::from(target.authority.clone());
-        }
-        if own_host {
-            if let Some(default) = target.client.default_host() {
-                outgoing
-                    .headers_mut()
-                    .insert(http::header::HOST, default.clone());
-            }
-        }
-        let in_flight = targets.begin(index);
-        // Awaited where it is made: a future held in a local first takes room in this future's
-        // state twice (the local and the await), and the whole request future is copied as it
-        // moves.
-        let error = match tokio::time::timeout_at(deadline, target.client.send_or_return(outgoing))
-            .await
-        {
-            Ok(Ok(response)) => {
-                targets.record(index, TargetOutcome::Ok);
-                break (response, in_flight);
-            }
-            Err(_) => ForwardError::Timeout,
-            Ok(Err((ClientError::Connect(e), Some(back)))) => {
-                tracing::debug!(target = %target.authority, error = %e, "upstream connect failed");
-                targets.record(index, TargetOutcome::ConnectError);
-                if failed.is_none() {
-                    // Nothing was sent: the request is whole, another target may take it.
-                    failed = Some(index);
-                    outgoing = back;
-                    continue;
-                }
-                return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
-            }
-            Ok(Err((e, _))) => classify(&e),
-        };
-        targets.record(
-            index,
-            match &error {
-                ForwardError::Timeout => TargetOutcome::Timeout,
-                ForwardError::PoolTimeout => TargetOutcome::Busy,
-                ForwardError::Unreachable(UpstreamErrorKind::Connect) => {
-                    TargetOutcome::ConnectError
-                }
-                _ => TargetOutcome::Error,
-            },
-        );
-        return Err(error);
+    let outgoing = Outgoing {
+        targets,
+        request: Request::from_parts(parts, body),
+        connect,
+        own_host,
+        deadline: tokio::time::Instant::now() + upstream.timeout,
     };
+    (outgoing, ClientUpgrade(client_upgrade))
+}
 
+impl<'a> Outgoing<'a> {
+    /// Sends the request to a target, and to one other when nothing could be sent to the first
+    /// (a failed connect); the response head must come by the deadline.
+    ///
+    /// Taken apart before the future is made, which then holds each part once (an `async fn`
+    /// would keep `self` beside them).
+    pub fn send(self) -> impl std::future::Future<Output = Result<Sent, ForwardError>> + 'a {
+        let Outgoing {
+            targets,
+            request: mut outgoing,
+            connect,
+            own_host,
+            deadline,
+        } = self;
+        async move {
+            let mut failed = None;
+            loop {
+                let Some(index) = targets.pick(failed) else {
+                    return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
+                };
+                let target = targets.target(index);
+                if connect {
+                    *outgoing.uri_mut() = Uri::from(target.authority.clone());
+                }
+                if own_host {
+                    if let Some(default) = target.client.default_host() {
+                        outgoing
+                            .headers_mut()
+                            .insert(http::header::HOST, default.clone());
+                    }
+                }
+                let in_flight = targets.begin(index);
+                // Awaited where it is made: a future held in a local first takes room in this
+                // future's state twice (the local and the await).
+                let error = match tokio::time::timeout_at(
+                    deadline,
+                    target.client.send_or_return(outgoing),
+                )
+                .await
+                {
+                    Ok(Ok(response)) => {
+                        targets.record(index, TargetOutcome::Ok);
+                        return Ok(Sent {
+                            response,
+                            in_flight,
+                        });
+                    }
+                    Err(_) => ForwardError::Timeout,
+                    Ok(Err((ClientError::Connect(e), Some(back)))) => {
+                        tracing::debug!(target = %target.authority, error = %e, "upstream connect failed");
+                        targets.record(index, TargetOutcome::ConnectError);
+                        if failed.is_none() {
+                            // Nothing was sent: the request is whole, another target may take it.
+                            failed = Some(index);
+                            outgoing = back;
+                            continue;
+                        }
+                        return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
+                    }
+                    Ok(Err((e, _))) => classify(&e),
+                };
+                targets.record(
+                    index,
+                    match &error {
+                        ForwardError::Timeout => TargetOutcome::Timeout,
+                        ForwardError::PoolTimeout => TargetOutcome::Busy,
+                        ForwardError::Unreachable(UpstreamErrorKind::Connect) => {
+                            TargetOutcome::ConnectError
+                        }
+                        _ => TargetOutcome::Error,
+                    },
+                );
+                return Err(error);
+            }
+        }
+    }
+}
+
+/// Makes the upstream's answer the client's response: an accepted upgrade is tunnelled, an
+/// uninvited one refused, hop-by-hop fields stripped.
+pub fn finish(
+    sent: Sent,
+    client_upgrade: ClientUpgrade,
+) -> Result<Response<ResponseBody>, ForwardError> {
+    let Sent {
+        response,
+        in_flight,
+    } = sent;
+    let client_upgrade = client_upgrade.0;
     let (mut parts, mut body) = response.into_parts();
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {

@@ -196,22 +196,27 @@ impl UpstreamClient {
 
     /// As [`send`](Self::send), but a request that never left (no connection, or none within
     /// `pool_timeout`) comes back with the error, for another target to take.
-    pub async fn send_or_return(
+    ///
+    /// The request is taken apart before the future is made, which then holds it once (an
+    /// `async fn` would keep the request beside its parts).
+    pub fn send_or_return(
         &self,
         req: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)> {
-        if self.shared.lean {
-            let (parts, body) = req.into_parts();
-            if h1::suits(&parts, body.is_end_stream()) {
+    ) -> impl std::future::Future<
+        Output = Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)>,
+    > + '_ {
+        let (parts, body) = req.into_parts();
+        let lean = self.shared.lean && h1::suits(&parts, body.is_end_stream());
+        async move {
+            if lean {
                 return self
                     .send_lean(&parts)
                     .await
                     .map_err(|(e, unsent)| (e, unsent.then(|| Request::from_parts(parts, body))));
             }
             // Boxed: hyper's exchange would make every request's future as large as its own.
-            return Box::pin(self.send_hyper(Request::from_parts(parts, body))).await;
+            Box::pin(self.send_hyper(Request::from_parts(parts, body))).await
         }
-        Box::pin(self.send_hyper(req)).await
     }
 
     /// A bodiless request on a lean connection. The error's flag: nothing was sent.
