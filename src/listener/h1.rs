@@ -118,19 +118,22 @@ where
 
         // In flight: the client closing cancels the request, as with hyper. Bytes that arrive
         // meanwhile are the next requests (pipelining), kept up to the head size limit.
-        let mut response = pin!(handler(peer, request));
-        let response = loop {
-            let watching = buf.len() < limits.max_header_size;
-            if watching {
-                room(&mut buf);
-            }
-            tokio::select! {
-                biased;
-                response = &mut response => break response,
-                read = stream.read_buf(&mut buf), if watching => match read {
-                    Ok(0) | Err(_) => return Ended::Closed,
-                    Ok(_) => {}
-                },
+        // Scoped: the finished future's room is free for the write below to reuse.
+        let response = {
+            let mut response = pin!(handler(peer, request));
+            loop {
+                let watching = buf.len() < limits.max_header_size;
+                if watching {
+                    room(&mut buf);
+                }
+                tokio::select! {
+                    biased;
+                    response = &mut response => break response,
+                    read = stream.read_buf(&mut buf), if watching => match read {
+                        Ok(0) | Err(_) => return Ended::Closed,
+                        Ok(_) => {}
+                    },
+                }
             }
         };
         let Ok(response) = response;
@@ -247,92 +250,97 @@ enum Framing {
 /// waits for its upstream, the client's side is watched too: its close ends the exchange (the
 /// body, and whatever it holds, is dropped, as hyper drops it), and what it sends meanwhile is
 /// kept in `buf` for the next request.
-async fn write_response(
-    stream: &mut TcpStream,
-    out: &mut BytesMut,
-    buf: &mut BytesMut,
-    limits: &Limits,
+///
+/// The head is encoded before the future is made, which then holds only the body (an `async fn`
+/// would keep the whole response in its state beside it).
+fn write_response<'a>(
+    stream: &'a mut TcpStream,
+    out: &'a mut BytesMut,
+    buf: &'a mut BytesMut,
+    limits: &'a Limits,
     response: Response<ResponseBody>,
     closing: bool,
-) -> io::Result<bool> {
-    let (parts, body) = response.into_parts();
+) -> impl Future<Output = io::Result<bool>> + 'a {
+    let (parts, mut body) = response.into_parts();
     out.clear();
     let (framing, mut reusable) = encode_head(out, &parts.status, &parts.headers, &body, closing);
     drop(parts);
-    if framing == Framing::None {
-        stream.write_all(out).await?;
-        return Ok(reusable);
-    }
-    let mut body = pin!(body);
-    let mut sent: u64 = 0;
-    loop {
-        // The head waits for the first body bytes when they are already here: one write.
-        let watching = buf.len() < limits.max_header_size;
-        let step = poll_fn(|cx| match body.as_mut().poll_frame(cx) {
-            Poll::Ready(Some(frame)) => Poll::Ready(Step::Frame(frame)),
-            Poll::Ready(None) => Poll::Ready(Step::End),
-            Poll::Pending if !out.is_empty() => Poll::Ready(Step::Flush),
-            Poll::Pending if watching && stream.poll_read_ready(cx).is_ready() => {
-                Poll::Ready(Step::Readable)
-            }
-            Poll::Pending => Poll::Pending,
-        })
-        .await;
-        match step {
-            Step::Readable => {
-                room(buf);
-                match stream.try_read_buf(buf) {
-                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
+    async move {
+        if framing == Framing::None {
+            stream.write_all(out).await?;
+            return Ok(reusable);
+        }
+        let mut body = Pin::new(&mut body);
+        let mut sent: u64 = 0;
+        loop {
+            // The head waits for the first body bytes when they are already here: one write.
+            let watching = buf.len() < limits.max_header_size;
+            let step = poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(frame)) => Poll::Ready(Step::Frame(frame)),
+                Poll::Ready(None) => Poll::Ready(Step::End),
+                Poll::Pending if !out.is_empty() => Poll::Ready(Step::Flush),
+                Poll::Pending if watching && stream.poll_read_ready(cx).is_ready() => {
+                    Poll::Ready(Step::Readable)
                 }
-            }
-            Step::Flush => {
-                stream.write_all(out).await?;
-                out.clear();
-            }
-            Step::End => {
-                match framing {
-                    Framing::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
-                    // Shorter than announced: the client must see the connection end.
-                    Framing::Length(n) if sent != n => reusable = false,
-                    _ => {}
+                Poll::Pending => Poll::Pending,
+            })
+            .await;
+            match step {
+                Step::Readable => {
+                    room(buf);
+                    match stream.try_read_buf(buf) {
+                        Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
                 }
-                stream.write_all(out).await?;
-                out.clear();
-                return Ok(reusable);
-            }
-            Step::Frame(Err(_)) => {
-                // The body broke: what was sent stands, and the close tells the client it is cut.
-                if !out.is_empty() {
+                Step::Flush => {
                     stream.write_all(out).await?;
+                    out.clear();
                 }
-                return Ok(false);
-            }
-            Step::Frame(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                if data.is_empty() {
-                    continue;
+                Step::End => {
+                    match framing {
+                        Framing::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
+                        // Shorter than announced: the client must see the connection end.
+                        Framing::Length(n) if sent != n => reusable = false,
+                        _ => {}
+                    }
+                    stream.write_all(out).await?;
+                    out.clear();
+                    return Ok(reusable);
                 }
-                sent += data.len() as u64;
-                match framing {
-                    Framing::Length(n) if sent > n => {
-                        // Longer than announced: stop at the end of the announced length.
-                        let keep = data.len() - usize::try_from(sent - n).unwrap_or(data.len());
-                        out.extend_from_slice(&data[..keep]);
+                Step::Frame(Err(_)) => {
+                    // The body broke: what was sent stands, and the close tells the client it is cut.
+                    if !out.is_empty() {
                         stream.write_all(out).await?;
-                        return Ok(false);
                     }
-                    Framing::Chunked => {
-                        put_hex(out, data.len());
-                        out.extend_from_slice(b"\r\n");
-                        gather(stream, out, data).await?;
-                        out.extend_from_slice(b"\r\n");
+                    return Ok(false);
+                }
+                Step::Frame(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    if data.is_empty() {
+                        continue;
                     }
-                    _ => gather(stream, out, data).await?,
+                    sent += data.len() as u64;
+                    match framing {
+                        Framing::Length(n) if sent > n => {
+                            // Longer than announced: stop at the end of the announced length.
+                            let keep = data.len() - usize::try_from(sent - n).unwrap_or(data.len());
+                            out.extend_from_slice(&data[..keep]);
+                            stream.write_all(out).await?;
+                            return Ok(false);
+                        }
+                        Framing::Chunked => {
+                            put_hex(out, data.len());
+                            out.extend_from_slice(b"\r\n");
+                            gather(stream, out, data).await?;
+                            out.extend_from_slice(b"\r\n");
+                        }
+                        _ => gather(stream, out, data).await?,
+                    }
                 }
             }
         }
