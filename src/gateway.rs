@@ -95,7 +95,11 @@ pub fn handle(
                     end_act(&state, route, resources, response, &limits, after, lease)
                 })
             }
-            Err(refusal) => Err(refusal),
+            Err(refusal) => {
+                // Refused: the request is done with, its field map serves the next one.
+                proxy::headers::recycle(std::mem::take(req.headers_mut()));
+                Err(refusal)
+            }
         };
         let response = served.unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
         resources

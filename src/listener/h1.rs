@@ -223,7 +223,7 @@ type Span = (usize, usize);
 fn build(head: &Bytes, path: Span, fields: &[(Span, Span)]) -> Option<Request<ClientBody>> {
     let uri = Uri::from_maybe_shared(head.slice(path.0..path.1)).ok()?;
     // Room for the fields the proxy adds (`X-Forwarded-*`, `Forwarded`, `Via`) without growing.
-    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_FIELDS);
+    let mut headers = crate::proxy::headers::field_map(fields.len() + ADDED_FIELDS);
     for &((ns, ne), (vs, ve)) in fields {
         let name = HeaderName::from_bytes(&head[ns..ne]).ok()?;
         let value = HeaderValue::from_maybe_shared(head.slice(vs..ve)).ok()?;

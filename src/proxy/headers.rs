@@ -12,6 +12,45 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// Request field maps kept per thread for reuse, at most this many.
+const SPARE_MAPS: usize = 64;
+/// Maps with room for more fields than this are not kept (the limit bounds what is held).
+const SPARE_MAP_FIELDS: usize = 32;
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<HeaderMap>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty field map with room for `capacity` fields: one that [`recycle`] gave back on this
+/// thread when there is one, a new one otherwise.
+///
+/// Why: a map with room for a request's fields and the ones the proxy adds is over a kilobyte,
+/// more than glibc's per-thread cache serves, so allocating and freeing one per request took
+/// malloc's slow path both ways (docs/benchmarks.md, issue 14's tenth pass). Kept maps are cleared
+/// (their values released) and bounded in number and size.
+pub fn field_map(capacity: usize) -> HeaderMap {
+    let spare = SPARE.with(|spare| spare.try_borrow_mut().ok().and_then(|mut s| s.pop()));
+    match spare {
+        Some(map) if map.capacity() >= capacity => map,
+        _ => HeaderMap::with_capacity(capacity),
+    }
+}
+
+/// Gives a request's field map back for [`field_map`] to reuse, once the request is done with.
+pub fn recycle(mut map: HeaderMap) {
+    if map.capacity() == 0 || map.capacity() > SPARE_MAP_FIELDS {
+        return;
+    }
+    map.clear();
+    SPARE.with(|spare| {
+        if let Ok(mut spare) = spare.try_borrow_mut() {
+            if spare.len() < SPARE_MAPS {
+                spare.push(map);
+            }
+        }
+    });
+}
+
 /// Whether this HTTP/1.1 request asks to switch protocols (WebSocket and friends).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(UPGRADE) && connection_lists(headers, "upgrade")
@@ -210,6 +249,36 @@ fn peer_value(peer: IpAddr) -> Option<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each test runs on a thread of its own, so the spare maps are this test's alone.
+    #[test]
+    fn a_recycled_map_comes_back_empty_and_the_spares_are_bounded() {
+        let mut used = field_map(7);
+        let room = used.capacity();
+        assert!(room >= 7, "{room}");
+        used.insert("x-a", HeaderValue::from_static("1"));
+        used.append("x-b", HeaderValue::from_static("1"));
+        used.append("x-b", HeaderValue::from_static("2"));
+        recycle(used);
+        let again = field_map(7);
+        assert!(again.is_empty(), "{again:?}");
+        assert_eq!(again.capacity(), room, "the allocation is reused");
+
+        // Too small for what is asked: a new map, and the spare is dropped.
+        recycle(again);
+        assert!(field_map(room + 1).capacity() > room);
+        assert_eq!(SPARE.with(|s| s.borrow().len()), 0);
+
+        // A map with room for many fields is not kept.
+        recycle(HeaderMap::with_capacity(SPARE_MAP_FIELDS * 2));
+        assert_eq!(SPARE.with(|s| s.borrow().len()), 0);
+
+        // At most SPARE_MAPS are kept.
+        for _ in 0..SPARE_MAPS + 5 {
+            recycle(HeaderMap::with_capacity(4));
+        }
+        assert_eq!(SPARE.with(|s| s.borrow().len()), SPARE_MAPS);
+    }
 
     #[test]
     fn strips_connection_and_what_it_names() {

@@ -209,10 +209,14 @@ impl UpstreamClient {
         let lean = self.shared.lean && h1::suits(&parts, body.is_end_stream());
         async move {
             if lean {
-                return self
-                    .send_lean(&parts)
-                    .await
-                    .map_err(|(e, unsent)| (e, unsent.then(|| Request::from_parts(parts, body))));
+                return match self.send_lean(&parts).await {
+                    Ok(response) => {
+                        // Sent: the fields are done with, their map serves the next request.
+                        super::headers::recycle(parts.headers);
+                        Ok(response)
+                    }
+                    Err((e, unsent)) => Err((e, unsent.then(|| Request::from_parts(parts, body)))),
+                };
             }
             // Boxed: hyper's exchange would make every request's future as large as its own.
             Box::pin(self.send_hyper(Request::from_parts(parts, body))).await

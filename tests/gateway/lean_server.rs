@@ -198,3 +198,42 @@ async fn a_malformed_head_gets_hyper_s_400() {
     assert!(head.starts_with("HTTP/1.1 400"), "{head}");
     assert_eq!(upstream.requests(), 0);
 }
+
+/// A request's field map is given back and reused by the next request on the thread
+/// (`proxy::headers::field_map`): nothing of one request reaches the upstream with the next,
+/// whether the first was forwarded or refused.
+#[tokio::test]
+async fn no_field_of_one_request_reaches_the_upstream_with_the_next() {
+    let (upstream, gw) = start().await;
+    let mut stream = raw_connect(
+        gw.public,
+        b"GET /a HTTP/1.1\r\nHost: x\r\nX-First: 1\r\nX-Multi: a\r\nX-Multi: b\r\n\r\n",
+    )
+    .await;
+    let (_, body, rest) = response(&mut stream, Vec::new()).await;
+    assert!(body.contains(r#""x-multi":["a","b"]"#), "{body}");
+    // The second is refused (a burst of one): its fields went nowhere, its map back to the spares.
+    for status in ["200", "429"] {
+        stream
+            .write_all(b"GET /limited HTTP/1.1\r\nHost: x\r\nX-Refused: 1\r\n\r\n")
+            .await
+            .expect("write");
+        let (head, _, more) = response(&mut stream, rest.clone()).await;
+        assert!(head.starts_with(&format!("HTTP/1.1 {status} ")), "{head}");
+        assert!(more.is_empty());
+    }
+    stream
+        .write_all(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let (head, body, _) = response(&mut stream, rest).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(body.contains("\"path\":\"/b\""), "{body}");
+    for name in ["x-first", "x-multi", "x-refused"] {
+        assert!(
+            !body.contains(name),
+            "{name} leaked into the next request: {body}"
+        );
+    }
+    assert_eq!(upstream.requests(), 3);
+}
