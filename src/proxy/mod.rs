@@ -85,19 +85,6 @@ pub struct Sent {
     in_flight: balance::InFlight,
 }
 
-/// Sends `req` to a target of `upstream` chosen by `targets` and returns its response (body
-/// streaming): [`prepare`], [`Outgoing::send`] and [`finish`] in one future.
-pub async fn forward(
-    upstream: &Upstream,
-    targets: &Arc<Balancer>,
-    req: Request<ClientBody>,
-    client_side: ClientSide,
-    server: &ServerSettings,
-) -> Result<Response<ResponseBody>, ForwardError> {
-    let (outgoing, upgrade) = prepare(upstream, targets, req, client_side, server);
-    finish(outgoing.send().await?, upgrade)
-}
-
 /// Turns the client's request into the one its upstream gets: origin-form, HTTP/1.1, hop-by-hop
 /// fields stripped, `Host` and the `Forwarded` family set.
 pub fn prepare<'a>(
