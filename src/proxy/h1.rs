@@ -14,8 +14,10 @@
 //! signal, §6.3 item 3). A connection is reused (§9.3) only when its response was read whole, said
 //! nothing of closing, and left no stray bytes behind.
 
+use std::future::Future;
 use std::io;
 use std::mem::MaybeUninit;
+use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -47,6 +49,11 @@ pub struct Conn {
     write: Vec<u8>,
     /// The last read filled less than the room it was offered: the socket was empty then.
     drained: bool,
+    /// The response-head deadline, kept from one exchange to the next: tokio's timer wheel is
+    /// touched only when a timer moves earlier, so resetting this one to each exchange's (later)
+    /// deadline costs no wheel insertion and removal, as a timer per request did (1-2% of a
+    /// proxied request: docs/benchmarks.md, issue 14's tenth pass).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -65,6 +72,8 @@ pub enum Error {
     HeadTooLarge,
     #[error("upstream switched protocols uninvited")]
     Switched,
+    #[error("no upstream response head by the deadline")]
+    TimedOut,
 }
 
 /// A failed exchange, and whether the upstream can have seen nothing of it: the connection was
@@ -125,6 +134,7 @@ impl Conn {
             read: BytesMut::new(),
             write: Vec::new(),
             drained: false,
+            timer: None,
             _slot: slot,
         }
     }
@@ -146,9 +156,29 @@ impl Conn {
 
     /// Sends a bodiless request and reads the response head; the connection goes on with the
     /// body. Informational (1xx) answers before the final one are skipped.
-    pub async fn exchange(mut self, parts: &Parts) -> Result<(Response<()>, Body), Failure> {
+    pub async fn exchange(
+        mut self,
+        parts: &Parts,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Response<()>, Body), Failure> {
+        let mut timer = match self.timer.take() {
+            Some(mut timer) => {
+                timer.as_mut().reset(deadline);
+                timer
+            }
+            None => Box::pin(tokio::time::sleep_until(deadline)),
+        };
+        let timed_out = || Failure {
+            error: Error::TimedOut,
+            unanswered: false,
+        };
         encode_head(&mut self.write, parts);
-        if let Err(e) = self.io.write_all(&self.write).await {
+        let written = tokio::select! {
+            biased;
+            written = self.io.write_all(&self.write) => written,
+            () = timer.as_mut() => return Err(timed_out()),
+        };
+        if let Err(e) = written {
             return Err(Failure {
                 unanswered: closed_kind(&e),
                 error: Error::Io(e),
@@ -176,6 +206,7 @@ impl Conn {
                     if response.status().is_informational() {
                         continue;
                     }
+                    self.timer = Some(timer);
                     let body = Body {
                         conn: Some(self),
                         framing,
@@ -188,7 +219,15 @@ impl Conn {
                     return Err(fail(Error::HeadTooLarge));
                 }
             }
-            match self.read_more().await {
+            let read = std::future::poll_fn(|cx| match self.poll_read_more(cx) {
+                Poll::Ready(read) => Poll::Ready(Some(read)),
+                Poll::Pending => timer.as_mut().poll(cx).map(|()| None),
+            })
+            .await;
+            let Some(read) = read else {
+                return Err(timed_out());
+            };
+            match read {
                 Ok(0) if answered => {
                     return Err(Failure {
                         error: Error::Truncated,
@@ -210,10 +249,6 @@ impl Conn {
                 }
             }
         }
-    }
-
-    async fn read_more(&mut self) -> io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_read_more(cx)).await
     }
 
     /// Reads what the socket has into the buffer (0 at the end of the stream).

@@ -188,21 +188,15 @@ impl<'a> Outgoing<'a> {
                 let in_flight = targets.begin(index);
                 // Awaited where it is made: a future held in a local first takes room in this
                 // future's state twice (the local and the await).
-                let error = match tokio::time::timeout_at(
-                    deadline,
-                    target.client.send_or_return(outgoing),
-                )
-                .await
-                {
-                    Ok(Ok(response)) => {
+                let error = match target.client.send_or_return(outgoing, deadline).await {
+                    Ok(response) => {
                         targets.record(index, TargetOutcome::Ok);
                         return Ok(Sent {
                             response,
                             in_flight,
                         });
                     }
-                    Err(_) => ForwardError::Timeout,
-                    Ok(Err((ClientError::Connect(e), Some(back)))) => {
+                    Err((ClientError::Connect(e), Some(back))) => {
                         tracing::debug!(target = %target.authority, error = %e, "upstream connect failed");
                         targets.record(index, TargetOutcome::ConnectError);
                         if failed.is_none() {
@@ -213,7 +207,7 @@ impl<'a> Outgoing<'a> {
                         }
                         return Err(ForwardError::Unreachable(UpstreamErrorKind::Connect));
                     }
-                    Ok(Err((e, _))) => classify(&e),
+                    Err((e, _)) => classify(&e),
                 };
                 targets.record(
                     index,
@@ -289,6 +283,7 @@ fn classify(e: &ClientError) -> ForwardError {
     let e = match e {
         ClientError::Connect(_) => return ForwardError::Unreachable(UpstreamErrorKind::Connect),
         ClientError::PoolTimeout => return ForwardError::PoolTimeout,
+        ClientError::Timeout => return ForwardError::Timeout,
         ClientError::Request(e) => e,
     };
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&**e);

@@ -125,6 +125,8 @@ pub enum ClientError {
     Request(BoxError),
     /// All `max_connections` stayed busy for `pool_timeout`.
     PoolTimeout,
+    /// No response head by the deadline.
+    Timeout,
 }
 
 impl std::fmt::Debug for UpstreamClient {
@@ -190,18 +192,21 @@ impl UpstreamClient {
     pub async fn send(
         &self,
         req: Request<RequestBody>,
+        deadline: tokio::time::Instant,
     ) -> Result<Response<UpstreamBody>, ClientError> {
-        self.send_or_return(req).await.map_err(|(e, _)| e)
+        self.send_or_return(req, deadline).await.map_err(|(e, _)| e)
     }
 
     /// As [`send`](Self::send), but a request that never left (no connection, or none within
-    /// `pool_timeout`) comes back with the error, for another target to take.
+    /// `pool_timeout`) comes back with the error, for another target to take. The response head
+    /// must come by `deadline` (a lean connection keeps its own timer for it).
     ///
     /// The request is taken apart before the future is made, which then holds it once (an
     /// `async fn` would keep the request beside its parts).
     pub fn send_or_return(
         &self,
         req: Request<RequestBody>,
+        deadline: tokio::time::Instant,
     ) -> impl std::future::Future<
         Output = Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)>,
     > + '_ {
@@ -209,7 +214,7 @@ impl UpstreamClient {
         let lean = self.shared.lean && h1::suits(&parts, body.is_end_stream());
         async move {
             if lean {
-                return match self.send_lean(&parts).await {
+                return match self.send_lean(&parts, deadline).await {
                     Ok(response) => {
                         // Sent: the fields are done with, their map serves the next request.
                         super::headers::recycle(parts.headers);
@@ -219,29 +224,43 @@ impl UpstreamClient {
                 };
             }
             // Boxed: hyper's exchange would make every request's future as large as its own.
-            Box::pin(self.send_hyper(Request::from_parts(parts, body))).await
+            let sent = Box::pin(self.send_hyper(Request::from_parts(parts, body), deadline));
+            tokio::time::timeout_at(deadline, sent)
+                .await
+                .unwrap_or(Err((ClientError::Timeout, None)))
         }
     }
 
     /// A bodiless request on a lean connection. The error's flag: nothing was sent.
+    /// The deadline covers the wait for a connection (`acquire`) and a new one's connect too.
     async fn send_lean(
         &self,
         parts: &http::request::Parts,
+        deadline: tokio::time::Instant,
     ) -> Result<Response<UpstreamBody>, (ClientError, bool)> {
         loop {
-            let (conn, reused) = match self
-                .acquire(IdleSet::take_lean, |set| set.hyper.pop_front().is_some())
-                .await
-            {
+            let acquired = self
+                .acquire(
+                    IdleSet::take_lean,
+                    |set| set.hyper.pop_front().is_some(),
+                    deadline,
+                )
+                .await;
+            let (conn, reused) = match acquired {
                 Ok(Got::Idle(conn)) => (conn, true),
                 Ok(Got::Slot(slot)) => {
                     // Boxed, as opening connections is rare (see `acquire`).
-                    let conn = Box::pin(self.connect_lean(slot)).await;
-                    (conn.map_err(|e| (e, true))?, false)
+                    let conn =
+                        Box::pin(tokio::time::timeout_at(deadline, self.connect_lean(slot))).await;
+                    match conn {
+                        Ok(conn) => (conn.map_err(|e| (e, true))?, false),
+                        Err(_) => return Err((ClientError::Timeout, false)),
+                    }
                 }
+                Err(ClientError::Timeout) => return Err((ClientError::Timeout, false)),
                 Err(e) => return Err((e, true)),
             };
-            match conn.exchange(parts).await {
+            match conn.exchange(parts, deadline).await {
                 Ok((response, mut body)) => {
                     // A response with no body gives its connection back before it is answered.
                     if body.is_end() {
@@ -259,6 +278,9 @@ impl UpstreamClient {
                 Err(failure) if failure.unanswered && reused && h1::idempotent(&parts.method) => {
                     tracing::debug!(error = %failure.error, "reused upstream connection closed; retrying");
                 }
+                Err(failure) if matches!(failure.error, h1::Error::TimedOut) => {
+                    return Err((ClientError::Timeout, false))
+                }
                 Err(failure) => return Err((ClientError::Request(Box::new(failure.error)), false)),
             }
         }
@@ -267,10 +289,15 @@ impl UpstreamClient {
     async fn send_hyper(
         &self,
         mut req: Request<RequestBody>,
+        deadline: tokio::time::Instant,
     ) -> Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)> {
         loop {
             let (mut sender, reused) = match self
-                .acquire(IdleSet::take_hyper, |set| set.lean.pop_front().is_some())
+                .acquire(
+                    IdleSet::take_hyper,
+                    |set| set.lean.pop_front().is_some(),
+                    deadline,
+                )
                 .await
             {
                 Ok(Got::Idle(sender)) => (sender, true),
@@ -305,6 +332,7 @@ impl UpstreamClient {
         &self,
         take: fn(&mut IdleSet) -> Option<C>,
         evict: fn(&mut IdleSet) -> bool,
+        deadline: tokio::time::Instant,
     ) -> Result<Got<C>, ClientError> {
         if let Some(conn) = take(&mut lock(&self.shared.idle)) {
             return Ok(Got::Idle(conn));
@@ -314,18 +342,22 @@ impl UpstreamClient {
         }
         // Boxed: waiting is rare, and its timer and wait lists would otherwise be part of every
         // request's future, which is moved (copied) several times per request.
-        Box::pin(self.wait(take, evict)).await
+        Box::pin(self.wait(take, evict, deadline)).await
     }
 
     /// Waits for an idle connection or a free slot. While waiting, an idle connection of the
     /// other kind is closed (`evict`) so that its slot comes free: otherwise idle connections of
-    /// one kind could hold every slot while requests of the other kind time out.
+    /// one kind could hold every slot while requests of the other kind time out. The request's
+    /// own `deadline` (its response head's) ends the wait too, if it comes first.
     async fn wait<C>(
         &self,
         take: fn(&mut IdleSet) -> Option<C>,
         evict: fn(&mut IdleSet) -> bool,
+        deadline: tokio::time::Instant,
     ) -> Result<Got<C>, ClientError> {
-        let deadline = tokio::time::Instant::now() + self.shared.pool_timeout;
+        let pool_deadline = tokio::time::Instant::now() + self.shared.pool_timeout;
+        let timed_out = deadline < pool_deadline;
+        let until = deadline.min(pool_deadline);
         loop {
             // Registered before looking again, so a connection idled in between still wakes us.
             let idled = self.shared.idled.notified();
@@ -343,7 +375,9 @@ impl UpstreamClient {
                     return slot.map(Got::Slot).map_err(|_| ClientError::PoolTimeout);
                 }
                 () = &mut idled => {}
-                () = tokio::time::sleep_until(deadline) => return Err(ClientError::PoolTimeout),
+                () = tokio::time::sleep_until(until) => {
+                    return Err(if timed_out { ClientError::Timeout } else { ClientError::PoolTimeout });
+                }
             }
         }
     }

@@ -262,6 +262,43 @@ async fn an_upstream_slower_than_its_timeout_is_a_504() {
     );
 }
 
+/// A pooled upstream connection keeps its response-head timer from one exchange to the next
+/// (`proxy::h1::Conn`), reset to each request's deadline: it fires for none of them early, for a
+/// held one on time, and not at all for one that comes after it fired while the connection idled.
+#[tokio::test]
+async fn a_reused_upstream_connection_times_each_request_from_its_own_start() {
+    use std::time::{Duration, Instant};
+    let (upstream, gw) = start().await;
+    let client = Client::new();
+    assert_eq!(client.get(&gw.url("/")).await.status, 200);
+    // The connection's timer was armed for the first request's deadline (its start + 1 s), which
+    // passes while the second is held: the second times out from its own start.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let reply = client
+        .get_with(&gw.url("/"), &[("x-test-hold-head", "1")])
+        .await;
+    assert_eq!(reply.status, 504);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(1), "504 after {waited:?}");
+    assert!(waited < Duration::from_millis(1800), "504 after {waited:?}");
+    assert_eq!(
+        upstream.connections(),
+        1,
+        "the second request reused the first's connection"
+    );
+
+    // A fresh connection answers, then idles past its timer's deadline: the timer fires with no
+    // exchange waiting, and the next exchange on the connection is not cut short by it.
+    assert_eq!(client.get(&gw.url("/")).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let started = Instant::now();
+    assert_eq!(client.get(&gw.url("/")).await.status, 200);
+    assert!(started.elapsed() < Duration::from_millis(900));
+    assert_eq!(upstream.connections(), 2, "the idle connection was reused");
+    assert_eq!(upstream.requests(), 4);
+}
+
 #[tokio::test]
 async fn a_declared_body_past_the_limit_is_a_413_before_the_upstream() {
     let (upstream, gw) = start().await;
