@@ -188,18 +188,9 @@ impl UpstreamClient {
 
     /// Sends `req` (origin-form URI, `Host` set) on an idle connection, or a new one, and returns
     /// the response with its body streaming; the connection returns to the pool when that body
-    /// ends.
-    pub async fn send(
-        &self,
-        req: Request<RequestBody>,
-        deadline: tokio::time::Instant,
-    ) -> Result<Response<UpstreamBody>, ClientError> {
-        self.send_or_return(req, deadline).await.map_err(|(e, _)| e)
-    }
-
-    /// As [`send`](Self::send), but a request that never left (no connection, or none within
-    /// `pool_timeout`) comes back with the error, for another target to take. The response head
-    /// must come by `deadline` (a lean connection keeps its own timer for it).
+    /// ends. A request that never left (no connection, or none within `pool_timeout`) comes back
+    /// with the error, for another target to take. The response head must come by `deadline` (a
+    /// lean connection keeps its own timer for it).
     ///
     /// The request is taken apart before the future is made, which then holds it once (an
     /// `async fn` would keep the request beside its parts).
