@@ -38,13 +38,13 @@ pub fn handle(
     mut req: Request<ClientBody>,
 ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
     async move {
-        let started = Instant::now();
+        let started = crate::now::read();
         let live = state.live.load_full();
         // One spelling per request, before anything reads it: routing, keys and the upstream.
         if let Err(e) = normalize::canonicalize(&mut req, live.config.server.paths) {
             let response = respond::refusal(&Refusal::BadRequest(e.to_string()));
             live.unmatched
-                .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+                .record_response(response.status().as_u16(), seconds_since(started));
             return Ok(response);
         }
         let host = normalize::host::host(req.headers());
@@ -61,7 +61,7 @@ pub fn handle(
             };
             let response = respond::refusal(&refusal);
             live.unmatched
-                .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+                .record_response(response.status().as_u16(), seconds_since(started));
             return Ok(response);
         };
 
@@ -108,9 +108,17 @@ pub fn handle(
         let response = served.unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
         resources
             .metrics
-            .record_response(response.status().as_u16(), started.elapsed().as_secs_f64());
+            .record_response(response.status().as_u16(), seconds_since(started));
         Ok(response)
     }
+}
+
+/// A request's time so far, read fresh: this reading is the one its last steps share
+/// (`crate::now`: the pooled upstream connection's and the keep-alive wait's start, the `Date`).
+fn seconds_since(started: Instant) -> f64 {
+    crate::now::read()
+        .saturating_duration_since(started)
+        .as_secs_f64()
 }
 
 /// What admission hands the act phase.

@@ -56,6 +56,7 @@ pub mod listener;
 pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
+pub mod now;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;

@@ -175,7 +175,13 @@ fn runtime(workers: NonZeroUsize) -> std::io::Result<tokio::runtime::Runtime> {
         builder.worker_threads(workers.get());
         builder
     };
-    builder.enable_all().build()
+    // A thread that wakes reads the clock once for whatever it runs next (`turnstile::now`).
+    builder
+        .on_thread_unpark(|| {
+            turnstile::now::read();
+        })
+        .enable_all()
+        .build()
 }
 
 async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {

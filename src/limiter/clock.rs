@@ -8,6 +8,14 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// A source of microsecond timestamps that never go backwards.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now_us(&self) -> u64;
+
+    /// The time at `instant`, a reading of the monotonic clock taken just before, so that one
+    /// reading serves a decision's counters and its latency metric. A clock that is not driven by
+    /// the monotonic clock ignores it.
+    fn at(&self, instant: Instant) -> u64 {
+        let _ = instant;
+        self.now_us()
+    }
 }
 
 /// The production clock: microseconds since the Unix epoch as read once at creation, advanced by
@@ -41,8 +49,12 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_us(&self) -> u64 {
-        self.origin_us
-            .saturating_add(self.start.elapsed().as_micros() as u64)
+        self.at(Instant::now())
+    }
+
+    fn at(&self, instant: Instant) -> u64 {
+        let since = instant.saturating_duration_since(self.start);
+        self.origin_us.saturating_add(since.as_micros() as u64)
     }
 }
 
@@ -87,5 +99,32 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         self.last.fetch_max(now, Ordering::Relaxed).max(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_monotonic_reading_converts_to_the_same_timeline_as_now() {
+        let clock = MonotonicClock::new();
+        let before = clock.now_us();
+        let instant = Instant::now();
+        let at = clock.at(instant);
+        let after = clock.now_us();
+        assert!(before <= at && at <= after, "{before} {at} {after}");
+        assert_eq!(clock.at(instant + Duration::from_millis(5)), at + 5_000);
+        // An instant before the clock was made is its start, not an underflow.
+        if let Some(earlier) = clock.start.checked_sub(Duration::from_secs(1)) {
+            assert_eq!(clock.at(earlier), clock.origin_us);
+        }
+    }
+
+    #[test]
+    fn a_manual_clock_ignores_the_instant() {
+        let clock = ManualClock::new(42);
+        assert_eq!(clock.at(Instant::now() + Duration::from_secs(9)), 42);
     }
 }

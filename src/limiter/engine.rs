@@ -376,17 +376,19 @@ impl Engine {
                 lease: 0,
             };
         }
+        // One reading: the counters' time, the deny cache's, and the start of the decision's
+        // latency (`crate::now`).
+        let started = crate::now::read();
         let (now, epoch) = if self.deny.is_enabled() {
-            (self.clock.now_us(), self.store.epoch())
+            (self.clock.at(started), self.store.epoch())
         } else {
             (0, 0)
         };
         if !self.deny.is_empty() {
             self.sweep_deny_cache(now);
             // Timed like any decision: the histogram counts every one, wherever it was taken.
-            let timer = self.decision_seconds.start_timer();
             if let Some(decision) = self.cached_refusal(&checks, now, epoch) {
-                timer.observe_duration();
+                self.observe_since(started);
                 self.deny_hits.inc();
                 let verdict = Verdict {
                     kind: Kind::Limited,
@@ -398,7 +400,6 @@ impl Engine {
                 self.count(&verdict);
                 return verdict;
             }
-            timer.stop_and_discard();
         }
         let lease = if checks
             .items
@@ -411,9 +412,11 @@ impl Engine {
         };
         let result = {
             let store_checks = checks.store_checks();
-            let timer = self.decision_seconds.start_timer();
-            let result = self.store.check_leased(&store_checks, lease).await;
-            timer.observe_duration();
+            let result = self
+                .store
+                .check_leased_at(&store_checks, lease, started)
+                .await;
+            self.observe_since(started);
             if let Ok(decision) = &result {
                 self.remember_refusals(&store_checks, decision, (now, epoch));
             }
@@ -471,6 +474,13 @@ impl Engine {
             allowed: false,
             outcomes,
         })
+    }
+
+    /// Records a decision's latency, from `started` to a fresh reading (which `crate::now` then
+    /// shares with what the request does next).
+    fn observe_since(&self, started: std::time::Instant) {
+        let took = crate::now::read().saturating_duration_since(started);
+        self.decision_seconds.observe(took.as_secs_f64());
     }
 
     /// Caches each refusal of a store decision asked at `asked` (clock, store epoch).

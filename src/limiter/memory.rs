@@ -20,6 +20,7 @@ use std::hash::BuildHasher;
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
 use super::engine::INLINE_CHECKS;
@@ -231,10 +232,19 @@ impl MemoryStore {
 
     /// [`MemoryStore::check`], a concurrency check that commits taking lease `lease`.
     pub fn check_leased(&self, checks: &[Check<'_>], lease: u64) -> Decision {
+        self.decide(checks, lease, self.clock.now_us())
+    }
+
+    /// [`MemoryStore::check_leased`] at `at`, a reading of the monotonic clock the caller took
+    /// anyway (the engine, which times the decision with it).
+    pub fn check_leased_at(&self, checks: &[Check<'_>], lease: u64, at: Instant) -> Decision {
+        self.decide(checks, lease, self.clock.at(at))
+    }
+
+    fn decide(&self, checks: &[Check<'_>], lease: u64, now: u64) -> Decision {
         if let [check] = checks {
-            return self.check_one(check, lease);
+            return self.check_one(check, lease, now);
         }
-        let now = self.clock.now_us();
         // Scratch lists inline for the usual few checks: no allocation per decision.
         type Few<T> = SmallVec<[T; INLINE_CHECKS]>;
         let hashes: Few<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
@@ -283,8 +293,7 @@ impl MemoryStore {
     /// The common case, a route with one policy: one lock and none of the scratch vectors that
     /// ordering several locks needs. With one check a rejection consumes nothing anyway, so there
     /// is nothing to re-evaluate.
-    fn check_one(&self, check: &Check<'_>, lease: u64) -> Decision {
-        let now = self.clock.now_us();
+    fn check_one(&self, check: &Check<'_>, lease: u64, now: u64) -> Decision {
         let hash = self.hasher.hash_one(check.key);
         let mut shard = lock(&self.shards[self.shard_index(hash)]);
         let (pending, outcome) = self.evaluate(&mut shard, hash, check, now);

@@ -216,8 +216,20 @@ impl Store {
         checks: &[Check<'_>],
         lease: u64,
     ) -> Result<Decision, StoreError> {
+        self.check_leased_at(checks, lease, crate::now::read())
+            .await
+    }
+
+    /// [`Store::check_leased`], the in-process store deciding at `at` (a monotonic clock reading
+    /// the caller just took); the Redis store reads Redis `TIME` whatever `at` says.
+    pub async fn check_leased_at(
+        &self,
+        checks: &[Check<'_>],
+        lease: u64,
+        at: std::time::Instant,
+    ) -> Result<Decision, StoreError> {
         match self {
-            Store::Memory(store) => Ok(store.check_leased(checks, lease)),
+            Store::Memory(store) => Ok(store.check_leased_at(checks, lease, at)),
             Store::Redis(store) => store.check_leased(checks, lease).await,
             #[cfg(test)]
             Store::Faulty(store) => store.check(checks),

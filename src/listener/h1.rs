@@ -28,7 +28,7 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::task::Poll;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, DATE, TRANSFER_ENCODING};
@@ -95,8 +95,9 @@ where
             if *stopping.borrow() {
                 return Ended::Closed;
             }
-            // Idle between requests: hyper's header-read timeout covers this wait too.
-            let since = tokio::time::Instant::now();
+            // Idle between requests: hyper's header-read timeout covers this wait too. It began
+            // at about the last reading of the clock (`crate::now`), the response's.
+            let since = crate::now::recent_tokio();
             loop {
                 room(&mut buf);
                 tokio::select! {
@@ -497,27 +498,40 @@ fn put_hex(out: &mut BytesMut, n: usize) {
 
 thread_local! {
     /// `date: <IMF-fixdate>\r\n` for the current second (RFC 9110 §6.6.1), made once a second.
-    static DATE_LINE: std::cell::RefCell<(u64, Vec<u8>)> = const {
-        std::cell::RefCell::new((u64::MAX, Vec::new()))
+    static DATE_LINE: std::cell::RefCell<DateLine> = const {
+        std::cell::RefCell::new(DateLine { until: None, line: Vec::new() })
     };
 }
 
+/// The `date` field of this second, and the monotonic instant the second ends at.
+struct DateLine {
+    until: Option<Instant>,
+    line: Vec<u8>,
+}
+
+/// Writes the `date` field: the wall clock is read once a second, the last monotonic reading
+/// (`crate::now`) tells when the second is over.
 fn put_date(out: &mut BytesMut) {
-    let now = SystemTime::now();
-    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    DATE_LINE.with(|line| {
-        let mut line = line.borrow_mut();
-        if line.0 != second {
-            let text = format!("date: {}\r\n", httpdate::fmt_http_date(now));
-            *line = (second, text.into_bytes());
+    let now = crate::now::recent();
+    DATE_LINE.with(|cell| {
+        let mut date = cell.borrow_mut();
+        if date.until.is_none_or(|until| now >= until) {
+            let wall = SystemTime::now();
+            let into_second = wall
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let left = Duration::from_secs(1) - Duration::from_nanos(u64::from(into_second));
+            date.until = Some(now + left);
+            date.line = format!("date: {}\r\n", httpdate::fmt_http_date(wall)).into_bytes();
         }
-        out.extend_from_slice(&line.1);
+        out.extend_from_slice(&date.line);
     });
 }
 
 /// Closes an idle keep-alive connection after the header-read timeout. One timer per connection,
 /// moved only when it fires early: a wait that starts later than the timer's deadline assumed
-/// re-arms it then, so a busy connection costs a clock read per request and no timer-wheel work.
+/// re-arms it then, so a busy connection costs no timer-wheel work (and no clock read: a wait
+/// starts at `crate::now::recent`).
 struct IdleTimer {
     limit: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,

@@ -172,3 +172,31 @@ fn numbers_are_written_as_the_standard_formats_write_them() {
         }
     }
 }
+
+/// The `date` field is made once a second: the same bytes within the second, the wall clock's
+/// next second once the last clock reading (`crate::now`) is past the second's end.
+#[test]
+fn the_date_field_is_remade_when_its_second_is_over() {
+    let date = || {
+        let mut out = BytesMut::new();
+        put_date(&mut out);
+        String::from_utf8(out.to_vec()).expect("ascii")
+    };
+    crate::now::read();
+    let first = date();
+    let wall = |line: &str| {
+        let text = line.trim_start_matches("date: ").trim_end();
+        httpdate::parse_http_date(text).expect("an IMF-fixdate")
+    };
+    let before = wall(&first);
+    // Not read since: the cached line stands whatever the wall clock says.
+    assert_eq!(date(), first);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(date(), first, "the reading was not renewed");
+    crate::now::read();
+    let second = date();
+    let after = wall(&second);
+    assert!(after > before, "{first:?} then {second:?}");
+    let now = SystemTime::now();
+    assert!(after <= now && now.duration_since(after).expect("after") < Duration::from_secs(2));
+}

@@ -149,7 +149,7 @@ pub fn prepare<'a>(
         request: Request::from_parts(parts, body),
         connect,
         own_host,
-        deadline: tokio::time::Instant::now() + upstream.timeout,
+        deadline: crate::now::recent_tokio() + upstream.timeout,
     };
     (outgoing, ClientUpgrade(client_upgrade))
 }

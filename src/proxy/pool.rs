@@ -93,7 +93,7 @@ struct IdleSet {
 impl IdleSet {
     fn take_hyper(&mut self) -> Option<SendRequest<RequestBody>> {
         while let Some(entry) = self.hyper.pop_back() {
-            if entry.conn.is_ready() && entry.since.elapsed() < IDLE_TIMEOUT {
+            if entry.conn.is_ready() && idle_for(&entry) < IDLE_TIMEOUT {
                 return Some(entry.conn);
             }
         }
@@ -102,12 +102,18 @@ impl IdleSet {
 
     fn take_lean(&mut self) -> Option<h1::Conn> {
         while let Some(entry) = self.lean.pop_back() {
-            if entry.since.elapsed() < IDLE_TIMEOUT && entry.conn.usable() {
+            if idle_for(&entry) < IDLE_TIMEOUT && entry.conn.usable() {
                 return Some(entry.conn);
             }
         }
         None
     }
+}
+
+/// How long a pooled connection has been idle, near enough for a limit of seconds
+/// (`crate::now::recent`).
+fn idle_for<C>(entry: &Idle<C>) -> Duration {
+    crate::now::recent().saturating_duration_since(entry.since)
 }
 
 /// An idle connection, or a slot to open one with.
@@ -450,7 +456,7 @@ impl Shared {
 /// Adds a connection to one idle list, first dropping entries that expired; what was dropped is
 /// returned, to be closed outside the lock.
 fn push_idle<C>(list: &mut VecDeque<Idle<C>>, conn: C) -> Vec<Idle<C>> {
-    let now = Instant::now();
+    let now = crate::now::recent();
     let mut evicted = Vec::new();
     while list
         .front()
