@@ -30,8 +30,10 @@ use crate::state::{AppState, Live, RouteResources};
 /// Serves one request; never fails (refusals become responses).
 ///
 /// An async block rather than an `async fn`: an `async fn` keeps its arguments in its state
-/// beside the locals they become, and the request is the largest of them.
+/// beside the locals they become, and the request is the largest of them. Inlined into its
+/// caller, so that the future is built where it is kept rather than built and then copied there.
 #[allow(clippy::manual_async_fn)]
+#[inline(always)]
 pub fn handle(
     state: Arc<AppState>,
     peer: SocketAddr,

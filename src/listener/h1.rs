@@ -253,7 +253,9 @@ enum Framing {
 /// kept in `buf` for the next request.
 ///
 /// The head is encoded before the future is made, which then holds only the body (an `async fn`
-/// would keep the whole response in its state beside it).
+/// would keep the whole response in its state beside it). Inlined, so that the future is built
+/// in the connection's state, not built and then copied there.
+#[inline(always)]
 fn write_response<'a>(
     stream: &'a mut TcpStream,
     out: &'a mut BytesMut,

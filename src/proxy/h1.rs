@@ -42,8 +42,15 @@ const MAX_TRAILERS: usize = 16 * 1024;
 const READ_SIZE: usize = 8 * 1024;
 
 /// One open connection to the upstream. Holds its pool slot until it closes.
+///
+/// Boxed: a connection travels with its response (pool, exchange, body, back to the pool), and
+/// every move of a response would otherwise copy its state too.
 #[derive(Debug)]
-pub struct Conn {
+pub struct Conn(Box<State>);
+
+/// What a [`Conn`] holds.
+#[derive(Debug)]
+pub struct State {
     io: TcpStream,
     read: BytesMut,
     write: Vec<u8>,
@@ -127,16 +134,30 @@ pub fn idempotent(method: &Method) -> bool {
     )
 }
 
+impl std::ops::Deref for Conn {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.0
+    }
+}
+
 impl Conn {
     pub fn new(io: TcpStream, slot: OwnedSemaphorePermit) -> Self {
-        Conn {
+        Conn(Box::new(State {
             io,
             read: BytesMut::new(),
             write: Vec::new(),
             drained: false,
             timer: None,
             _slot: slot,
-        }
+        }))
     }
 
     /// Whether an idle connection can carry a request: the upstream has not closed it and sent
@@ -173,9 +194,10 @@ impl Conn {
             unanswered: false,
         };
         encode_head(&mut self.write, parts);
+        let State { io, write, .. } = &mut *self.0;
         let written = tokio::select! {
             biased;
-            written = self.io.write_all(&self.write) => written,
+            written = io.write_all(write) => written,
             () = timer.as_mut() => return Err(timed_out()),
         };
         if let Err(e) = written {
@@ -256,7 +278,8 @@ impl Conn {
         self.read.reserve(READ_SIZE);
         loop {
             let room = self.read.capacity() - self.read.len();
-            match self.io.try_read_buf(&mut self.read) {
+            let state = &mut *self.0;
+            match state.io.try_read_buf(&mut state.read) {
                 Ok(n) => {
                     self.drained = n < room;
                     return Poll::Ready(Ok(n));

@@ -159,7 +159,9 @@ impl<'a> Outgoing<'a> {
     /// (a failed connect); the response head must come by the deadline.
     ///
     /// Taken apart before the future is made, which then holds each part once (an `async fn`
-    /// would keep `self` beside them).
+    /// would keep `self` beside them). Inlined, so that the future is built in the awaiting
+    /// future's state, not built and then copied there.
+    #[inline(always)]
     pub fn send(self) -> impl std::future::Future<Output = Result<Sent, ForwardError>> + 'a {
         let Outgoing {
             targets,

@@ -199,7 +199,9 @@ impl UpstreamClient {
     /// lean connection keeps its own timer for it).
     ///
     /// The request is taken apart before the future is made, which then holds it once (an
-    /// `async fn` would keep the request beside its parts).
+    /// `async fn` would keep the request beside its parts). Inlined, so that the future is built
+    /// in the awaiting future's state, not built and then copied there.
+    #[inline(always)]
     pub fn send_or_return(
         &self,
         req: Request<RequestBody>,
