@@ -15,21 +15,24 @@ section_flood_setup() {
 }
 
 section_flood() {
-    local cpu=$CPU_PROXY pid
+    local cpu=$CPU_PROXY pid store
     WRK_CPU=$CPU_LOAD
-    start_turnstile "$BENCH_DIR/turnstile-flood-memory.yaml.tmpl" 1 "$cpu"
-    pid=$LAST_PID
-    # The first request takes the only token; every later one is over the limit.
-    curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$LAST_PORT/" || true
-    run_wrk turnstile-flood-memory "http://127.0.0.1:$LAST_PORT/" "$pid" 429
-    stop_pid "$pid"
-    # A fresh counter each round: the gateway must answer its first request with 200 to start.
-    "$REDIS_CLI" -p "$REDIS_PORT" eval \
-        "for _, k in ipairs(redis.call('KEYS', 'flood:*')) do redis.call('DEL', k) end" 0 >/dev/null
-    start_turnstile "$BENCH_DIR/turnstile-flood-redis.yaml.tmpl" 1 "$cpu" \
-        REDIS_PORT="$REDIS_PORT" POOL="$REDIS_POOL"
-    pid=$LAST_PID
-    curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$LAST_PORT/" || true
-    run_wrk turnstile-flood-redis "http://127.0.0.1:$LAST_PORT/" "$pid" 429
-    stop_pid "$pid"
+    # One store at a time, in this round's order (`in_order`).
+    for store in $(in_order memory redis); do
+        if [[ "$store" == redis ]]; then
+            # A fresh counter each round: the gateway must answer its first request with 200.
+            "$REDIS_CLI" -p "$REDIS_PORT" eval \
+                "for _, k in ipairs(redis.call('KEYS', 'flood:*')) do redis.call('DEL', k) end" 0 \
+                >/dev/null
+            start_turnstile "$BENCH_DIR/turnstile-flood-redis.yaml.tmpl" 1 "$cpu" \
+                REDIS_PORT="$REDIS_PORT" POOL="$REDIS_POOL"
+        else
+            start_turnstile "$BENCH_DIR/turnstile-flood-memory.yaml.tmpl" 1 "$cpu"
+        fi
+        pid=$LAST_PID
+        # The first request takes the only token; every later one is over the limit.
+        curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$LAST_PORT/" || true
+        run_wrk "turnstile-flood-$store" "http://127.0.0.1:$LAST_PORT/" "$pid" 429
+        stop_pid "$pid"
+    done
 }

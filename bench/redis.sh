@@ -183,23 +183,29 @@ section_redis() {
     local w cpu pid
     for w in $WORKERS_LIST; do
         if [[ "$w" == 1 ]]; then cpu=$CPU_PROXY; WRK_CPU=$CPU_LOAD; else cpu=""; WRK_CPU=""; fi
-        if [[ " ${SECTIONS[*]} " != *" memory "* ]]; then
-            start_nginx_proxy "$w" "$cpu"
+        # One at a time, in this round's order (`in_order`). The plain NGINX proxy is the memory
+        # section's row when that section runs too.
+        local who names=(nginx-lua turnstile)
+        [[ " ${SECTIONS[*]} " == *" memory "* ]] || names=(nginx-proxy "${names[@]}")
+        for who in $(in_order "${names[@]}"); do
+            case "$who" in
+                nginx-proxy) start_nginx_proxy "$w" "$cpu" ;;
+                nginx-lua)
+                    start_nginx "nginx-lua-w$w" "$BENCH_DIR/nginx-lua.conf.tmpl" "$cpu" \
+                        WORKERS="$w" UPSTREAM_PORT="$UPSTREAM_PORT" REDIS_PORT="$REDIS_PORT" \
+                        SHA="$SHA" BENCH_DIR="$BENCH_DIR" ;;
+                turnstile)
+                    start_turnstile "$BENCH_DIR/turnstile-redis.yaml.tmpl" "$w" "$cpu" \
+                        REDIS_PORT="$REDIS_PORT" POOL="$REDIS_POOL" ;;
+            esac
             pid=$LAST_PID
-            run_wrk "nginx-proxy-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+            if [[ "$who" == turnstile ]]; then
+                run_wrk "turnstile-redis-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+            else
+                run_wrk "$who-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+            fi
             stop_pid "$pid"
-        fi
-        start_nginx "nginx-lua-w$w" "$BENCH_DIR/nginx-lua.conf.tmpl" "$cpu" \
-            WORKERS="$w" UPSTREAM_PORT="$UPSTREAM_PORT" REDIS_PORT="$REDIS_PORT" SHA="$SHA" \
-            BENCH_DIR="$BENCH_DIR"
-        pid=$LAST_PID
-        run_wrk "nginx-lua-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
-        stop_pid "$pid"
-        start_turnstile "$BENCH_DIR/turnstile-redis.yaml.tmpl" "$w" "$cpu" \
-            REDIS_PORT="$REDIS_PORT" POOL="$REDIS_POOL"
-        pid=$LAST_PID
-        run_wrk "turnstile-redis-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
-        stop_pid "$pid"
+        done
     done
     (( REDIS_EXTRAS )) || return 0
     run_redis_benchmark redis-benchmark-evalsha 1

@@ -371,6 +371,13 @@ run_wrk() {
     fi
 }
 
+# in_order NAME...: the names in this round's order: as given in odd rounds, reversed in even
+# ones. The machine drifts within a round (other tenants, the host's own load), so a row always
+# measured second would carry that drift into every ratio; alternating cancels it.
+in_order() {
+    if (( ROUND % 2 )); then printf '%s\n' "$@"; else printf '%s\n' "$@" | tac; fi
+}
+
 # add_comparison LABEL NUMERATOR DENOMINATOR MIN_THROUGHPUT_RATIO MAX_P99_RATIO ("-": no target)
 add_comparison() {
     printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$OUT/comparisons.tsv"
@@ -401,16 +408,20 @@ section_memory() {
     local w cpu
     for w in $WORKERS_LIST; do
         if [[ "$w" == 1 ]]; then cpu=$CPU_PROXY; WRK_CPU=$CPU_LOAD; else cpu=""; WRK_CPU=""; fi
-        # NGINX and Turnstile alternate within a round and run one at a time, so neither gets a
-        # quieter machine or a warmer cache by position.
-        start_nginx_proxy "$w" "$cpu"
-        local pid=$LAST_PID
-        run_wrk "nginx-proxy-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
-        stop_pid "$pid"
-        start_turnstile "$BENCH_DIR/turnstile-memory.yaml.tmpl" "$w" "$cpu"
-        pid=$LAST_PID
-        run_wrk "turnstile-memory-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
-        stop_pid "$pid"
+        # NGINX and Turnstile run one at a time, each first in every other round (`in_order`).
+        local who pid
+        for who in $(in_order nginx turnstile); do
+            if [[ "$who" == nginx ]]; then
+                start_nginx_proxy "$w" "$cpu"
+                pid=$LAST_PID
+                run_wrk "nginx-proxy-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+            else
+                start_turnstile "$BENCH_DIR/turnstile-memory.yaml.tmpl" "$w" "$cpu"
+                pid=$LAST_PID
+                run_wrk "turnstile-memory-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
+            fi
+            stop_pid "$pid"
+        done
     done
 }
 
