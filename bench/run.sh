@@ -7,7 +7,7 @@
 # Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
 #                     [--connections N] [--workers "1 2"] [--no-build] [--turnstile BIN]
 #                     [--max-busy PCT] [--max-wait SECS] [--pgo]
-#                     [--layout proxy-alone|servers-together|unpinned|both]
+#                     [--layout proxy-alone|servers-together|unpinned|both] [--slices N]
 # Sections: memory (Turnstile on the in-process store vs NGINX proxy vs upstream direct);
 #           redis (Turnstile on Redis vs NGINX + ngx_lua vs NGINX proxy, and decisions/s vs the
 #           redis-benchmark ceiling of the same EVALSHA; see bench/redis.sh);
@@ -50,6 +50,7 @@ MAX_BUSY=${BENCH_MAX_BUSY:-20}     # % of all CPUs busy (others' load) tolerated
 MAX_WAIT=${BENCH_MAX_WAIT:-300}    # seconds to wait for a quiet machine before running anyway
 MAX_OTHERS=${BENCH_MAX_OTHERS:-3}  # % of one core others may use during a run before it is retried
 RETRIES=${BENCH_RETRIES:-3}
+SLICES=${BENCH_SLICES:-5}          # memory section: alternating slices per round and target
 TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
@@ -70,6 +71,7 @@ while [[ $# -gt 0 ]]; do
         --max-busy) MAX_BUSY="$2"; shift 2 ;;
         --max-wait) MAX_WAIT="$2"; shift 2 ;;
         --layout) LAYOUT="$2"; shift 2 ;;
+        --slices) SLICES="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -371,6 +373,88 @@ run_wrk() {
     fi
 }
 
+# run_pair NAME_A URL_A PID_A NAME_B URL_B PID_B: two targets, both running, measured in SLICES
+# alternating slices of DURATION/SLICES seconds each (A B, B A, A B, ...) after one warm-up each and
+# one quiet-machine wait, so both see the same phases of a machine that speeds up and slows down
+# by the second. Each target's slices are merged into one row of results.tsv: requests over
+# seconds, and p50 and p99 of the merged latency histograms (bench/wrk_histogram.lua). Retried
+# like run_wrk when others used the machine.
+run_pair() {
+    local names=("$1" "$4") urls=("$2" "$5") pids=("$3" "$6")
+    local slice=$((DURATION / SLICES))
+    if (( slice < 1 )); then
+        echo "error: --duration $DURATION is shorter than --slices $SLICES seconds" >&2
+        return 1
+    fi
+    local i
+    for i in 0 1; do
+        check_ok "${urls[$i]}" "${names[$i]}"
+        pin "$WRK_CPU" "$WRK" -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "${urls[$i]}" >/dev/null
+    done
+    local raw="$OUT/raw/round$ROUND-${names[0]}+${names[1]}" attempt best_others=-1 others
+    local a0 o0 a1 o1 busy load k t0 t1 cpu_ticks=(0 0) best_cpu=(- -)
+    for attempt in $(seq 1 "$RETRIES"); do
+        wait_quiet
+        rm -rf "$raw.try"; mkdir -p "$raw.try"
+        cpu_ticks=(0 0)
+        a0=$(all_ticks); o0=$(our_ticks)
+        for k in $(seq 1 "$SLICES"); do
+            for i in $( ((k % 2)) && echo 0 1 || echo 1 0); do
+                t0=$(pid_ticks "${pids[$i]}")
+                WRK_HISTOGRAM="$raw.try/${names[$i]}.$k.hist" pin "$WRK_CPU" "$WRK" \
+                    -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${slice}s" --latency \
+                    -s "$BENCH_DIR/wrk_histogram.lua" "${urls[$i]}" >"$raw.try/${names[$i]}.$k.txt"
+                t1=$(pid_ticks "${pids[$i]}")
+                cpu_ticks[i]=$((cpu_ticks[i] + t1 - t0))
+            done
+        done
+        a1=$(all_ticks); o1=$(our_ticks)
+        others=$(( ((a1 - a0) - (o1 - o0)) * 100 / (2 * SLICES * slice * TICKS) ))
+        (( others < 0 )) && others=0
+        if (( best_others < 0 || others < best_others )); then
+            best_others=$others
+            for i in 0 1; do best_cpu[i]=$((cpu_ticks[i] * 100 / (SLICES * slice * TICKS))); done
+            busy=$LAST_BUSY
+            load=$LAST_LOAD
+            rm -rf "$raw"; mv "$raw.try" "$raw"
+        fi
+        (( others <= MAX_OTHERS )) && break
+        echo "  ${names[0]}/${names[1]}: others used ${others}% of a core during the run; retrying" >&2
+    done
+    rm -rf "$raw.try"
+    for i in 0 1; do
+        python3 - "$raw" "${names[$i]}" "$ROUND" "${best_cpu[$i]}" "$busy" "$best_others" "$load" \
+            >>"$OUT/results.tsv" <<'PY'
+import glob, sys
+raw, name, rnd, cpu, busy, others, load = sys.argv[1:]
+requests = duration = non2xx = errors = 0
+hist = {}
+for path in glob.glob(f"{raw}/{name}.*.hist"):
+    for line in open(path):
+        key, value = line.split()
+        if key == "requests": requests += int(value)
+        elif key == "duration_us": duration += int(value)
+        elif key == "non2xx": non2xx += int(value)
+        elif key == "errors": errors += int(value)
+        else: hist[int(key)] = hist.get(int(key), 0) + int(value)
+total = sum(hist.values())
+def percentile(p):
+    # wrk's own rule: the smallest latency with at least p% of the samples at or below it.
+    rank, seen = max(1, round(p / 100 * total + 0.5)), 0
+    for us in sorted(hist):
+        seen += hist[us]
+        if seen >= rank:
+            return us / 1000
+    return 0.0
+rps = requests / (duration / 1e6) if duration else 0
+print(f"{rnd}\t{name}\t{rps:.2f}\t{percentile(50):.3f}\t{percentile(99):.3f}\t{non2xx}\t{errors}"
+      f"\t{cpu}\t{busy}\t{others}\t{load}")
+PY
+        tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "  %-22s %9s req/s  p50 %6s ms  p99 %7s ms  cpu %4s%%  (others: %s%% before, %s%% during)\n", $2, $3, $4, $5, $8, $9, $10;
+            if ($6 != 0 || $7 != 0) printf "  warning: %s had %s non-2xx responses and %s socket errors\n", $2, $6, $7 > "/dev/stderr"}'
+    done
+}
+
 # in_order NAME...: the names in this round's order: as given in odd rounds, reversed in even
 # ones. The machine drifts within a round (other tenants, the host's own load), so a row always
 # measured second would carry that drift into every ratio; alternating cancels it.
@@ -408,6 +492,19 @@ section_memory() {
     local w cpu
     for w in $WORKERS_LIST; do
         if [[ "$w" == 1 ]]; then cpu=$CPU_PROXY; WRK_CPU=$CPU_LOAD; else cpu=""; WRK_CPU=""; fi
+        if (( SLICES > 1 )); then
+            # Both running, measured in alternating slices (`run_pair`), the round's first first.
+            start_nginx_proxy "$w" "$cpu"
+            local npid=$LAST_PID nport=$LAST_PORT
+            start_turnstile "$BENCH_DIR/turnstile-memory.yaml.tmpl" "$w" "$cpu"
+            local tpid=$LAST_PID tport=$LAST_PORT
+            local a=("nginx-proxy-w$w" "http://127.0.0.1:$nport/" "$npid")
+            local b=("turnstile-memory-w$w" "http://127.0.0.1:$tport/" "$tpid")
+            if (( ROUND % 2 )); then run_pair "${a[@]}" "${b[@]}"; else run_pair "${b[@]}" "${a[@]}"; fi
+            stop_pid "$tpid"
+            stop_pid "$npid"
+            continue
+        fi
         # NGINX and Turnstile run one at a time, each first in every other round (`in_order`).
         local who pid
         for who in $(in_order nginx turnstile); do
@@ -458,7 +555,9 @@ for n in order:
     bad = sum(r["bad"] for r in rs)
     during = max(r["during"] for r in rs)
     cpus = [int(r["cpu"]) for r in rs if r["cpu"] != "-"]
-    cpu = f"server cpu {statistics.median(cpus):.0f}%; " if cpus else ""
+    # CPU time a request: what the server spends on each, whether or not it is the bottleneck.
+    per = statistics.median(int(r["cpu"]) * 1e4 / r["rps"] for r in rs if r["cpu"] != "-" and r["rps"]) if cpus else 0
+    cpu = f"server cpu {statistics.median(cpus):.0f}% ({per:.1f} us a request); " if cpus else ""
     note = cpu + f"others <= {during}% of a core" + (f"; {bad} non-2xx/errors: INVALID" if bad else "")
     print(f"{n:<30}{m['rps']:>12.0f}{m['p50']:>10.3f}{m['p99']:>10.3f}{len(rs):>8}  {note}")
 print()
