@@ -556,7 +556,8 @@ for n in order:
     during = max(r["during"] for r in rs)
     cpus = [int(r["cpu"]) for r in rs if r["cpu"] != "-"]
     # CPU time a request: what the server spends on each, whether or not it is the bottleneck.
-    per = statistics.median(int(r["cpu"]) * 1e4 / r["rps"] for r in rs if r["cpu"] != "-" and r["rps"]) if cpus else 0
+    per = statistics.median(int(r["cpu"]) * 1e4 / r["rps"]
+                            for r in rs if r["cpu"] != "-" and r["rps"]) if cpus else 0
     cpu = f"server cpu {statistics.median(cpus):.0f}% ({per:.1f} us a request); " if cpus else ""
     note = cpu + f"others <= {during}% of a core" + (f"; {bad} non-2xx/errors: INVALID" if bad else "")
     print(f"{n:<30}{m['rps']:>12.0f}{m['p50']:>10.3f}{m['p99']:>10.3f}{len(rs):>8}  {note}")
