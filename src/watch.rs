@@ -54,9 +54,9 @@ impl ConfigWatcher {
     pub fn new(path: &Path) -> Self {
         let (tx, events) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Errors (a queue overflow) are a reason to look as well.
-            let _ = event;
-            let _ = tx.send(());
+            if may_change(&event) {
+                let _ = tx.send(());
+            }
         })
         .map_err(
             |e| tracing::warn!(error = %e, "cannot watch the config file; polling it every second"),
@@ -117,6 +117,21 @@ impl ConfigWatcher {
             }
         }
         self.watched = now;
+    }
+}
+
+/// Whether an event may mean new content. Opening and reading do not, and they must not wake the
+/// watcher: it reads the file itself after every wake-up, and that read's own open event would
+/// wake it again, 150 ms later, for ever. Errors (a queue overflow) are a reason to look.
+fn may_change(event: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match event {
+        Ok(event) => match event.kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            EventKind::Access(_) => false,
+            _ => true,
+        },
+        Err(_) => true,
     }
 }
 
@@ -198,6 +213,35 @@ mod tests {
 
     async fn changes_within(watcher: &mut ConfigWatcher, bound: Duration) -> bool {
         tokio::time::timeout(bound, watcher.changed()).await.is_ok()
+    }
+
+    /// The watcher's own read of the file (and anyone else's) is no event: before this check it
+    /// woke itself every 150 ms, reading and hashing the file each time, for as long as it ran.
+    #[tokio::test]
+    async fn reading_the_file_wakes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("policies.yaml");
+        std::fs::write(&path, "a: 1\n").expect("write");
+        let mut watcher = ConfigWatcher::new(&path);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while watcher.events.try_recv().is_ok() {}
+
+        for _ in 0..3 {
+            assert!(content_hash(&path).is_some());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            watcher.events.try_recv().is_err(),
+            "a read woke the watcher"
+        );
+
+        // A write still does.
+        std::fs::write(&path, "a: 2\n").expect("write");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            watcher.events.try_recv().is_ok(),
+            "a write did not wake the watcher"
+        );
     }
 
     #[tokio::test]
