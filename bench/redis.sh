@@ -185,25 +185,21 @@ section_redis() {
         if [[ "$w" == 1 ]]; then cpu=$CPU_PROXY; WRK_CPU=$CPU_LOAD; else cpu=""; WRK_CPU=""; fi
         # One at a time, in this round's order (`in_order`). The plain NGINX proxy is the memory
         # section's row when that section runs too.
-        local who names=(nginx-lua turnstile)
+        local row names=(nginx-lua turnstile-redis)
         [[ " ${SECTIONS[*]} " == *" memory "* ]] || names=(nginx-proxy "${names[@]}")
-        for who in $(in_order "${names[@]}"); do
-            case "$who" in
+        for row in $(in_order "${names[@]}"); do
+            case "$row" in
                 nginx-proxy) start_nginx_proxy "$w" "$cpu" ;;
                 nginx-lua)
                     start_nginx "nginx-lua-w$w" "$BENCH_DIR/nginx-lua.conf.tmpl" "$cpu" \
                         WORKERS="$w" UPSTREAM_PORT="$UPSTREAM_PORT" REDIS_PORT="$REDIS_PORT" \
                         SHA="$SHA" BENCH_DIR="$BENCH_DIR" ;;
-                turnstile)
+                turnstile-redis)
                     start_turnstile "$BENCH_DIR/turnstile-redis.yaml.tmpl" "$w" "$cpu" \
                         REDIS_PORT="$REDIS_PORT" POOL="$REDIS_POOL" ;;
             esac
             pid=$LAST_PID
-            if [[ "$who" == turnstile ]]; then
-                run_wrk "turnstile-redis-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
-            else
-                run_wrk "$who-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
-            fi
+            run_wrk "$row-w$w" "http://127.0.0.1:$LAST_PORT/" "$pid"
             stop_pid "$pid"
         done
     done
