@@ -227,11 +227,17 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     );
 
     tracing::debug!(?watcher, "watching the config file");
-    // The overrides file named at start, reloaded with the config when it changes.
-    let overrides_path = running.state.live.load().config.overrides_file.clone();
-    let mut overrides_watcher = overrides_path
-        .as_deref()
-        .map(turnstile::watch::ConfigWatcher::new);
+    // The overrides file named at start, reloaded with the config when it changes. It was read
+    // before this watch began; the watcher starts from what was read, so an edit in between
+    // applies at once.
+    let mut overrides_watcher = {
+        let live = running.state.live.load();
+        let config = &live.config;
+        config
+            .overrides_file
+            .as_deref()
+            .map(|file| turnstile::watch::ConfigWatcher::since(file, config.overrides_sha256))
+    };
     loop {
         tokio::select! {
             // Parsing runs on the blocking pool: with one worker, it would otherwise hold up

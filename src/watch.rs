@@ -11,6 +11,12 @@
 //! the bytes differ from the last ones it reported, so unrelated files in the directory, `touch`,
 //! or a swap to identical content cause no reload. Where inotify is unavailable (or a watch was
 //! lost) a poll of the content bounds the delay all the same.
+//!
+//! Two gaps would otherwise leave a change to that poll, seconds late. A change between a caller's
+//! load and the watch is caught because the directories are watched before the content is read,
+//! and a caller that loaded earlier says what it loaded ([`ConfigWatcher::since`]). An event taken
+//! by a `changed()` that was then dropped (the losing branch of a `select!`) is not lost: the
+//! wake-up is kept until the content has been checked.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -36,6 +42,8 @@ pub struct ConfigWatcher {
     events: mpsc::UnboundedReceiver<()>,
     /// SHA-256 of the content last reported (or seen at start); `None` when unreadable.
     last: Option<[u8; 32]>,
+    /// Woken, and the content not checked since: kept across a dropped `changed()`.
+    pending: bool,
 }
 
 impl std::fmt::Debug for ConfigWatcher {
@@ -52,6 +60,23 @@ impl ConfigWatcher {
     /// Starts watching `path`. The content as it is now counts as seen: the first change reported
     /// is the first one after this call. Never fails: without inotify it polls.
     pub fn new(path: &Path) -> Self {
+        let mut this = Self::unread(path);
+        this.last = content_hash(path);
+        this
+    }
+
+    /// Starts watching `path`, which the caller read before this call and found to hold content
+    /// whose SHA-256 is `seen` (`None`: nothing counts as seen). The content is checked at the
+    /// first `changed()`, so a change made between that read and this call is reported at once.
+    pub fn since(path: &Path, seen: Option<[u8; 32]>) -> Self {
+        let mut this = Self::unread(path);
+        this.last = seen;
+        this.pending = true;
+        this
+    }
+
+    /// Watching, before the content is read: a change after the read then always wakes it.
+    fn unread(path: &Path) -> Self {
         let (tx, events) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             if may_change(&event) {
@@ -67,7 +92,8 @@ impl ConfigWatcher {
             watcher,
             watched: BTreeSet::new(),
             events,
-            last: content_hash(path),
+            last: None,
+            pending: false,
         };
         this.rewatch();
         this
@@ -79,19 +105,25 @@ impl ConfigWatcher {
     }
 
     /// Waits until the file's content differs from the last content reported.
+    ///
+    /// Cancel-safe: dropped while it debounces, the next call checks the content all the same.
     pub async fn changed(&mut self) {
         loop {
-            let poll = if self.watcher.is_some() && !self.watched.is_empty() {
-                POLL_WITH_EVENTS
-            } else {
-                POLL_WITHOUT_EVENTS
-            };
-            let _ = tokio::time::timeout(poll, self.events.recv()).await;
+            if !self.pending {
+                let poll = if self.watcher.is_some() && !self.watched.is_empty() {
+                    POLL_WITH_EVENTS
+                } else {
+                    POLL_WITHOUT_EVENTS
+                };
+                let _ = tokio::time::timeout(poll, self.events.recv()).await;
+                self.pending = true;
+            }
             // Debounce: a writer may still be at work; take every event of the burst at once.
             tokio::time::sleep(DEBOUNCE).await;
             while self.events.try_recv().is_ok() {}
             self.rewatch();
             let now = content_hash(&self.path);
+            self.pending = false;
             if now.is_some() && now != self.last {
                 self.last = now;
                 return;
@@ -176,9 +208,12 @@ fn absolute(path: &Path) -> PathBuf {
 /// SHA-256 of the file's bytes, through its symlinks; `None` while it cannot be read (a rename in
 /// progress, a deleted file).
 fn content_hash(path: &Path) -> Option<[u8; 32]> {
-    std::fs::read(path)
-        .ok()
-        .map(|bytes| Sha256::digest(bytes).into())
+    std::fs::read(path).ok().map(|bytes| digest(&bytes))
+}
+
+/// The digest [`ConfigWatcher::since`] takes for content a caller has read.
+pub fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
 }
 
 #[cfg(test)]
@@ -242,6 +277,53 @@ mod tests {
             matches!(woken, Ok(Some(()))),
             "a write did not wake the watcher"
         );
+    }
+
+    /// A caller that loaded the file before the watch began hears of a change made in between
+    /// at once, not at the next poll (10 s); the content it loaded is no change.
+    #[tokio::test]
+    async fn a_change_between_the_load_and_the_watch_is_reported_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("overrides.yaml");
+        std::fs::write(&path, "a: 1\n").expect("write");
+        let loaded = digest(b"a: 1\n");
+
+        let mut unchanged = ConfigWatcher::since(&path, Some(loaded));
+        assert!(!changes_within(&mut unchanged, Duration::from_millis(600)).await);
+
+        std::fs::write(&path, "a: 2\n").expect("write");
+        let mut watcher = ConfigWatcher::since(&path, Some(loaded));
+        assert!(changes_within(&mut watcher, Duration::from_secs(2)).await);
+        // Reported once: the new content is now the content seen.
+        assert!(!changes_within(&mut watcher, Duration::from_millis(600)).await);
+    }
+
+    /// `changed()` dropped while it debounces (the losing branch of a `select!`) has taken the
+    /// event from the queue; the next call must still check the content rather than wait for the
+    /// poll, 10 s later.
+    #[tokio::test]
+    async fn a_dropped_wait_loses_no_wake_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("policies.yaml");
+        std::fs::write(&path, "a: 1\n").expect("write");
+        let mut watcher = ConfigWatcher::new(&path);
+        // One write on a file already open is one event (a save by `write` or rename makes
+        // several, and a later one would hide the loss).
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while watcher.events.try_recv().is_ok() {}
+        std::io::Write::write_all(&mut file, b"a: 2\n").expect("write");
+        // The event is queued well before the wait that takes it is dropped, mid-debounce.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!changes_within(&mut watcher, DEBOUNCE / 3).await);
+        assert!(
+            changes_within(&mut watcher, Duration::from_secs(2)).await,
+            "the wake-up was lost with the dropped wait"
+        );
+        drop(file);
     }
 
     #[tokio::test]

@@ -184,6 +184,7 @@ pub fn compile(
                     None => file.into(),
                 }),
                 overrides: Vec::new(),
+                overrides_sha256: None,
                 warnings: Vec::new(),
             },
             errors.1,

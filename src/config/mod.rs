@@ -153,8 +153,10 @@ pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
     }
     snapshot.source_info = SourceInfo::of(source);
     if let Some(file) = &snapshot.overrides_file {
-        snapshot.overrides =
+        let (overrides, sha256) =
             crate::overrides::load_file(file, &snapshot.routes).map_err(ConfigErrors)?;
+        snapshot.overrides = overrides;
+        snapshot.overrides_sha256 = Some(sha256);
     }
     Ok(snapshot)
 }

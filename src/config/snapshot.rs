@@ -270,6 +270,9 @@ pub struct Snapshot {
     pub overrides_file: Option<PathBuf>,
     /// The overrides file's entries, validated against `routes` (`crate::overrides`).
     pub overrides: Vec<crate::overrides::Override>,
+    /// SHA-256 of the overrides file as it was read for `overrides`: its watcher starts from it,
+    /// so an edit made after this load and before the watch still applies.
+    pub overrides_sha256: Option<[u8; 32]>,
     /// What is valid but probably not meant (a check-only route): `turnstile check` prints them.
     pub warnings: Vec<super::ConfigError>,
 }

@@ -237,9 +237,13 @@ fn no_bucket_fields(limits: &Limits) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// Reads and validates the overrides file against the config's routes. Errors name the file,
-/// line and column of the field at fault.
-pub fn load_file(path: &Path, routes: &[Route]) -> Result<Vec<Override>, Vec<ConfigError>> {
+/// Reads and validates the overrides file against the config's routes, and returns its entries
+/// with the SHA-256 of the bytes read. Errors name the file, line and column of the field at
+/// fault.
+pub fn load_file(
+    path: &Path,
+    routes: &[Route],
+) -> Result<(Vec<Override>, [u8; 32]), Vec<ConfigError>> {
     let error = |line, column, field, message| ConfigError::at(path, line, column, field, message);
     let text = std::fs::read_to_string(path).map_err(|e| {
         vec![error(
@@ -290,7 +294,7 @@ pub fn load_file(path: &Path, routes: &[Route]) -> Result<Vec<Override>, Vec<Con
         }
     }
     if errors.is_empty() {
-        Ok(list)
+        Ok((list, crate::watch::digest(text.as_bytes())))
     } else {
         Err(errors)
     }

@@ -151,8 +151,11 @@ impl ServerTls {
 
     /// Reloads whenever the certificate or key file changes, until `shutdown`.
     pub async fn watch(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut cert = ConfigWatcher::new(&self.settings.cert);
-        let mut key = ConfigWatcher::new(&self.settings.key);
+        // The files were read at config load, before this watch: nothing counts as seen, so the
+        // first wake-up looks at once and an edit in between applies (a reload of what is
+        // already serving changes nothing and logs nothing).
+        let mut cert = ConfigWatcher::since(&self.settings.cert, None);
+        let mut key = ConfigWatcher::since(&self.settings.key, None);
         loop {
             tokio::select! {
                 () = cert.changed() => {}
