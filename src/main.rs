@@ -227,17 +227,8 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     );
 
     tracing::debug!(?watcher, "watching the config file");
-    // The overrides file named at start, reloaded with the config when it changes. It was read
-    // before this watch began; the watcher starts from what was read, so an edit in between
-    // applies at once.
-    let mut overrides_watcher = {
-        let live = running.state.live.load();
-        let config = &live.config;
-        config
-            .overrides_file
-            .as_deref()
-            .map(|file| turnstile::watch::ConfigWatcher::since(file, config.overrides_sha256))
-    };
+    let mut overrides = OverridesWatch::default();
+    overrides.follow(&running);
     loop {
         tokio::select! {
             // Parsing runs on the blocking pool: with one worker, it would otherwise hold up
@@ -245,19 +236,46 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
             _ = hangup.recv() => reload(&running, "SIGHUP").await,
             // Kubernetes ConfigMaps, saves by rename and edits in place: no signal arrives.
             _ = watcher.changed() => reload(&running, "file change").await,
-            _ = async {
-                match overrides_watcher.as_mut() {
-                    Some(w) => w.changed().await,
-                    None => std::future::pending().await,
-                }
-            } => reload(&running, "overrides file change").await,
+            _ = overrides.changed() => reload(&running, "overrides file change").await,
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }
+        overrides.follow(&running);
     }
     tracing::info!("shutting down: draining in-flight requests");
     running.shutdown().await;
     Ok(())
+}
+
+/// The watch on the overrides file that the serving config names. The file is read with the
+/// config, before the watch on it begins, so each watch starts from the bytes that load read: an
+/// edit in between applies at once.
+#[derive(Default)]
+struct OverridesWatch(Option<(PathBuf, turnstile::watch::ConfigWatcher)>);
+
+impl OverridesWatch {
+    /// Moves the watch to the file the serving config names, after a reload that named another
+    /// (or none). A failed reload leaves the serving config, and so the watch, as they were.
+    fn follow(&mut self, running: &turnstile::Running) {
+        let live = running.state.live.load();
+        let config = &live.config;
+        let named = config.overrides_file.as_deref();
+        if self.0.as_ref().map(|(path, _)| path.as_path()) == named {
+            return;
+        }
+        self.0 = named.map(|file| {
+            let watcher = turnstile::watch::ConfigWatcher::since(file, config.overrides_sha256);
+            tracing::debug!(?watcher, "watching the overrides file");
+            (file.to_path_buf(), watcher)
+        });
+    }
+
+    async fn changed(&mut self) {
+        match self.0.as_mut() {
+            Some((_, watcher)) => watcher.changed().await,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 /// Reloads on the blocking pool (parsing must not hold up a single worker); success is logged

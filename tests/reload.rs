@@ -343,3 +343,76 @@ routes:
     }
     assert_eq!(got, [200, 200, 429], "3 of 5 used, then 2 more");
 }
+
+/// A reload that names another overrides file moves the watch to it: an edit of the new file
+/// applies without a signal, as an edit of the first one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_names_another_overrides_file_watches_that_file() {
+    let yaml = support::process::with_free_ports(
+        "overrides: first.yaml
+routes:
+  - name: api
+    respond: {body: ok}
+    policies:
+      - name: tenant
+        key: ['header:x-tenant']
+        sliding_window: {limit: 1, window: 1h}
+",
+    );
+    let (dir, path) = support::process::config_file(&yaml);
+    let first = dir.path().join("first.yaml");
+    let second = dir.path().join("second.yaml");
+    let entry =
+        |limit: u32| format!("- {{route: api, policy: tenant, key: acme, limit: {limit}}}\n");
+    std::fs::write(&first, entry(2)).expect("write the first overrides file");
+    std::fs::write(&second, entry(5)).expect("write the second overrides file");
+    let gw = GatewayProcess::spawn_at(dir, path.clone(), &[]).await;
+    let c = Client::new();
+    let status = |c: &Client| {
+        let url = gw.url("/");
+        let c = c.clone();
+        async move { c.get_with(&url, &[("x-tenant", "acme")]).await.status }
+    };
+    // Refusals consume nothing, so polling until the first admission leaves the count exact.
+    let first_admission = |what: &'static str| {
+        let c = c.clone();
+        let gw = &gw;
+        async move {
+            let since = Instant::now();
+            while status(&c).await != 200 {
+                assert!(
+                    since.elapsed() < APPLY_WITHIN,
+                    "{what} did not apply within {APPLY_WITHIN:?}:\n{}",
+                    gw.log()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(status(&c).await);
+    }
+    assert_eq!(got, [200, 200, 429], "the first file's limit of 2");
+
+    save_by_rename(&path, &yaml.replace("first.yaml", "second.yaml"));
+    first_admission("the config naming the second file").await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(status(&c).await);
+    }
+    assert_eq!(
+        got,
+        [200, 200, 429],
+        "3 of the second file's 5 used, then 2 more"
+    );
+
+    // Only the second file changes: the watch on the first would see nothing.
+    std::fs::write(&second, entry(8)).expect("rewrite the second file");
+    first_admission("the edit of the second file").await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(status(&c).await);
+    }
+    assert_eq!(got, [200, 200, 429], "6 of 8 used, then 2 more");
+}
