@@ -293,126 +293,104 @@ async fn healthcheck_exits_0_when_ready_and_1_with_the_reason_when_not() {
     );
 }
 
-/// The overrides file (issue 15) is watched as the config is: an edit in place applies within
-/// [`APPLY_WITHIN`], without a signal, and the counter carries over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_edit_of_the_overrides_file_applies_without_a_signal() {
-    let yaml = support::process::with_free_ports(
-        "overrides: overrides.yaml
+/// A config with one policy (1 an hour for each `x-tenant`) that names the overrides file `file`.
+fn overrides_config(file: &str) -> String {
+    support::process::with_free_ports(&format!(
+        "overrides: {file}
 routes:
   - name: api
-    respond: {body: ok}
+    respond: {{body: ok}}
     policies:
       - name: tenant
         key: ['header:x-tenant']
-        sliding_window: {limit: 1, window: 1h}
-",
-    );
-    let (dir, path) = support::process::config_file(&yaml);
-    let overrides = dir.path().join("overrides.yaml");
-    let entry =
-        |limit: u32| format!("- {{route: api, policy: tenant, key: acme, limit: {limit}}}\n");
-    std::fs::write(&overrides, entry(2)).expect("write overrides");
-    let gw = GatewayProcess::spawn_at(dir, path, &[]).await;
-    let c = Client::new();
-    let status = |c: &Client| {
-        let url = gw.url("/");
-        let c = c.clone();
-        async move { c.get_with(&url, &[("x-tenant", "acme")]).await.status }
-    };
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        got.push(status(&c).await);
-    }
-    assert_eq!(got, [200, 200, 429]);
+        sliding_window: {{limit: 1, window: 1h}}
+"
+    ))
+}
 
-    std::fs::write(&overrides, entry(5)).expect("rewrite overrides");
-    let written = Instant::now();
-    // Refusals consume nothing, so polling until the first admission leaves the count exact.
-    while status(&c).await != 200 {
+/// An overrides file that gives tenant `acme` `limit`.
+fn acme_limit(limit: u32) -> String {
+    format!("- {{route: api, policy: tenant, key: acme, limit: {limit}}}\n")
+}
+
+/// The statuses of `n` requests as tenant `acme`.
+async fn as_acme(gw: &GatewayProcess, c: &Client, n: usize) -> Vec<u16> {
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        got.push(
+            c.get_with(&gw.url("/"), &[("x-tenant", "acme")])
+                .await
+                .status,
+        );
+    }
+    got
+}
+
+/// Sends as `acme` until a request is admitted, and fails if `what` has not applied within
+/// [`APPLY_WITHIN`]. Refusals consume nothing, so the count stays exact.
+async fn first_admission(gw: &GatewayProcess, c: &Client, what: &str) {
+    let since = Instant::now();
+    while as_acme(gw, c, 1).await != [200] {
         assert!(
-            written.elapsed() < APPLY_WITHIN,
-            "the overrides edit did not apply within {APPLY_WITHIN:?}:\n{}",
+            since.elapsed() < APPLY_WITHIN,
+            "{what} did not apply within {APPLY_WITHIN:?}:\n{}",
             gw.log()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        got.push(status(&c).await);
-    }
-    assert_eq!(got, [200, 200, 429], "3 of 5 used, then 2 more");
+}
+
+/// The overrides file (issue 15) is watched as the config is: an edit in place applies within
+/// [`APPLY_WITHIN`], without a signal, and the counter carries over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_the_overrides_file_applies_without_a_signal() {
+    let (dir, path) = support::process::config_file(&overrides_config("overrides.yaml"));
+    let overrides = dir.path().join("overrides.yaml");
+    std::fs::write(&overrides, acme_limit(2)).expect("write overrides");
+    let gw = GatewayProcess::spawn_at(dir, path, &[]).await;
+    let c = Client::new();
+    assert_eq!(as_acme(&gw, &c, 3).await, [200, 200, 429]);
+
+    std::fs::write(&overrides, acme_limit(5)).expect("rewrite overrides");
+    first_admission(&gw, &c, "the overrides edit").await;
+    assert_eq!(
+        as_acme(&gw, &c, 3).await,
+        [200, 200, 429],
+        "3 of 5 used, then 2 more"
+    );
 }
 
 /// A reload that names another overrides file moves the watch to it: an edit of the new file
 /// applies without a signal, as an edit of the first one did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_names_another_overrides_file_watches_that_file() {
-    let yaml = support::process::with_free_ports(
-        "overrides: first.yaml
-routes:
-  - name: api
-    respond: {body: ok}
-    policies:
-      - name: tenant
-        key: ['header:x-tenant']
-        sliding_window: {limit: 1, window: 1h}
-",
-    );
+    let yaml = overrides_config("first.yaml");
     let (dir, path) = support::process::config_file(&yaml);
-    let first = dir.path().join("first.yaml");
     let second = dir.path().join("second.yaml");
-    let entry =
-        |limit: u32| format!("- {{route: api, policy: tenant, key: acme, limit: {limit}}}\n");
-    std::fs::write(&first, entry(2)).expect("write the first overrides file");
-    std::fs::write(&second, entry(5)).expect("write the second overrides file");
+    std::fs::write(dir.path().join("first.yaml"), acme_limit(2)).expect("write the first file");
+    std::fs::write(&second, acme_limit(5)).expect("write the second file");
     let gw = GatewayProcess::spawn_at(dir, path.clone(), &[]).await;
     let c = Client::new();
-    let status = |c: &Client| {
-        let url = gw.url("/");
-        let c = c.clone();
-        async move { c.get_with(&url, &[("x-tenant", "acme")]).await.status }
-    };
-    // Refusals consume nothing, so polling until the first admission leaves the count exact.
-    let first_admission = |what: &'static str| {
-        let c = c.clone();
-        let gw = &gw;
-        async move {
-            let since = Instant::now();
-            while status(&c).await != 200 {
-                assert!(
-                    since.elapsed() < APPLY_WITHIN,
-                    "{what} did not apply within {APPLY_WITHIN:?}:\n{}",
-                    gw.log()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        got.push(status(&c).await);
-    }
-    assert_eq!(got, [200, 200, 429], "the first file's limit of 2");
+    assert_eq!(
+        as_acme(&gw, &c, 3).await,
+        [200, 200, 429],
+        "the first file's limit of 2"
+    );
 
     save_by_rename(&path, &yaml.replace("first.yaml", "second.yaml"));
-    first_admission("the config naming the second file").await;
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        got.push(status(&c).await);
-    }
+    first_admission(&gw, &c, "the config naming the second file").await;
     assert_eq!(
-        got,
+        as_acme(&gw, &c, 3).await,
         [200, 200, 429],
         "3 of the second file's 5 used, then 2 more"
     );
 
     // Only the second file changes: the watch on the first would see nothing.
-    std::fs::write(&second, entry(8)).expect("rewrite the second file");
-    first_admission("the edit of the second file").await;
-    let mut got = Vec::new();
-    for _ in 0..3 {
-        got.push(status(&c).await);
-    }
-    assert_eq!(got, [200, 200, 429], "6 of 8 used, then 2 more");
+    std::fs::write(&second, acme_limit(8)).expect("rewrite the second file");
+    first_admission(&gw, &c, "the edit of the second file").await;
+    assert_eq!(
+        as_acme(&gw, &c, 3).await,
+        [200, 200, 429],
+        "6 of 8 used, then 2 more"
+    );
 }
