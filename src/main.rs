@@ -251,7 +251,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
 /// config, before the watch on it begins, so each watch starts from the bytes that load read: an
 /// edit in between applies at once.
 #[derive(Default)]
-struct OverridesWatch(Option<(PathBuf, turnstile::watch::ConfigWatcher)>);
+struct OverridesWatch(Option<turnstile::watch::ConfigWatcher>);
 
 impl OverridesWatch {
     /// Moves the watch to the file the serving config names, after a reload that named another
@@ -260,19 +260,19 @@ impl OverridesWatch {
         let live = running.state.live.load();
         let config = &live.config;
         let named = config.overrides_file.as_deref();
-        if self.0.as_ref().map(|(path, _)| path.as_path()) == named {
+        if self.0.as_ref().map(|watcher| watcher.path()) == named {
             return;
         }
         self.0 = named.map(|file| {
             let watcher = turnstile::watch::ConfigWatcher::since(file, config.overrides_sha256);
             tracing::debug!(?watcher, "watching the overrides file");
-            (file.to_path_buf(), watcher)
+            watcher
         });
     }
 
     async fn changed(&mut self) {
         match self.0.as_mut() {
-            Some((_, watcher)) => watcher.changed().await,
+            Some(watcher) => watcher.changed().await,
             None => std::future::pending().await,
         }
     }

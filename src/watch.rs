@@ -99,6 +99,11 @@ impl ConfigWatcher {
         this
     }
 
+    /// The file whose content is watched.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The directories being watched (for tests and logs).
     pub fn watched(&self) -> impl Iterator<Item = &Path> {
         self.watched.iter().map(PathBuf::as_path)
