@@ -268,10 +268,24 @@ fn forward_auth(
         None => Some(http::StatusCode::TOO_MANY_REQUESTS),
         Some(code) => e.take("forward_auth.deny_status", deny_status(code)),
     };
+    let proxy = match raw.proxy.as_deref() {
+        None => Some(CheckProxy::Auto),
+        Some(text) => CheckProxy::parse(text).or_else(|| {
+            e.add(
+                "forward_auth.proxy",
+                format!(
+                    "`{text}` is not a proxy Turnstile knows: use {}",
+                    CheckProxy::NAMES
+                ),
+            );
+            None
+        }),
+    };
     Some(ForwardAuthSettings {
         listen: http.flatten(),
         grpc_listen: grpc.flatten(),
         deny_status: deny_status?,
+        proxy: proxy?,
     })
 }
 

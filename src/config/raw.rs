@@ -67,6 +67,8 @@ pub struct RawForwardAuth {
     pub grpc_listen: Option<String>,
     /// The status of a refusal (default 429).
     pub deny_status: Option<u16>,
+    /// The proxy that calls `/check`: `nginx`, `ingress-nginx`, `traefik`, `caddy` or `auto`.
+    pub proxy: Option<String>,
 }
 
 /// Requests that skip every policy: a client IP in one of `client_ips`, or one of `headers` with

@@ -286,4 +286,47 @@ pub struct ForwardAuthSettings {
     pub grpc_listen: Option<SocketAddr>,
     /// The status of a refusal; a call may override it with `?deny_status=`.
     pub deny_status: http::StatusCode,
+    /// Which proxy calls `/check`, so which of its fields name the original request.
+    pub proxy: CheckProxy,
+}
+
+/// `forward_auth.proxy`: the proxy in front of the HTTP check endpoint. Each proxy names the
+/// original request in its own fields and passes the client's other fields through, so only the
+/// named proxy's fields are believed (`crate::forward_auth::original_request`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckProxy {
+    /// Not named: the call's fields choose, and a call that mixes two proxies' fields is refused.
+    #[default]
+    Auto,
+    /// nginx `auth_request`: `X-Original-Method`, `X-Original-URI`, `Host`.
+    Nginx,
+    /// ingress-nginx `auth-url`: `X-Original-Method`, `X-Original-URL`.
+    IngressNginx,
+    /// Traefik ForwardAuth and Caddy `forward_auth`: `X-Forwarded-Method`, `-Uri`, `-Host`.
+    Forwarded,
+}
+
+impl CheckProxy {
+    /// The spellings `forward_auth.proxy` takes.
+    pub const NAMES: &'static str = "`nginx`, `ingress-nginx`, `traefik`, `caddy` or `auto`";
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "auto" => CheckProxy::Auto,
+            "nginx" => CheckProxy::Nginx,
+            "ingress-nginx" => CheckProxy::IngressNginx,
+            "traefik" | "caddy" => CheckProxy::Forwarded,
+            _ => return None,
+        })
+    }
+
+    /// How errors name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckProxy::Auto => "auto",
+            CheckProxy::Nginx => "nginx",
+            CheckProxy::IngressNginx => "ingress-nginx",
+            CheckProxy::Forwarded => "traefik",
+        }
+    }
 }

@@ -589,3 +589,24 @@ fn regression_a_syntax_error_pointed_at_the_end_of_the_file() {
     let e = errors("routes:\n  - name: a\n   bad: [x\n  upstream: api\n");
     assert!(e[0].starts_with("p.yaml:"), "{e:?}");
 }
+
+#[test]
+fn forward_auth_proxy_names_a_known_proxy_at_its_line() {
+    let yaml = format!("forward_auth:\n  listen: 127.0.0.1:8082\n  proxy: haproxy\n{BASE}{ROUTE}");
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("p.yaml:3:"), "{}", e[0]);
+    assert!(e[0].contains("forward_auth.proxy"), "{}", e[0]);
+    assert!(
+        e[0].contains("ingress-nginx"),
+        "says what is allowed: {}",
+        e[0]
+    );
+    for name in ["nginx", "ingress-nginx", "traefik", "caddy", "auto"] {
+        let yaml =
+            format!("forward_auth:\n  listen: 127.0.0.1:8082\n  proxy: {name}\n{BASE}{ROUTE}");
+        let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        let proxy = snapshot.forward_auth.map(|f| f.proxy);
+        assert_eq!(proxy, CheckProxy::parse(name), "{name}");
+    }
+}

@@ -15,6 +15,7 @@ use http::{Request, Response, StatusCode};
 use super::{original_request, result_of};
 use crate::admission::{self, Checked};
 use crate::config::compile::deny_status;
+use crate::config::CheckProxy;
 use crate::metrics::{CheckResult, DoorMetrics};
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::respond::{self, Refusal};
@@ -44,17 +45,19 @@ pub async fn handle(
         return Ok(respond::not_found());
     }
     let live = door.state.live.load_full();
-    let configured = live
+    let (configured, proxy) = live
         .config
         .forward_auth
         .as_ref()
-        .map_or(StatusCode::TOO_MANY_REQUESTS, |f| f.deny_status);
+        .map_or((StatusCode::TOO_MANY_REQUESTS, CheckProxy::Auto), |f| {
+            (f.deny_status, f.proxy)
+        });
     let deny = match query_deny_status(req.uri().query()) {
         Ok(status) => status.unwrap_or(configured),
         Err(message) => return Ok(bad_request(&door, &message)),
     };
     let (parts, _body) = req.into_parts();
-    let mut original = match original_request(&parts.method, parts.headers) {
+    let mut original = match original_request(&parts.method, parts.headers, proxy) {
         Ok(original) => original,
         Err(e) => return Ok(bad_request(&door, &e.to_string())),
     };

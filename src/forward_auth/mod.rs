@@ -18,6 +18,7 @@ use ::http::uri::PathAndQuery;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use crate::admission::Checked;
+use crate::config::CheckProxy;
 use crate::limiter::Kind;
 use crate::metrics::CheckResult;
 use crate::respond::Refusal;
@@ -40,6 +41,14 @@ pub enum Malformed {
          X-Original-URI (nginx) or X-Original-URL (ingress-nginx)"
     )]
     NoUri,
+    #[error("the check call lacks `{0}`, which `forward_auth.proxy: {1}` always sends")]
+    Missing(HeaderName, &'static str),
+    #[error(
+        "the check call names the original request with both `{0}` and `{1}`: one of them may \
+         come from the client; set `forward_auth.proxy`, or have the proxy clear the names it \
+         does not set"
+    )]
+    Mixed(HeaderName, HeaderName),
     #[error("header `{0}` must be sent once")]
     Repeated(HeaderName),
     #[error("header `{0}` is not a valid {1}")]
@@ -54,63 +63,98 @@ fn take(headers: &mut HeaderMap, name: &HeaderName) -> Result<Option<HeaderValue
     Ok(headers.remove(name))
 }
 
-/// The original request of a forward-auth call, from the headers each proxy sends:
+/// The naming fields of one call, each taken out of its headers.
+struct Names {
+    forwarded_method: Option<HeaderValue>,
+    forwarded_uri: Option<HeaderValue>,
+    forwarded_host: Option<HeaderValue>,
+    original_method: Option<HeaderValue>,
+    original_uri: Option<HeaderValue>,
+    original_url: Option<HeaderValue>,
+}
+
+/// Where the original request's method, target and host come from.
+enum Source {
+    /// Traefik, Caddy: `X-Forwarded-Method`, `-Uri`, `-Host`.
+    Forwarded,
+    /// nginx: `X-Original-Method`, `X-Original-URI`, and the call's `Host`.
+    OriginalUri,
+    /// ingress-nginx: `X-Original-Method`, and target and host from `X-Original-URL`.
+    OriginalUrl,
+}
+
+/// The original request of a forward-auth call, from the headers its proxy sends:
 ///
-/// - method: `X-Forwarded-Method`, else `X-Original-Method`, else the call's own method;
-/// - target: `X-Forwarded-Uri`, else `X-Original-URI`, else the path and query of
-///   `X-Original-URL` (origin-form, RFC 9112 §3.2.1);
-/// - host: `X-Forwarded-Host`, else the authority of `X-Original-URL`, else the call's `Host`;
-/// - every other header of the call, as the proxies forward the original ones.
+/// | `forward_auth.proxy` | method | target | host |
+/// |---|---|---|---|
+/// | `traefik`, `caddy` | `X-Forwarded-Method` | `X-Forwarded-Uri` | `X-Forwarded-Host`, else `Host` |
+/// | `nginx` | `X-Original-Method` | `X-Original-URI` | `Host` |
+/// | `ingress-nginx` | `X-Original-Method` | path and query of `X-Original-URL` | its authority |
 ///
-/// The naming headers are removed, so no key can read them. The result is not yet canonical:
+/// A named proxy's method and target fields must be there, and every other naming field is
+/// ignored: the proxy sets its own names, and passes the client's others through. Unnamed
+/// (`auto`), the call's fields choose the row, and a call that names the request in two rows is
+/// refused ([`Malformed::Mixed`]): the proxy wrote one of them and the client the other, and
+/// nothing in the call says which. Without a method field (`auto` only), the call's own method is
+/// used.
+///
+/// Every naming field is removed, so no key can read it, and the other headers of the call are the
+/// original request's, as the proxies forward them. The result is not yet canonical:
 /// [`crate::admission::check`] normalises it as the gateway does.
 pub fn original_request(
     call_method: &Method,
     mut headers: HeaderMap,
+    proxy: CheckProxy,
 ) -> Result<Request<()>, Malformed> {
-    let forwarded_method = take(&mut headers, &X_FORWARDED_METHOD)?;
-    let original_method = take(&mut headers, &X_ORIGINAL_METHOD)?;
-    let forwarded_uri = take(&mut headers, &X_FORWARDED_URI)?;
-    let original_uri = take(&mut headers, &X_ORIGINAL_URI)?;
-    let original_url = take(&mut headers, &X_ORIGINAL_URL)?;
-    let forwarded_host = take(&mut headers, &X_FORWARDED_HOST)?;
-
-    let method = match forwarded_method
-        .as_ref()
-        .map(|v| (X_FORWARDED_METHOD, v))
-        .or(original_method.as_ref().map(|v| (X_ORIGINAL_METHOD, v)))
-    {
-        Some((name, value)) => {
-            Method::from_bytes(value.as_bytes()).map_err(|_| Malformed::Invalid(name, "method"))?
-        }
-        None => call_method.clone(),
+    let names = Names {
+        forwarded_method: take(&mut headers, &X_FORWARDED_METHOD)?,
+        forwarded_uri: take(&mut headers, &X_FORWARDED_URI)?,
+        forwarded_host: take(&mut headers, &X_FORWARDED_HOST)?,
+        original_method: take(&mut headers, &X_ORIGINAL_METHOD)?,
+        original_uri: take(&mut headers, &X_ORIGINAL_URI)?,
+        original_url: take(&mut headers, &X_ORIGINAL_URL)?,
     };
-    let url = match &original_url {
-        Some(value) => Some(
-            Uri::try_from(value.as_bytes())
+    let source = source(&names, proxy)?;
+    let (method, method_name) = match source {
+        Source::Forwarded => (names.forwarded_method, X_FORWARDED_METHOD),
+        Source::OriginalUri | Source::OriginalUrl => (names.original_method, X_ORIGINAL_METHOD),
+    };
+    let method = match method {
+        Some(value) => Method::from_bytes(value.as_bytes())
+            .map_err(|_| Malformed::Invalid(method_name, "method"))?,
+        None if proxy == CheckProxy::Auto => call_method.clone(),
+        None => return Err(Malformed::Missing(method_name, proxy.name())),
+    };
+    let missing = |name: HeaderName| match proxy {
+        CheckProxy::Auto => Malformed::NoUri,
+        named => Malformed::Missing(name, named.name()),
+    };
+    let (target, host) = match source {
+        Source::Forwarded => {
+            let uri = names
+                .forwarded_uri
+                .ok_or_else(|| missing(X_FORWARDED_URI))?;
+            (origin_form(&uri, X_FORWARDED_URI)?, names.forwarded_host)
+        }
+        Source::OriginalUri => {
+            let uri = names.original_uri.ok_or_else(|| missing(X_ORIGINAL_URI))?;
+            (origin_form(&uri, X_ORIGINAL_URI)?, None)
+        }
+        Source::OriginalUrl => {
+            let value = names.original_url.ok_or_else(|| missing(X_ORIGINAL_URL))?;
+            let url = Uri::try_from(value.as_bytes())
                 .ok()
                 .filter(|u| u.authority().is_some())
-                .ok_or(Malformed::Invalid(X_ORIGINAL_URL, "absolute URL"))?,
-        ),
-        None => None,
-    };
-    let target = match (forwarded_uri, original_uri) {
-        (Some(v), _) => origin_form(&v, X_FORWARDED_URI)?,
-        (None, Some(v)) => origin_form(&v, X_ORIGINAL_URI)?,
-        (None, None) => match &url {
-            Some(url) => url
+                .ok_or(Malformed::Invalid(X_ORIGINAL_URL, "absolute URL"))?;
+            let target = url
                 .path_and_query()
                 .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-            None => return Err(Malformed::NoUri),
-        },
-    };
-    let host = match (forwarded_host, &url) {
-        (Some(host), _) => Some(host),
-        (None, Some(url)) => url
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok()),
-        (None, None) => None,
+                .unwrap_or_else(|| PathAndQuery::from_static("/"));
+            let host = url
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+            (target, host)
+        }
     };
     if let Some(host) = host {
         headers.insert(HOST, host);
@@ -121,6 +165,39 @@ pub fn original_request(
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
     Ok(req)
+}
+
+/// Which fields name the request: the named proxy's, or (`auto`) the only family the call uses.
+fn source(names: &Names, proxy: CheckProxy) -> Result<Source, Malformed> {
+    match proxy {
+        CheckProxy::Forwarded => return Ok(Source::Forwarded),
+        CheckProxy::Nginx => return Ok(Source::OriginalUri),
+        CheckProxy::IngressNginx => return Ok(Source::OriginalUrl),
+        CheckProxy::Auto => {}
+    }
+    let forwarded = [
+        (&names.forwarded_uri, X_FORWARDED_URI),
+        (&names.forwarded_method, X_FORWARDED_METHOD),
+    ]
+    .into_iter()
+    .find_map(|(v, n)| v.as_ref().map(|_| n));
+    let original = [
+        (&names.original_uri, X_ORIGINAL_URI),
+        (&names.original_url, X_ORIGINAL_URL),
+        (&names.original_method, X_ORIGINAL_METHOD),
+    ]
+    .into_iter()
+    .find_map(|(v, n)| v.as_ref().map(|_| n));
+    match (forwarded, original) {
+        (Some(a), Some(b)) => Err(Malformed::Mixed(a, b)),
+        (Some(_), None) => Ok(Source::Forwarded),
+        (None, _) => match (&names.original_uri, &names.original_url) {
+            (Some(_), Some(_)) => Err(Malformed::Mixed(X_ORIGINAL_URI, X_ORIGINAL_URL)),
+            (None, Some(_)) => Ok(Source::OriginalUrl),
+            (Some(_), None) => Ok(Source::OriginalUri),
+            (None, None) => Err(Malformed::NoUri),
+        },
+    }
 }
 
 /// A request target header as an origin-form `path[?query]`.

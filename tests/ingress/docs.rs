@@ -100,3 +100,22 @@ fn the_traefik_and_envoy_gateway_resources_point_at_the_check_listeners() {
     let backend = &policy["spec"]["extAuth"]["grpc"]["backendRefs"][0];
     assert_eq!(backend["port"], 8083);
 }
+
+/// Every Turnstile config on the page (a YAML block with `forward_auth:` or `routes:`) loads.
+#[test]
+fn the_pages_turnstile_configs_load() {
+    let page = read("docs/ingress.md");
+    let mut loaded = 0;
+    for block in page.split("```yaml\n").skip(1) {
+        let Some((yaml, _)) = block.split_once("\n```") else {
+            continue;
+        };
+        if !yaml.contains("forward_auth:") {
+            continue;
+        }
+        turnstile::config::parse(yaml, std::path::Path::new("docs/ingress.md"))
+            .unwrap_or_else(|e| panic!("docs/ingress.md:\n{yaml}\n{e}"));
+        loaded += 1;
+    }
+    assert!(loaded >= 1, "no Turnstile config found on the page");
+}

@@ -44,11 +44,37 @@ routes:
       - name: per_client
         key: [client_ip]
         token_bucket: { rate: 1/h, burst: 3 }
+  - name: gets
+    match:
+      path: /api/get/{id}
+      methods: [GET]
+    policies:
+      - name: per_get
+        key: [path:id]
+        token_bucket: { rate: 1/h, burst: 1 }
+  - name: this_host
+    match: { host: 127.0.0.1, prefix: /api/host }
+    policies:
+      - name: per_host
+        key: [client_ip]
+        token_bucket: { rate: 1/h, burst: 1 }
 "#;
 
-/// Turnstile with [`CONFIG`], and its check listeners.
+/// Turnstile with [`CONFIG`] (`forward_auth.proxy` unset: `auto`), and its check listeners.
 pub async fn turnstile() -> (TestGateway, SocketAddr, SocketAddr) {
-    let gw = TestGateway::start(CONFIG).await;
+    turnstile_for(None).await
+}
+
+/// Turnstile with [`CONFIG`] and `forward_auth.proxy: NAME`.
+pub async fn turnstile_for(proxy: Option<&str>) -> (TestGateway, SocketAddr, SocketAddr) {
+    let config = match proxy {
+        Some(name) => CONFIG.replace(
+            "forward_auth:\n",
+            &format!("forward_auth:\n  proxy: {name}\n"),
+        ),
+        None => CONFIG.to_string(),
+    };
+    let gw = TestGateway::start(&config).await;
     let http = gw.running().forward_auth_addr.expect("forward_auth.listen");
     let grpc = gw
         .running()
@@ -147,4 +173,62 @@ pub async fn scenario(proxy: SocketAddr, upstream: &Upstream) {
         "a new X-Forwarded-For from an untrusted client is the same client"
     );
     assert_eq!(upstream.requests() - base, 7);
+}
+
+/// Every field that names the original request, as a client in front of `proxy` could add it.
+const SPOOFS: &[(&str, &str)] = &[
+    ("x-forwarded-uri", "/nowhere"),
+    ("x-forwarded-uri", "/api/users/victim"),
+    ("x-forwarded-method", "POST"),
+    ("x-forwarded-host", "other.example"),
+    ("x-original-uri", "/nowhere"),
+    ("x-original-uri", "/api/users/victim"),
+    ("x-original-method", "POST"),
+    ("x-original-url", "http://other.example/nowhere"),
+    ("x-original-url", "http://127.0.0.1/api/users/victim"),
+];
+
+/// A client in front of `proxy` adds each field of [`SPOOFS`] (alone, then all together) to a
+/// request whose budget is spent, on a path route, a method route and a host route: none reaches
+/// the upstream. Then `victim`'s budget, which only spoofed fields named, is still whole.
+pub async fn spoofing(proxy: SocketAddr, upstream: &Upstream) {
+    let from = std::net::IpAddr::from([127, 0, 0, 1]);
+    // Spend the method route's and the host route's budgets (the users route's is spent by
+    // `scenario`).
+    for path in ["/api/get/1", "/api/host/1"] {
+        let reply = get_from(from, proxy, path, &[]).await;
+        assert_eq!(reply.status, 200, "{path}: {:?}", reply.body);
+    }
+    let base = upstream.requests();
+    let all: Vec<(&str, &str)> = SPOOFS
+        .iter()
+        .copied()
+        .filter(|(_, v)| !v.contains("victim"))
+        .collect();
+    for path in ["/api/users/alice", "/api/get/1", "/api/host/1"] {
+        let sets = SPOOFS
+            .iter()
+            .map(std::slice::from_ref)
+            .chain([all.as_slice()]);
+        for spoof in sets {
+            let reply = get_from(from, proxy, path, spoof).await;
+            assert_ne!(
+                reply.status, 200,
+                "{path} with {spoof:?} escaped its limit: {:?}",
+                reply.body
+            );
+            assert_eq!(
+                upstream.requests(),
+                base,
+                "{path} with {spoof:?} reached the upstream"
+            );
+        }
+    }
+    let victim = get_from(from, proxy, "/api/users/victim", &[]).await;
+    assert_eq!(victim.status, 200, "{:?}", victim.body);
+    assert_eq!(
+        echo(&victim.body)["headers"]["x-ratelimit-remaining"],
+        serde_json::json!(["2"]),
+        "spoofed fields spent the victim's budget"
+    );
 }

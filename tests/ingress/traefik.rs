@@ -5,7 +5,7 @@ use crate::support::Upstream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traefik_forward_auth_admits_the_burst_then_passes_on_the_429() {
-    let (_gw, check, _) = crate::turnstile().await;
+    let (_gw, check, _) = crate::turnstile_for(Some("traefik")).await;
     let upstream = Upstream::start().await;
     // `/ready` matches no Turnstile route: it is always admitted, and reaches the upstream.
     let proxy = traefik(
@@ -25,4 +25,5 @@ async fn traefik_forward_auth_admits_the_burst_then_passes_on_the_429() {
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(body["route"], "users");
     assert_eq!(body["policy"], "per_user");
+    crate::spoofing(proxy.addr, &upstream).await;
 }
