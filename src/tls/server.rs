@@ -86,8 +86,8 @@ impl std::fmt::Debug for ServerTls {
 }
 
 impl ServerTls {
-    /// ALPN offers h2 first, then HTTP/1.1 (RFC 7301); a client that offers neither (or no ALPN)
-    /// gets HTTP/1.1.
+    /// ALPN offers h2 first, then HTTP/1.1 (RFC 7301); a client without ALPN gets HTTP/1.1, and
+    /// one that offers only other protocols the fatal `no_application_protocol` alert (§3.2).
     pub fn new(settings: &ListenerTls, metrics: &Metrics) -> Result<ServerTls, rustls::Error> {
         let resolver = Arc::new(Resolver(ArcSwap::new(settings.loaded.clone())));
         let mut config = ServerConfig::builder_with_provider(super::provider())

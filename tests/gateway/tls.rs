@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 
-use crate::support::tls::{der, handshake, Pki, TlsConn, Usage};
+use crate::support::tls::{der, handshake, try_handshake, Pki, TlsConn, Usage};
 use crate::support::{GatewayProcess, Nginx, TestGateway, LIVENESS};
 
 /// A gateway with `listen_tls` on a free port serving `cert`/`key`, one `respond` route.
@@ -92,6 +92,37 @@ async fn the_tls_listener_speaks_http1_and_h2_by_alpn() {
     );
     // The plain listener keeps serving beside it.
     assert_eq!(gw.get("/").await, 200);
+}
+
+/// A client whose ALPN offers only protocols the listener does not speak gets the fatal
+/// `no_application_protocol` alert (RFC 7301 §3.2), as docs/tls.md says: never a guess at
+/// HTTP/1.1 for bytes meant for another protocol.
+#[tokio::test]
+async fn a_client_offering_only_unknown_alpn_protocols_gets_no_application_protocol() {
+    let pki = Pki::new("Turnstile Test CA");
+    let (cert, key) = pki.leaf("server", 1, Usage::Server);
+    let gw = TestGateway::start(&listener_yaml(&cert, &key, "")).await;
+    let addr = tls_addr(&gw);
+    for offer in [&[&b"spdy/3.1"[..]][..], &[b"acme-tls/1", b"smtp"], &[b"h3"]] {
+        let error = match try_handshake(addr, &pki.ca, offer).await {
+            Ok(_) => panic!("a handshake offering only {offer:?} succeeded"),
+            Err(e) => e,
+        };
+        let alert = error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        assert_eq!(
+            alert,
+            Some(&rustls::Error::AlertReceived(
+                rustls::AlertDescription::NoApplicationProtocol
+            )),
+            "{offer:?}: {error}"
+        );
+    }
+    // One known protocol among unknown ones is chosen.
+    let mut mixed = TlsConn::connect(addr, &pki.ca, &[b"spdy/3.1", b"http/1.1"]).await;
+    assert_eq!(mixed.alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert_eq!(mixed.get("/").await.0, 200);
 }
 
 /// Waits until a new handshake presents `want` (DER).

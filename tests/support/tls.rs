@@ -152,6 +152,15 @@ pub async fn handshake(
     ca: &Path,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    try_handshake(addr, ca, alpn).await.expect("handshake")
+}
+
+/// [`handshake`], with its error when it fails.
+pub async fn try_handshake(
+    addr: SocketAddr,
+    ca: &Path,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca).expect("read ca") {
         roots.add(cert.expect("ca pem")).expect("add ca");
@@ -169,7 +178,6 @@ pub async fn handshake(
     tokio::time::timeout(LIVENESS, connector.connect(name, tcp))
         .await
         .expect("handshake in time")
-        .expect("handshake")
 }
 
 /// One HTTPS/1.1 connection, kept alive between requests.
