@@ -128,7 +128,21 @@ async fn admit_with<'l>(
         return Ok((admitted, AfterAdmission::default()));
     }
     if !route.require_jwt {
-        verified = verify().and_then(Result::ok);
+        verified = match verify() {
+            Some(Ok(claims)) => Some(claims),
+            // A token that is there but does not verify is refused where an enforced policy keys
+            // on a claim: treated as absent, it would escape that policy while an upstream more
+            // lenient about its spelling still authenticates it.
+            Some(Err(crate::jwt::Rejected::Invalid))
+                if route.policies.iter().any(|p| p.uses_jwt() && !p.shadow) =>
+            {
+                return Err(Refusal::Unauthorized {
+                    route: &route.name,
+                    missing: false,
+                });
+            }
+            Some(Err(_)) | None => None,
+        };
     }
     let claims = verified.as_ref();
     // Per-key overrides: a local copy, never a store call (`crate::overrides`). Declared before

@@ -119,25 +119,55 @@ impl Verifier {
     }
 }
 
-/// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1; the scheme is case-insensitive,
-/// RFC 9110 §11.1). Another scheme counts as no credentials; two `Authorization` fields are
-/// ambiguous, so neither is believed.
+/// The token of `Authorization: Bearer TOKEN` (RFC 6750 §2.1: the scheme, case-insensitive as
+/// RFC 9110 §11.1 says, one space, then the token alone).
+///
+/// Credentials are `Missing` only when there are none a JWT could be read from: no
+/// `Authorization` field, or another scheme (`Basic`, `Digest`, ...) whose credentials hold
+/// nothing shaped like a JWT. Everything else that is not exactly the form above is `Invalid`,
+/// never absent: a bearer scheme spelt with a tab, two spaces or a trailing field, a token after
+/// another scheme (`JWT eyJ...`, `Token eyJ...`), two `Authorization` fields. An upstream more
+/// lenient about the spelling would still authenticate such a token.
 fn bearer_token(headers: &HeaderMap) -> Result<&[u8], Rejected> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
     let value = values.next().ok_or(Rejected::Missing)?;
     if values.next().is_some() {
         return Err(Rejected::Invalid);
     }
-    let bytes = value.as_bytes();
-    match bytes.split_at_checked(6) {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case(b"bearer") => {
-            match rest.strip_prefix(b" ") {
-                Some(token) if !token.trim_ascii().is_empty() => Ok(token.trim_ascii()),
-                _ => Err(Rejected::Invalid),
-            }
-        }
-        _ => Err(Rejected::Missing),
+    let bytes = value.as_bytes().trim_ascii();
+    let scheme_len = bytes
+        .iter()
+        .position(|b| !b.is_ascii_alphanumeric() && !b"-._~+/".contains(b))
+        .unwrap_or(bytes.len());
+    let (scheme, rest) = bytes.split_at(scheme_len);
+    if scheme.eq_ignore_ascii_case(b"bearer") {
+        return match rest.strip_prefix(b" ") {
+            Some(token) if token_chars(token) => Ok(token),
+            _ => Err(Rejected::Invalid),
+        };
     }
+    if looks_like_jwt(bytes) {
+        Err(Rejected::Invalid)
+    } else {
+        Err(Rejected::Missing)
+    }
+}
+
+/// RFC 6750 §2.1's `b64token`: `A-Z a-z 0-9 - . _ ~ + /`, then only `=` padding.
+fn token_chars(token: &[u8]) -> bool {
+    let body_len = token.len() - token.iter().rev().take_while(|&&b| b == b'=').count();
+    body_len > 0
+        && token[..body_len]
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(b))
+}
+
+/// Whether any run of token characters in `value` has the shape of a compact JWS: three or more
+/// parts joined by dots.
+fn looks_like_jwt(value: &[u8]) -> bool {
+    value
+        .split(|b| !(b.is_ascii_alphanumeric() || b"-._~+/=".contains(b)))
+        .any(|word| word.iter().filter(|&&b| b == b'.').count() >= 2 && word.len() > 8)
 }
 
 /// The key material of claim `name`: a string as itself, a number as its decimal text. A missing

@@ -126,6 +126,37 @@ fn credentials_that_are_not_one_bearer_token() {
         HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
     );
     assert_eq!(v.verify(&two), Err(Rejected::Invalid));
+    // A token in any spelling but exactly `Bearer SP token` is present and invalid, never absent:
+    // an upstream more lenient about the spelling would still authenticate it.
+    let signature_start = token.rfind('.').unwrap() + 1;
+    let padded = format!("{token}==");
+    let spaced_signature = format!(
+        "{} {}",
+        &token[..signature_start],
+        &token[signature_start..]
+    );
+    for spelling in [
+        format!("Bearer\t{token}"),
+        format!("Bearer  {token}"),
+        format!("Bearer {token} extra"),
+        format!("Bearer {padded}"),
+        format!("Bearer {spaced_signature}"),
+        format!("BEARER\t{token}"),
+        format!("JWT {token}"),
+        format!("Token {token}"),
+        format!("Bearer,{token}"),
+        format!("Bearer{token}"),
+    ] {
+        assert_eq!(
+            v.verify(&bearer(&spelling)),
+            Err(Rejected::Invalid),
+            "{spelling:?}"
+        );
+    }
+    assert_eq!(
+        v.verify(&bearer("Digest username=\"a\", uri=\"/x\"")),
+        Err(Rejected::Missing)
+    );
     // Over the size bound: refused before any parsing, even if it would verify.
     let padding = "x".repeat(MAX_TOKEN_BYTES);
     let big = sign(

@@ -64,7 +64,7 @@ async fn decisions(gw: &TestGateway, policy: &str, decision: &str) -> f64 {
 }
 
 #[tokio::test]
-async fn verified_subjects_get_exact_buckets_and_forged_tokens_get_none() {
+async fn verified_subjects_get_exact_buckets_and_tokens_that_do_not_verify_get_401() {
     let gw = TestGateway::with_files(HS256_YAML, &[("secret.key", &format!("{SECRET}\n"))]).await;
     let exp = now() + 600;
     let alice = hs256(SECRET, json!({"sub": "alice", "tenant": 7, "exp": exp}));
@@ -81,8 +81,10 @@ async fn verified_subjects_get_exact_buckets_and_forged_tokens_get_none() {
         assert_eq!(reply.json()["policy"], "per_user");
     }
 
-    // A wrong signature, an expired token (past the 5 s leeway), one not valid yet, and one with
-    // no expiry: each a fresh `sub`, none of which gets a bucket. Only the per-IP policy applies.
+    // A wrong signature, an expired token (past the 5 s leeway), one not valid yet, one with no
+    // expiry, one too large to be read, and valid tokens spelt as a lenient upstream would still
+    // read them: each is refused with 401 `invalid_token` (Envoy jwt_authn's `allow_missing`),
+    // never treated as absent, which would let it escape `per_user`.
     let forged = hs256(OTHER_SECRET, json!({"sub": "mallory", "exp": exp}));
     let expired = hs256(SECRET, json!({"sub": "eve", "exp": now() - 60}));
     let early = hs256(
@@ -93,25 +95,37 @@ async fn verified_subjects_get_exact_buckets_and_forged_tokens_get_none() {
     // `alice` again with a forged signature: the real alice is out of tokens, the forgery does
     // not reach her bucket either.
     let forged_alice = hs256(OTHER_SECRET, json!({"sub": "alice", "exp": exp}));
-    for token in [&forged, &expired, &early, &eternal, &forged_alice] {
-        let reply = get(&gw, &bearer(token)).await;
-        assert_eq!(reply.status, 200, "falls to the anonymous behaviour");
-        assert_eq!(
-            reply.header("x-ratelimit-limit"),
-            Some("100"),
-            "per_ip only"
-        );
-    }
-    // Not a bearer token at all, or too large to be read.
     let huge = hs256(
         SECRET,
         json!({"sub": "big", "exp": exp, "pad": "x".repeat(9000)}),
     );
-    for headers in [
-        vec![],
-        vec![("authorization", "Basic YTpi".to_string())],
-        bearer(&huge),
+    let mut invalid: Vec<Vec<(&str, String)>> =
+        [&forged, &expired, &early, &eternal, &forged_alice]
+            .into_iter()
+            .chain([&huge])
+            .map(|t| bearer(t))
+            .collect();
+    for spelling in [
+        format!("Bearer\t{alice}"),
+        format!("Bearer  {alice}"),
+        format!("Bearer {alice}=="),
+        format!("JWT {alice}"),
+        format!("Token {alice}"),
     ] {
+        invalid.push(vec![("authorization", spelling)]);
+    }
+    for headers in &invalid {
+        let reply = get(&gw, headers).await;
+        assert_eq!(reply.status, 401, "{headers:?}");
+        assert_eq!(
+            reply.header("www-authenticate"),
+            Some("Bearer error=\"invalid_token\""),
+            "{headers:?}"
+        );
+    }
+    // No credentials, or credentials of another scheme that hold no token: the `jwt:` parts are
+    // absent and only the per-IP policy applies.
+    for headers in [vec![], vec![("authorization", "Basic YTpi".to_string())]] {
         let reply = get(&gw, &headers).await;
         assert_eq!(reply.status, 200);
         assert_eq!(reply.header("x-ratelimit-limit"), Some("100"));
@@ -121,7 +135,7 @@ async fn verified_subjects_get_exact_buckets_and_forged_tokens_get_none() {
     assert_eq!(decisions(&gw, "per_user", "limited").await, 2.0);
     // The numeric `tenant` claim named one counter for both users' eight requests.
     assert_eq!(decisions(&gw, "per_tenant", "allowed").await, 8.0);
-    assert_eq!(decisions(&gw, "per_ip", "allowed").await, 16.0);
+    assert_eq!(decisions(&gw, "per_ip", "allowed").await, 10.0);
 }
 
 /// Keys are read once per config load: a rotated secret takes effect on reload, and a reload
@@ -145,8 +159,9 @@ async fn a_reload_loads_the_new_secret_and_old_tokens_stop_naming_buckets() {
     );
     gw.reload_with(HS256_YAML).await.expect("reload");
     assert_eq!(
-        get(&gw, &bearer(&old)).await.header("x-ratelimit-limit"),
-        Some("100")
+        get(&gw, &bearer(&old)).await.status,
+        401,
+        "no longer verifies"
     );
     let new = hs256(OTHER_SECRET, json!({"sub": "carol", "exp": exp}));
     let reply = get(&gw, &bearer(&new)).await;
@@ -366,12 +381,8 @@ routes:
     ];
     for token in &forgeries {
         let reply = get(&gw, &bearer(token)).await;
-        assert_eq!(reply.status, 200);
-        assert_eq!(
-            reply.header("x-ratelimit-limit"),
-            None,
-            "no bucket: {token}"
-        );
+        assert_eq!(reply.status, 401, "no bucket: {token}");
+        assert_eq!(reply.header("x-ratelimit-limit"), None, "{token}");
     }
     let mut header = Header::new(Algorithm::ES256);
     header.kid = Some("ec-1".into());
@@ -381,10 +392,7 @@ routes:
         &ec,
     )
     .expect("sign");
-    assert_eq!(
-        get(&gw, &bearer(&early)).await.header("x-ratelimit-limit"),
-        None
-    );
+    assert_eq!(get(&gw, &bearer(&early)).await.status, 401);
 
     assert_eq!(decisions(&gw, "per_user", "allowed").await, 4.0);
     assert_eq!(decisions(&gw, "per_user", "limited").await, 2.0);
@@ -430,12 +438,8 @@ routes:
     assert_eq!(statuses, [200, 200, 429]);
     let forged = hs256(OTHER_SECRET, json!({"sub": "mallory", "exp": exp}));
     let reply = call(forged.clone(), "/api/x").await;
-    assert_eq!(reply.status, 200);
-    assert_eq!(
-        reply.header("x-ratelimit-limit"),
-        None,
-        "no bucket for a forgery"
-    );
+    assert_eq!(reply.status, 401, "no bucket for a forgery");
+    assert_eq!(reply.header("x-ratelimit-limit"), None);
     let private = call(forged, "/private").await;
     assert_eq!(private.status, 401);
     assert_eq!(
@@ -443,8 +447,9 @@ routes:
         Some(r#"Bearer error="invalid_token""#)
     );
     assert_eq!(call(alice.clone(), "/private").await.status, 200);
+    // The forgery on `/api/x` and on `/private`.
     let labels = [("door", "forward_auth"), ("result", "unauthorized")];
-    assert_eq!(gw.metric("turnstile_door_checks_total", &labels).await, 1.0);
+    assert_eq!(gw.metric("turnstile_door_checks_total", &labels).await, 2.0);
 
     // Envoy ext_authz: UNAUTHENTICATED with the same 401, then OK for a valid token.
     let grpc = gw
