@@ -80,7 +80,7 @@ pub fn handle(
                 peer_ip,
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
-                let lease = after.lease(&state, &resources.metrics.in_flight);
+                let mut lease = after.lease(&state, &resources.metrics.in_flight);
                 // Bound before the await, so the step's result is not kept in this future's state.
                 let answered = 'act: {
                     let (outgoing, upgrade) =
@@ -92,7 +92,7 @@ pub fn handle(
                     outgoing
                         .send()
                         .await
-                        .and_then(|sent| proxy::finish(sent, upgrade))
+                        .and_then(|sent| proxy::finish(sent, upgrade, &mut lease))
                         .map_err(|e| {
                             upstream_failed(route, resources, e, live.config.server.max_body_size)
                         })

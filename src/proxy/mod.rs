@@ -229,10 +229,12 @@ impl<'a> Outgoing<'a> {
 }
 
 /// Makes the upstream's answer the client's response: an accepted upgrade is tunnelled, an
-/// uninvited one refused, hop-by-hop fields stripped.
-pub fn finish(
+/// uninvited one refused, hop-by-hop fields stripped. A tunnel takes `held` (the request's
+/// concurrency lease) and keeps it until the tunnel closes: a tunnel is a request that lasts.
+pub fn finish<H: Send + 'static>(
     sent: Sent,
     client_upgrade: ClientUpgrade,
+    held: &mut Option<H>,
 ) -> Result<Response<ResponseBody>, ForwardError> {
     let Sent {
         response,
@@ -244,7 +246,11 @@ pub fn finish(
         if let Some(client_upgrade) = client_upgrade {
             body.detach();
             let upstream_upgrade = hyper::upgrade::on(Response::from_parts(parts.clone(), ()));
-            tokio::spawn(tunnel(client_upgrade, upstream_upgrade));
+            let held = held.take();
+            tokio::spawn(async move {
+                tunnel(client_upgrade, upstream_upgrade).await;
+                drop(held);
+            });
             headers::strip_hop_by_hop(&mut parts.headers, true);
             return Ok(Response::from_parts(parts, ResponseBody::empty()));
         }

@@ -130,6 +130,111 @@ async fn an_upstream_switching_protocols_uninvited_is_a_502() {
     task.abort();
 }
 
+/// A WebSocket handshake for `key` (RFC 6455 §4.1; the test upstream echoes the tunnel's bytes).
+fn websocket(key: &str) -> Vec<u8> {
+    format!(
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         X-Key: {key}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+/// Opens a tunnel through the gateway: the 101, then one echoed round trip.
+async fn open_tunnel(gw: &TestGateway, key: &str) -> Result<TcpStream, String> {
+    let mut stream = raw_connect(gw.public, &websocket(key)).await;
+    let (head, _rest) = read_head(&mut stream).await;
+    if !head.starts_with("HTTP/1.1 101") {
+        return Err(head);
+    }
+    stream.write_all(b"ping").await.expect("write");
+    let mut echo = [0u8; 4];
+    tokio::time::timeout(LIVENESS, stream.read_exact(&mut echo))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(&echo, b"ping");
+    Ok(stream)
+}
+
+/// Regression (issue 33, item 5): the lease was released at the `101`, so fifty tunnels opened
+/// on one key whose concurrency limit was 2. A tunnel is a request that lasts: it holds its lease
+/// (renewed) until it closes, and only then may another open.
+#[tokio::test]
+async fn a_websocket_tunnel_holds_its_concurrency_lease_until_it_closes() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "{}    policies:\n      - name: tunnels\n        key: [\"header:x-key\"]\n        \
+         concurrency: {{ limit: 2, lease_ttl: 1s }}\n",
+        forward_all("  {}", "    timeout: 5s")
+    );
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let first = open_tunnel(&gw, "k").await.expect("first tunnel");
+    let mut second = open_tunnel(&gw, "k").await.expect("second tunnel");
+    // Past two lease TTLs: the tunnels' leases are renewed, not expired.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    for _ in 0..3 {
+        let refused = open_tunnel(&gw, "k").await.expect_err("a third tunnel");
+        assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    }
+    // Another key has its own limit.
+    let _other = open_tunnel(&gw, "other").await.expect("another key");
+    // The open tunnels still carry bytes.
+    second.write_all(b"pong").await.expect("write");
+    let mut echo = [0u8; 4];
+    second.read_exact(&mut echo).await.expect("echo");
+    assert_eq!(&echo, b"pong");
+    // A closed tunnel gives its lease back.
+    drop(first);
+    let deadline = Instant::now() + LIVENESS;
+    let reopened = loop {
+        match open_tunnel(&gw, "k").await {
+            Ok(stream) => break stream,
+            Err(head) if Instant::now() < deadline => {
+                assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(head) => panic!("the closed tunnel's lease never came back: {head}"),
+        }
+    };
+    drop((second, reopened));
+}
+
+/// A tunnel keeps its upstream connection's `max_connections` slot until it closes, so tunnels
+/// cannot open connections past the bound either.
+#[tokio::test]
+async fn a_websocket_tunnel_counts_against_the_upstreams_max_connections() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(
+        &forward_all(
+            "  {}",
+            "    timeout: 5s\n    max_connections: 2\n    pool_timeout: 300ms",
+        ),
+        upstream.addr,
+    )
+    .await;
+    let first = open_tunnel(&gw, "a").await.expect("first tunnel");
+    let _second = open_tunnel(&gw, "b").await.expect("second tunnel");
+    let busy = open_tunnel(&gw, "c")
+        .await
+        .expect_err("no slot for a third");
+    assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+    assert_eq!(Client::new().get(&gw.url("/")).await.status, 503);
+    drop(first);
+    let deadline = Instant::now() + LIVENESS;
+    loop {
+        let status = Client::new().get(&gw.url("/")).await.status;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed tunnel's slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 // ---- item 8: body read timeout and max_connections ----
 
 #[tokio::test]
