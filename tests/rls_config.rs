@@ -1,4 +1,4 @@
-//! envoyproxy/ratelimit's own config fixtures (`shared/envoy-ratelimit-config/`) load, or fail
+//! envoyproxy/ratelimit's own config fixtures (`tests/fixtures/envoy-ratelimit-config/`) load, or fail
 //! with its messages, exactly as that directory's README table says. Every fixture file must be
 //! covered here, so a new fixture cannot be skipped silently.
 
@@ -7,20 +7,10 @@ use std::path::{Path, PathBuf};
 
 use turnstile::rls::{LoadOptions, RlsConfig, RlsConfigError};
 
-/// `shared/envoy-ratelimit-config`, found beside the checkout or one of its parents (the lead's
-/// tree and CI have `shared/` beside the repository; worktrees sit deeper).
+/// envoyproxy/ratelimit's fixtures, kept in the repository (`tests/fixtures/envoy-ratelimit-config`,
+/// with upstream's LICENSE and where they come from): a fresh clone has all its tests need.
 fn fixtures() -> PathBuf {
-    let mut dir = Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
-    loop {
-        let candidate = dir.join("shared/envoy-ratelimit-config");
-        if candidate.is_dir() {
-            return candidate;
-        }
-        assert!(
-            dir.pop(),
-            "shared/envoy-ratelimit-config not found beside the repository or above it"
-        );
-    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoy-ratelimit-config")
 }
 
 fn test_config(name: &str) -> PathBuf {
@@ -293,4 +283,30 @@ fn unit_multiplier_scales_the_window_and_bad_values_name_file_and_line() {
         assert!(text.contains(message), "{text}");
         assert!(text.contains("unit_multiplier"), "{text}");
     }
+}
+
+/// Regression (issue 34, item 7): the fixtures were read from `shared/` beside the checkout, so a
+/// fresh clone failed here. They live in the repository, with their licence and origin.
+#[test]
+fn the_fixtures_ship_with_the_repository_and_their_licence() {
+    let dir = fixtures();
+    assert!(
+        dir.starts_with(env!("CARGO_MANIFEST_DIR")),
+        "{}",
+        dir.display()
+    );
+    for file in [
+        "LICENSE",
+        "README.md",
+        "test-config/basic_config.yaml",
+        "integration/basic.yaml",
+    ] {
+        assert!(
+            dir.join(file).is_file(),
+            "{file} is missing from {}",
+            dir.display()
+        );
+    }
+    let licence = std::fs::read_to_string(dir.join("LICENSE")).expect("LICENSE");
+    assert!(licence.contains("Apache License"), "the Apache-2.0 licence");
 }

@@ -20,12 +20,8 @@ fn error(text: &str) -> String {
 }
 
 fn fixture(name: &str) -> RlsConfig {
-    let mut dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
-    while !dir.join("shared/envoy-ratelimit-config").is_dir() {
-        assert!(dir.pop(), "shared/envoy-ratelimit-config not found");
-    }
-    let path = dir
-        .join("shared/envoy-ratelimit-config/test-config")
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/envoy-ratelimit-config/test-config")
         .join(name);
     RlsConfig::load(&path, LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -160,13 +156,8 @@ fn counters_are_per_distinct_value_unless_a_wildcard_shares_its_threshold() {
     let rule = find(&c, &a).expect("files/*");
     assert_eq!(key(rule, &a), key(rule, &b), "share_threshold: one counter");
 
-    let integration = {
-        let mut dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
-        while !dir.join("shared/envoy-ratelimit-config").is_dir() {
-            assert!(dir.pop());
-        }
-        dir.join("shared/envoy-ratelimit-config/integration")
-    };
+    let integration = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/envoy-ratelimit-config/integration");
     let i = RlsConfig::load(&integration, LoadOptions::default()).expect("integration");
     let a = [("files_no_share", "files_no_share/a")];
     let b = [("files_no_share", "files_no_share/b")];
