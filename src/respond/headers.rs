@@ -2,7 +2,7 @@
 //!
 //! - `x-ratelimit`: the de-facto `X-RateLimit-Limit`, `-Remaining` and `-Reset` of the governing
 //!   policy (the default: what the gateway always sent).
-//! - `ietf`: draft-ietf-httpapi-ratelimit-headers-10, two Structured Fields (RFC 9651 §3.1 Lists
+//! - `ietf`: draft-ietf-httpapi-ratelimit-headers-11, two Structured Fields (RFC 9651 §3.1 Lists
 //!   of Items with Parameters): `RateLimit-Policy: "per_user";q=20;w=60, "per_ip";q=100;w=10`,
 //!   one item per enforced policy that applied (draft §4), and `RateLimit: "per_user";r=5;t=3` for
 //!   the governing policy (draft §5).
@@ -12,7 +12,13 @@
 //! burst, over the time it takes to refill from empty, `w` = ceil(burst / rate per second). A
 //! sliding window is exactly the draft's model: `q` = limit, `w` = window (seconds, rounded up). A
 //! calendar quota is `q` = limit over its period's nominal length (a day, 7 days, 30 days).
-//! `r` and `t` are the same numbers as `X-RateLimit-Remaining` and `-Reset`.
+//! A concurrency limit has no window: its item is `q` = limit with `qu="concurrent-requests"`.
+//!
+//! `r` is the quota available now. `t` is the effective window, in seconds rounded up: on an
+//! admitted request, the time until the whole quota is available again if nothing more is spent
+//! (`X-RateLimit-Reset`; 0 for a concurrency limit, whose slots come back when requests end, not
+//! with time); on a refusal, the time until the refused request would fit, which is exactly the
+//! response's `Retry-After` (draft §6: `Retry-After` never names a time before the window ends).
 //!
 //! Every door that answers HTTP (the gateway, forward-auth over HTTP and ext_authz) writes its
 //! fields here; the Envoy service keeps its draft-03 wire names but takes its numbers from the
@@ -53,7 +59,7 @@ pub enum HeaderMode {
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     #[default]
     XRateLimit,
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
     Ietf,
     Both,
     None,
@@ -104,6 +110,8 @@ pub struct RateLimitHeaders {
     names: Vec<Box<str>>,
     /// The enforced policies (bit `i` for policy `i`); shadow policies are never listed.
     enforced: u64,
+    /// The concurrency policies (bit `i` for policy `i`): their `t` does not count time.
+    concurrent: u64,
     /// The `RateLimit-Policy` value when every enforced policy applied, the common case.
     all: Option<HeaderValue>,
     /// Per policy, its limit (`X-RateLimit-Limit`) as a number and as a value made once: a
@@ -122,12 +130,19 @@ impl RateLimitHeaders {
         let mut names = Vec::new();
         let mut limits = Vec::new();
         let mut enforced = 0u64;
+        let mut concurrent = 0u64;
         for (i, (name, rule, shadow)) in policies.into_iter().enumerate() {
             let name = sf_string(name);
-            let item = match quota_policy(rule) {
-                (q, Some(w)) => format!("{name};q={q};w={w}"),
-                (q, None) => format!("{name};q={q}"),
+            let item = match (quota_policy(rule), rule) {
+                ((q, _), Rule::Concurrency(_)) => {
+                    format!("{name};q={q};qu=\"concurrent-requests\"")
+                }
+                ((q, Some(w)), _) => format!("{name};q={q};w={w}"),
+                ((q, None), _) => format!("{name};q={q}"),
             };
+            if matches!(rule, Rule::Concurrency(_)) && i < MAX_POLICIES {
+                concurrent |= 1 << i;
+            }
             items.push(item.into_boxed_str());
             names.push(name.into_boxed_str());
             let limit = quota_units(rule);
@@ -141,6 +156,7 @@ impl RateLimitHeaders {
             items,
             names,
             enforced,
+            concurrent,
             all: None,
             limits,
         };
@@ -173,8 +189,17 @@ impl RateLimitHeaders {
             headers.set(&RATELIMIT_POLICY, value);
         }
         if let Some(name) = self.names.get(policy) {
+            // The effective window (see the module comment): on a refusal, `Retry-After` itself.
+            let window = if limited {
+                super::retry_after_seconds(&outcome)
+            } else if policy < MAX_POLICIES && self.concurrent & (1 << policy) != 0 {
+                0
+            } else {
+                reset
+            };
+            let available = outcome.remaining;
             let mut value = String::with_capacity(name.len() + 24);
-            let _ = write!(value, "{name};r={remaining};t={reset}");
+            let _ = write!(value, "{name};r={available};t={window}");
             if let Ok(value) = HeaderValue::from_str(&value) {
                 headers.set(&RATELIMIT, value);
             }
@@ -330,7 +355,8 @@ mod tests {
         };
         h.insert(&mut headers, &limits, true);
         assert_eq!(headers[&RATELIMIT_POLICY], r#""per_ip";q=100;w=10"#);
-        assert_eq!(headers[&RATELIMIT], r#""per_ip";r=0;t=0"#);
+        // Refused: `r` is what is available, `t` is `Retry-After` (at least 1 s).
+        assert_eq!(headers[&RATELIMIT], r#""per_ip";r=7;t=1"#);
     }
 
     /// The limit's value is made once per policy; an outcome with another limit (an override)

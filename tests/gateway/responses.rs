@@ -1,5 +1,5 @@
 //! What the gateway answers itself (issue 13): the rate-limit fields in each `rate_limit_headers`
-//! dialect (draft-ietf-httpapi-ratelimit-headers-10 parsed as Structured Fields), a route's
+//! dialect (draft-ietf-httpapi-ratelimit-headers-11 parsed as Structured Fields), a route's
 //! `limited_response` with its placeholders, and 405 with `Allow` when a path is routed for other
 //! methods (RFC 9110 §15.5.6).
 
@@ -14,6 +14,8 @@ use crate::support::{Client, Reply, TestGateway, Upstream};
 struct Item {
     name: String,
     params: Vec<(String, u64)>,
+    /// String parameters (`qu="concurrent-requests"`).
+    strings: Vec<(String, String)>,
 }
 
 /// Parses `"a";q=1;w=2, "b";r=3` as the draft's fields are written: a List of Strings with
@@ -32,6 +34,7 @@ fn sf_list(text: &str) -> Vec<Item> {
         assert!(!name.contains('\\'), "no escapes expected: {text}");
         rest = &body[close + 1..];
         let mut params = Vec::new();
+        let mut strings = Vec::new();
         while let Some(param) = rest.strip_prefix(';') {
             let end = param.find([';', ',']).unwrap_or(param.len());
             let (key, value) = param[..end]
@@ -41,15 +44,20 @@ fn sf_list(text: &str) -> Vec<Item> {
                 key.bytes().all(|b| b.is_ascii_lowercase()),
                 "key `{key}`: {text}"
             );
-            let value = value
-                .parse()
-                .unwrap_or_else(|_| panic!("`{value}` is not an Integer: {text}"));
-            params.push((key.to_owned(), value));
+            if let Some(string) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+                strings.push((key.to_owned(), string.to_owned()));
+            } else {
+                let value = value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("`{value}` is not an Integer: {text}"));
+                params.push((key.to_owned(), value));
+            }
             rest = &param[end..];
         }
         items.push(Item {
             name: name.to_owned(),
             params,
+            strings,
         });
         rest = match rest.strip_prefix(',') {
             Some(next) => next.trim_start_matches([' ', '\t']),
@@ -64,6 +72,7 @@ fn item(name: &str, params: &[(&str, u64)]) -> Item {
     Item {
         name: name.to_owned(),
         params: params.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+        strings: Vec::new(),
     }
 }
 
@@ -179,6 +188,158 @@ async fn each_header_mode_sends_exactly_its_fields() {
     let retry = refused.header_u64("retry-after");
     assert!((3590..=3600).contains(&retry), "{retry}");
     assert_eq!(upstream.requests(), 6);
+}
+
+/// One route per algorithm, each under `rate_limit_headers: both`, also checked through `/check`.
+const ALGORITHMS_YAML: &str = r#"
+server:
+  rate_limit_headers: both
+forward_auth:
+  listen: 127.0.0.1:0
+upstreams:
+  up: { url: "http://$UPSTREAM" }
+routes:
+  - name: tb
+    upstream: up
+    match: { prefix: /tb }
+    policies:
+      - { name: tb, key: ["header:x-k"], token_bucket: { rate: 6/m, burst: 2 } }
+  - name: sw
+    upstream: up
+    match: { prefix: /sw }
+    policies:
+      - { name: sw, key: ["header:x-k"], sliding_window: { limit: 2, window: 30s } }
+  - name: swb
+    upstream: up
+    match: { prefix: /bk }
+    policies:
+      - { name: swb, key: ["header:x-k"], sliding_window: { limit: 2, window: 30s, buckets: 3 } }
+  - name: q
+    upstream: up
+    match: { prefix: /q }
+    policies:
+      - { name: q, key: ["header:x-k"], quota: { limit: 2, per: day } }
+  - name: cc
+    upstream: up
+    match: { prefix: /cc }
+    policies:
+      - { name: cc, key: ["header:x-k"], concurrency: { limit: 1 } }
+"#;
+
+/// `r` and `t` of the one `RateLimit` item of `reply`.
+fn r_and_t(reply: &Reply) -> (u64, u64) {
+    let (_, limit) = ietf_fields(reply);
+    assert_eq!(limit.len(), 1, "{limit:?}");
+    assert_eq!(limit[0].params[0].0, "r", "{limit:?}");
+    assert_eq!(limit[0].params[1].0, "t", "{limit:?}");
+    (limit[0].params[0].1, limit[0].params[1].1)
+}
+
+/// Regression (issue 34, item 1): a refusal said `t=20` beside `Retry-After: 1`. Under draft-11,
+/// `r` is the quota available and `t` the effective window; a refusal's window is its
+/// `Retry-After` (§6: never earlier than the window's end). For each algorithm, the exact fields
+/// of two admitted requests and a refusal, from the gateway and from `/check` alike.
+#[tokio::test]
+async fn ietf_fields_per_algorithm_on_admission_and_refusal_from_every_http_door() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(ALGORITHMS_YAML, upstream.addr).await;
+    let check = gw.running().forward_auth_addr.expect("check listener");
+    let c = Client::new();
+    for door in ["gateway", "check"] {
+        let key = [("x-k", door)];
+        let get = |path: &'static str| {
+            let c = c.clone();
+            let url = match door {
+                "gateway" => gw.url(path),
+                _ => format!("http://{check}/check"),
+            };
+            async move {
+                let mut headers = key.to_vec();
+                if door == "check" {
+                    headers.push(("x-forwarded-uri", path));
+                    headers.push(("x-forwarded-method", "GET"));
+                }
+                c.get_with(&url, &headers).await
+            }
+        };
+        // Token bucket, 2 at once, one back every 10 s: `t` is the time to a full bucket, and
+        // on the refusal the time until one token is back.
+        let policy = ietf_fields(&get("/tb").await).0;
+        assert_eq!(policy, vec![item("tb", &[("q", 2), ("w", 20)])], "{door}");
+        let second = get("/tb").await;
+        assert_eq!(r_and_t(&second), (0, 20), "{door}");
+        assert_eq!(second.header("x-ratelimit-reset"), Some("20"), "{door}");
+        let refused = get("/tb").await;
+        assert_eq!(refused.status, 429, "{door}");
+        assert_eq!(r_and_t(&refused), (0, 10), "{door}");
+        assert_eq!(refused.header_u64("retry-after"), 10, "{door}");
+
+        // Sliding window: 2 in any 30 s; the refusal's window ends when the oldest leaves.
+        let first = get("/sw").await;
+        assert_eq!(r_and_t(&first), (1, 30), "{door}");
+        assert_eq!(r_and_t(&get("/sw").await), (0, 30), "{door}");
+        let refused = get("/sw").await;
+        assert_eq!(refused.status, 429, "{door}");
+        let retry = refused.header_u64("retry-after");
+        assert_eq!(r_and_t(&refused), (0, retry), "{door}");
+        assert!((29..=30).contains(&retry), "{door}: {retry}");
+
+        // Bucketed: the window ends when the oldest bucket leaves, 30 to 40 s away.
+        let (r, t) = r_and_t(&get("/bk").await);
+        assert_eq!(r, 1, "{door}");
+        assert!((30..=40).contains(&t), "{door}: {t}");
+        get("/bk").await;
+        let refused = get("/bk").await;
+        assert_eq!(refused.status, 429, "{door}");
+        let retry = refused.header_u64("retry-after");
+        assert_eq!(r_and_t(&refused), (0, retry), "{door}");
+        assert!((20..=40).contains(&retry), "{door}: {retry}");
+
+        // Calendar quota: the window is the rest of the day, admitted or refused.
+        let first = get("/q").await;
+        let (r, t) = r_and_t(&first);
+        assert_eq!(r, 1, "{door}");
+        assert_eq!(
+            Some(t.to_string().as_str()),
+            first.header("x-ratelimit-reset")
+        );
+        get("/q").await;
+        let refused = get("/q").await;
+        assert_eq!(refused.status, 429, "{door}");
+        let retry = refused.header_u64("retry-after");
+        assert_eq!(r_and_t(&refused), (0, retry), "{door}");
+        assert!(retry.abs_diff(t) <= 1, "{door}: {retry} against {t}");
+    }
+
+    // Concurrency (the gateway only: the doors do not hold leases): no window, so `t` is 0 when
+    // admitted, and a refusal's is its `Retry-After` of 1 s.
+    let key = [("x-k", "cc")];
+    let reply = c.get_with(&gw.url("/cc"), &key).await;
+    let (policy, _) = ietf_fields(&reply);
+    assert_eq!(policy.len(), 1);
+    assert_eq!(policy[0].params, vec![("q".to_owned(), 1)]);
+    assert_eq!(
+        policy[0].strings,
+        vec![("qu".to_owned(), "concurrent-requests".to_owned())]
+    );
+    assert_eq!(r_and_t(&reply), (0, 0));
+    let url = gw.url("/cc");
+    let base = upstream.requests();
+    let held = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.get_with(&url, &[("x-k", "cc"), ("x-test-hold-head", "1")])
+                .await
+                .status
+        })
+    };
+    upstream.wait_for_requests(base + 1).await;
+    let refused = c.get_with(&gw.url("/cc"), &key).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header_u64("retry-after"), 1);
+    assert_eq!(r_and_t(&refused), (0, 1));
+    upstream.release(1);
+    assert_eq!(held.await.expect("held request"), 200);
 }
 
 /// `custom` has its own refusal; `plain` takes the server's (a 503 with the JSON body).
