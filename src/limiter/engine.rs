@@ -216,6 +216,15 @@ impl<'a> Verdict<'a> {
         self.checks.items.get(index).map_or("", |i| &i.key)
     }
 
+    /// The rule the store decided the check pushed at `index` under: its own, or for a merged
+    /// check the first one's (the rule that stands). What happens after admission (a charge, a
+    /// lease's renewal and release) uses this rule, never one derived again from the config: a
+    /// per-key override or a reload may have given the counter another since.
+    pub fn rule(&self, index: usize) -> Option<&'a Rule> {
+        let item = self.checks.items.get(index)?;
+        self.checks.items.get(item.leader).map(|leader| leader.rule)
+    }
+
     /// The lease id this request's concurrency checks hold when it was admitted (`None`: no
     /// concurrency check, or nothing taken). Give it back with [`Engine::release`].
     pub fn lease(&self) -> Option<u64> {

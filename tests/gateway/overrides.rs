@@ -130,6 +130,7 @@ async fn the_public_listener_has_no_overrides_api(store: TestStore) {
 
 crate::store_matrix!(
     an_override_raises_one_key_and_delete_restores_it,
+    a_door_charges_up_front_at_most_the_overrides_burst,
     bad_overrides_are_refused_with_the_reason,
     the_public_listener_has_no_overrides_api,
 );
@@ -306,4 +307,88 @@ fn an_overrides_file_past_the_bound_is_a_config_error() {
         .expect_err("too many")
         .to_string();
     assert!(err.contains("10001 overrides; at most 10000"), "{err}");
+}
+
+/// One Envoy ext_authz `Check` of `GET path` with `headers`; the gRPC status code of the answer
+/// (0: allowed, 8: `RESOURCE_EXHAUSTED`, over the limit).
+async fn ext_authz(grpc: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> i32 {
+    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
+    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let request = CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer {
+                address: Some(Address {
+                    address: Some(Kind::SocketAddress(SocketAddress {
+                        address: "192.0.2.7".into(),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            }),
+            request: Some(Request {
+                http: Some(HttpRequest {
+                    method: "GET".into(),
+                    path: path.into(),
+                    host: "api.example".into(),
+                    headers: headers
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    let reply = client.check(request).await.expect("Check").into_inner();
+    reply.status.map_or(-1, |s| s.code)
+}
+
+/// Issue 33, item 3, on the doors that never see the response: the cost charged up front (the
+/// `fallback`, 8) is at most the burst of the rule admission uses for the key. `tiny`, lowered
+/// to a burst of 5, is charged 5 and so admitted once a day (charged 8, more than its bucket
+/// holds, it was refused for ever); a key without an override is charged the whole 8 of 10.
+async fn a_door_charges_up_front_at_most_the_overrides_burst(store: TestStore) {
+    let yaml = store.config(
+        r#"
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+forward_auth:
+  listen: 127.0.0.1:0
+  grpc_listen: 127.0.0.1:0
+routes:
+  - name: llm
+    match: { prefix: /v1 }
+    respond: { status: 200 }
+    policies:
+      - name: tokens
+        key: ["header:x-tenant"]
+        token_bucket: { rate: 1/d, burst: 10 }
+        cost: { response_header: x-usage-tokens, fallback: 8 }
+"#,
+    );
+    let gw = TestGateway::start(&yaml).await;
+    let put = admin(
+        &gw,
+        Method::PUT,
+        "/overrides/llm/tokens/tiny",
+        r#"{"burst": 5}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let grpc = gw.running().ext_authz_addr.expect("grpc_listen");
+    let mut got = Vec::new();
+    for tenant in ["tiny", "tiny", "plain", "plain"] {
+        got.push(ext_authz(grpc, "/v1/chat", &[("x-tenant", tenant)]).await);
+    }
+    assert_eq!(got, [0, 8, 0, 8]);
 }
