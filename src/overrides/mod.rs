@@ -378,6 +378,9 @@ impl Overrides {
         }
         drop(api);
         self.active.store(Arc::new(Table { rules }));
+        // Every reload and every change of an override comes through here: refusals cached under
+        // the rules before are not replayed under these.
+        state.engine.rules_changed();
     }
 
     /// Every override, file first, with whether it applies.

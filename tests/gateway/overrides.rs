@@ -129,6 +129,7 @@ async fn the_public_listener_has_no_overrides_api(store: TestStore) {
 }
 
 crate::store_matrix!(
+    a_rule_that_changes_and_changes_back_replays_no_cached_refusal,
     an_override_raises_one_key_and_delete_restores_it,
     a_door_charges_up_front_at_most_the_overrides_burst,
     bad_overrides_are_refused_with_the_reason,
@@ -391,4 +392,67 @@ routes:
         got.push(ext_authz(grpc, "/v1/chat", &[("x-tenant", tenant)]).await);
     }
     assert_eq!(got, [0, 8, 0, 8]);
+}
+
+/// A bucket of 1 refilled once an hour (`$RULE` is the policy's rule).
+const SLOW_BUCKET: &str = r#"
+routes:
+  - name: api
+    match: { prefix: /api }
+    respond: { body: ok }
+    policies:
+      - { name: tenant, key: ["header:x-tenant"], $RULE }
+"#;
+
+/// Issue 33, item 4: a refusal cached under one rule is not replayed after the counter's rule
+/// changed and changed back. `acme` is refused under the policy's bucket (1, refilled once an
+/// hour: a cached refusal for an hour); a faster rule then refills the counter and a request
+/// under it leaves one token; back under the first rule that token admits one request. The
+/// change and the change back are an override `PUT` and `DELETE`, then a config reload A, B, A.
+async fn a_rule_that_changes_and_changes_back_replays_no_cached_refusal(store: TestStore) {
+    let slow = "token_bucket: { rate: 1/h, burst: 1 }";
+    let fast = "token_bucket: { rate: 1000/s, burst: 2 }";
+    let yaml = |rule: &str| store.config(&SLOW_BUCKET.replace("$RULE", rule));
+    let gw = TestGateway::start(&yaml(slow)).await;
+    let hits = || async {
+        gw.metric(
+            "turnstile_deny_cache_hits_total",
+            &[("store", store.name())],
+        )
+        .await
+    };
+
+    // Override PUT, then DELETE.
+    assert_eq!(statuses(&gw, "acme", 3).await, [200, 429, 429]);
+    assert_eq!(hits().await, 1.0, "the second refusal came from the cache");
+    let put = admin(
+        &gw,
+        Method::PUT,
+        "/overrides/api/tenant/acme",
+        r#"{"rate": "1000/s", "burst": 2}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reply = Client::new()
+        .get_with(&gw.url("/api/x"), &[("x-tenant", "acme")])
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header_u64("x-ratelimit-remaining"), 1);
+    let deleted = admin(&gw, Method::DELETE, "/overrides/api/tenant/acme", "").await;
+    assert_eq!(deleted.status, 204);
+    assert_eq!(statuses(&gw, "acme", 3).await, [200, 429, 429]);
+
+    // A reload to another rule and back.
+    assert_eq!(statuses(&gw, "globex", 3).await, [200, 429, 429]);
+    std::fs::write(&gw.config_path, yaml(fast)).expect("write");
+    gw.running()
+        .reload()
+        .await
+        .expect("reload to the fast rule");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(statuses(&gw, "globex", 1).await, [200]);
+    std::fs::write(&gw.config_path, yaml(slow)).expect("write");
+    gw.running().reload().await.expect("reload back");
+    assert_eq!(statuses(&gw, "globex", 2).await, [200, 429]);
 }
