@@ -130,6 +130,7 @@ async fn the_public_listener_has_no_overrides_api(store: TestStore) {
 
 crate::store_matrix!(
     a_rule_that_changes_and_changes_back_replays_no_cached_refusal,
+    an_override_that_could_never_match_is_refused_and_never_listed_active,
     an_override_raises_one_key_and_delete_restores_it,
     a_door_charges_up_front_at_most_the_overrides_burst,
     bad_overrides_are_refused_with_the_reason,
@@ -455,4 +456,104 @@ async fn a_rule_that_changes_and_changes_back_replays_no_cached_refusal(store: T
     std::fs::write(&gw.config_path, yaml(slow)).expect("write");
     gw.running().reload().await.expect("reload back");
     assert_eq!(statuses(&gw, "globex", 2).await, [200, 429]);
+}
+
+const TWO_PARTS: &str = r#"
+routes:
+  - name: api
+    match: { prefix: /api }
+    respond: { body: ok }
+    policies:
+      - { name: tenant, key: ["header:x-tenant", "header:x-user"], sliding_window: { limit: 2, window: 1h } }
+"#;
+
+/// Issue 33 (smaller finding): an override whose key could never be one of the policy's
+/// counters is refused at `PUT` with the reason, and one that a reload leaves with the wrong
+/// shape is listed `active: false` and not applied.
+async fn an_override_that_could_never_match_is_refused_and_never_listed_active(store: TestStore) {
+    let gw = TestGateway::start(&store.config(ROUTES)).await;
+    for (key, says) in [
+        (
+            "acme|bob",
+            "names 2 values but policy `tenant` keys on 1 part",
+        ),
+        ("acme%7Cbob", ""),
+        ("a%20b", ""),
+        ("a b", "writes that value as `a%20b`"),
+        ("a%41", "writes that value as `aA`"),
+        ("a{b}", "`a%7Bb%7D`"),
+    ] {
+        let path = format!(
+            "/overrides/api/tenant/{}",
+            key.replace('%', "%25").replace(' ', "%20")
+        );
+        let reply = admin(&gw, Method::PUT, &path, r#"{"limit": 5}"#).await;
+        if says.is_empty() {
+            assert_eq!(reply.status, 200, "{key}: {}", reply.text());
+        } else {
+            assert_eq!(reply.status, 400, "{key}: {}", reply.text());
+            assert!(reply.text().contains(says), "{key}: {}", reply.text());
+        }
+    }
+    let listed = admin(&gw, Method::GET, "/overrides", "").await.json();
+    assert_eq!(listed["active"], 2, "{listed}");
+
+    // The policy keys on two parts now: a one-part override can match nothing.
+    let two = TestGateway::start(&store.config(TWO_PARTS)).await;
+    let put = admin(
+        &two,
+        Method::PUT,
+        "/overrides/api/tenant/acme|bob",
+        r#"{"limit": 3}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let reply = Client::new()
+            .get_with(
+                &two.url("/api/x"),
+                &[("x-tenant", "acme"), ("x-user", "bob")],
+            )
+            .await;
+        got.push(reply.status);
+    }
+    assert_eq!(got, [200, 200, 200, 429]);
+    std::fs::write(&two.config_path, store.config(ROUTES)).expect("write");
+    two.running().reload().await.expect("reload");
+    let listed = admin(&two, Method::GET, "/overrides", "").await.json();
+    let entry = listed["overrides"]
+        .as_array()
+        .and_then(|all| all.iter().find(|o| o["key"] == "acme|bob"))
+        .unwrap_or_else(|| panic!("not listed: {listed}"));
+    assert_eq!(entry["active"], false, "{listed}");
+    // (On Redis the two instances share the first one's two overrides.)
+    let others = if store.name() == "redis" { 2 } else { 0 };
+    assert_eq!(listed["active"], others, "{listed}");
+    let got = statuses(&two, "acme", 3).await;
+    assert_eq!(got, [200, 200, 429], "the policy's limit of 2 applies");
+}
+
+/// In the overrides file, a key that could never match is a config error at its line, and a
+/// reload that brings one keeps the overrides in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overrides_file_key_that_could_never_match_is_an_error_at_its_line() {
+    let file = "- { route: api, policy: tenant, key: acme, limit: 3 }\n";
+    let gw = TestGateway::with_files(WITH_FILE, &[("overrides.yaml", file)]).await;
+    let path = gw.config_path.with_file_name("overrides.yaml");
+    std::fs::write(
+        &path,
+        "- { route: api, policy: tenant, key: acme, limit: 9 }\n- { route: api, policy: tenant, key: \"a|b\", limit: 9 }\n",
+    )
+    .unwrap();
+    let err = gw
+        .running()
+        .reload()
+        .await
+        .expect_err("a key of two parts")
+        .to_string();
+    assert!(err.contains("overrides.yaml:2:"), "{err}");
+    assert!(err.contains("[1].key"), "{err}");
+    assert!(err.contains("names 2 values"), "{err}");
+    assert_eq!(statuses(&gw, "acme", 4).await, [200, 200, 200, 429]);
 }
