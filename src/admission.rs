@@ -172,7 +172,7 @@ async fn admit_with<'l>(
             };
             let rule = overrides.rule(&key).unwrap_or(&policy.rule);
             let cost = match &policy.response_cost {
-                Some(rc) if !inline => rc.total(None),
+                Some(rc) if !inline => rc.total(None).min(crate::inflight::most_charged(rc, rule)),
                 _ => policy.cost,
             };
             let i = checks.push(key, rule, cost, policy.shadow, tally);

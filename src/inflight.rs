@@ -19,7 +19,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use prometheus::{IntCounter, IntGauge};
 
-use crate::config::Route;
+use crate::config::{ResponseCost, Route};
 use crate::limiter::{Check, Rule, Store, Verdict};
 use crate::proxy::body::{BoxError, ResponseBody};
 use crate::state::{AppState, RouteResources};
@@ -47,13 +47,18 @@ impl AfterAdmission {
             let Some(policy) = route.policies.get(j) else {
                 continue;
             };
+            // The rule the decision used for this key (a per-key override's, say), not the
+            // policy's: the charge and the lease act on the counter as admission found it.
+            let Some(&rule) = verdict.rule(i) else {
+                continue;
+            };
             let key = verdict.key(i).to_string();
-            if matches!(policy.rule, Rule::Concurrency(_)) {
+            if matches!(rule, Rule::Concurrency(_)) {
                 if after.lease.is_some() {
-                    after.leased.push((key, policy.rule));
+                    after.leased.push((key, rule));
                 }
             } else if policy.response_cost.is_some() {
-                after.charges.push((key, policy.rule, j));
+                after.charges.push((key, rule, j));
             }
         }
         after
@@ -103,7 +108,10 @@ impl AfterAdmission {
             let Some(rc) = &policy.response_cost else {
                 continue;
             };
-            let extra = rc.total(headers.get(&rc.header)) - rc.min_cost;
+            let total = rc
+                .total(headers.get(&rc.header))
+                .min(most_charged(rc, rule));
+            let extra = total.saturating_sub(rc.min_cost);
             if extra > 0 {
                 due.push((key.clone(), *rule, extra, metrics.cost_charged.clone()));
             }
@@ -124,6 +132,13 @@ impl AfterAdmission {
             }
         });
     }
+}
+
+/// The most one request is charged on a counter decided under `rule`: `max_cost`, and never more
+/// than that rule's capacity (its burst or limit), which a per-key override may set below the
+/// policy's; never less than `min_cost`, which admission took already.
+pub(crate) fn most_charged(rc: &ResponseCost, rule: &Rule) -> u64 {
+    rc.max_cost.min(rule.limit()).max(rc.min_cost)
 }
 
 /// Renews the lease every half of its (shortest) TTL until aborted by the guard's release, so a

@@ -224,6 +224,47 @@ fn push_bounded(value: &[u8], out: &mut String) {
     }
 }
 
+/// Whether `part` is one value as a counter key holds it: what [`write_key`] writes for some
+/// value (escaped, or the digest of a long one). `Err` gives what a counter key holds instead for
+/// the value `part` spells (its escapes read back), when that differs.
+pub fn check_key_value(part: &str) -> Result<(), String> {
+    let digest = part.strip_prefix('#').is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
+    if digest {
+        return Ok(());
+    }
+    let bytes = part.as_bytes();
+    let mut value = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                value.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                value.push(byte);
+                i += 1;
+            }
+        }
+    }
+    let mut canonical = String::with_capacity(part.len());
+    push_bounded(&value, &mut canonical);
+    if canonical == part {
+        Ok(())
+    } else {
+        Err(canonical)
+    }
+}
+
 /// The peers whose `X-Forwarded-For` is believed.
 #[derive(Debug, Clone, Default)]
 pub struct TrustedProxies {

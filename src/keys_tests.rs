@@ -384,3 +384,39 @@ fn jwt_claims_are_bounded_and_absent_without_verified_claims() {
     assert_eq!(key(&["roles"], Some(&claims)), None);
     assert_eq!(key(&["sub"], None), None, "no verified token");
 }
+
+/// Every value a counter key holds passes `check_key_value`, and nothing else does: an override
+/// key is accepted exactly when some request could name it.
+#[test]
+fn check_key_value_accepts_exactly_what_a_counter_key_holds() {
+    let long = "x".repeat(MAX_KEY_VALUE_BYTES + 1);
+    for value in [
+        "acme",
+        "a b",
+        "a|b",
+        "100%",
+        "{tag}",
+        "#1",
+        "é",
+        "",
+        long.as_str(),
+    ] {
+        let mut written = String::new();
+        push_bounded(value.as_bytes(), &mut written);
+        assert_eq!(
+            check_key_value(&written),
+            Ok(()),
+            "{value:?} written {written:?}"
+        );
+    }
+    for (part, canonical) in [
+        ("a b", "a%20b"),
+        ("a%41", "aA"),
+        ("a%7c", "a%7C"),
+        ("100%", "100%25"),
+        ("{t}", "%7Bt%7D"),
+        ("#1", "%231"),
+    ] {
+        assert_eq!(check_key_value(part), Err(canonical.to_owned()), "{part}");
+    }
+}

@@ -295,6 +295,14 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
     for warning in &next.warnings {
         tracing::warn!("{warning}");
     }
+    for (route, policy, why) in restarted_counters(&current.config, &next) {
+        tracing::warn!(
+            route,
+            policy,
+            why,
+            "the reload restarts this policy's counters: every key starts afresh"
+        );
+    }
     let pending = needs_restart(&current.config, &next);
     for setting in &pending {
         tracing::warn!(
@@ -308,6 +316,28 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
     // The file's overrides came with the config; the API's may name routes it changed.
     state.overrides.rebuild(state);
     Ok(pending)
+}
+
+/// The policies of `next` whose counters a reload from `current` restarts (same route and policy
+/// name, a rule whose state does not carry over: [`crate::limiter::Rule::restarts_from`]), with
+/// why. Every other policy keeps its counters.
+pub fn restarted_counters<'n>(
+    current: &Snapshot,
+    next: &'n Snapshot,
+) -> Vec<(&'n str, &'n str, &'static str)> {
+    let mut restarted = Vec::new();
+    for route in &next.routes {
+        let Some(old_route) = current.routes.iter().find(|r| r.name == route.name) else {
+            continue;
+        };
+        for policy in &route.policies {
+            let old = old_route.policies.iter().find(|p| p.name == policy.name);
+            if let Some(why) = old.and_then(|old| policy.rule.restarts_from(&old.rule)) {
+                restarted.push((&*route.name, &*policy.name, why));
+            }
+        }
+    }
+    restarted
 }
 
 /// The settings read once at startup (listeners, the store, the connection builder) that differ

@@ -5,7 +5,9 @@
 //! A counter that refuses cost `c` with `retry_after` cannot admit any cost `>= c` before that
 //! instant: nothing but time gives units back, and other requests only consume more. So a cached
 //! refusal only ever refuses; it never admits. An entry is keyed on the counter key and holds the
-//! rule it was decided under (a reload that changes the rule misses), the smallest cost refused,
+//! rule it was decided under (a reload that changes the rule misses) and the epoch it was decided
+//! in (the store's, plus a generation bumped by every change of the rules in force, so a rule that
+//! changes and changes back misses too), the smallest cost refused,
 //! and the instant by the engine's clock, taken *before* the store was asked (the store decided at
 //! that instant or later) minus a safety margin for clocks that run at slightly different rates.
 //!
@@ -43,7 +45,8 @@ struct Entry {
     reset_at_us: u64,
     limit: u64,
     remaining: u64,
-    /// The store's epoch when it refused ([`crate::limiter::Store::epoch`]).
+    /// The epoch when the store refused ([`crate::limiter::Store::epoch`] plus the engine's
+    /// rules generation).
     epoch: u64,
 }
 
@@ -173,6 +176,16 @@ impl DenyCache {
         }
         shard.insert(key.into(), entry);
         self.len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops every entry (the rules changed: `Engine::rules_changed`), so the hot path is back to
+    /// one atomic load until something is refused again.
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            self.len.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
     }
 
     /// Drops expired entries everywhere (the sweeper), so an idle cache is empty again.

@@ -216,6 +216,15 @@ impl<'a> Verdict<'a> {
         self.checks.items.get(index).map_or("", |i| &i.key)
     }
 
+    /// The rule the store decided the check pushed at `index` under: its own, or for a merged
+    /// check the first one's (the rule that stands). What happens after admission (a charge, a
+    /// lease's renewal and release) uses this rule, never one derived again from the config: a
+    /// per-key override or a reload may have given the counter another since.
+    pub fn rule(&self, index: usize) -> Option<&'a Rule> {
+        let item = self.checks.items.get(index)?;
+        self.checks.items.get(item.leader).map(|leader| leader.rule)
+    }
+
     /// The lease id this request's concurrency checks hold when it was admitted (`None`: no
     /// concurrency check, or nothing taken). Give it back with [`Engine::release`].
     pub fn lease(&self) -> Option<u64> {
@@ -277,6 +286,9 @@ pub struct Engine {
     deny_hits: prometheus::IntCounter,
     /// When the deny cache is next swept of expired entries (`clock` microseconds).
     next_sweep_us: AtomicU64,
+    /// Bumped by [`Engine::rules_changed`]: a refusal is cached with the generation its decision
+    /// read, and replayed only in that same generation.
+    rules: AtomicU64,
     /// Lease ids: this process's random start plus a sequence, so instances sharing Redis do not
     /// collide (53 bits, which Lua numbers hold exactly).
     lease_seed: u64,
@@ -310,6 +322,7 @@ impl Engine {
             deny: DenyCache::new(capacity),
             deny_hits: metrics.deny_cache_hits(name),
             next_sweep_us: AtomicU64::new(0),
+            rules: AtomicU64::new(0),
             decision_seconds: metrics.decision_duration(name),
             errors,
             store,
@@ -350,6 +363,17 @@ impl Engine {
         &self.store
     }
 
+    /// The rules in force may have changed (a config reload, an override set, changed or
+    /// deleted): no refusal cached before is replayed after, since the counter may have been
+    /// decided under another rule in between (A, then B, then A again). Called after the new
+    /// rules are published; a decision that read the old rules and finishes later caches its
+    /// refusal under the new generation, where only a request under that same old rule could
+    /// match it, and the next change forgets it.
+    pub fn rules_changed(&self) {
+        self.rules.fetch_add(1, Ordering::Relaxed);
+        self.deny.clear();
+    }
+
     pub fn top_limited(&self) -> &TopLimited {
         &self.top_limited
     }
@@ -379,8 +403,15 @@ impl Engine {
         // One reading: the counters' time, the deny cache's, and the start of the decision's
         // latency (`crate::now`).
         let started = crate::now::read();
+        // The deny cache's epoch: the store's (it may have lost state) plus the rules'
+        // generation. Both only grow, so the sum changes whenever either does and never comes
+        // back to an earlier value.
         let (now, epoch) = if self.deny.is_enabled() {
-            (self.clock.at(started), self.store.epoch())
+            let rules = self.rules.load(Ordering::Relaxed);
+            (
+                self.clock.at(started),
+                self.store.epoch().wrapping_add(rules),
+            )
         } else {
             (0, 0)
         };

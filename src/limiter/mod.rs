@@ -79,6 +79,39 @@ impl Rule {
         }
     }
 
+    /// Why a counter kept under `old` starts afresh under this rule (a reload changed the
+    /// policy), or `None` when its state carries over, on both engines: the same algorithm with
+    /// other numbers keeps counting (a bucket's tokens, a window's entries, a quota's units of the
+    /// period, leases), as `memory.rs` (`MemoryStore::counter`) and the Redis key layout
+    /// (`wire::push_key`) do.
+    pub fn restarts_from(&self, old: &Rule) -> Option<&'static str> {
+        match (old, self) {
+            (Rule::TokenBucket(_), Rule::TokenBucket(_))
+            | (Rule::Concurrency(_), Rule::Concurrency(_)) => None,
+            (Rule::SlidingWindow(o), Rule::SlidingWindow(n)) => {
+                if o.buckets == 0 && n.buckets == 0 {
+                    None
+                } else if o.buckets == 0 || n.buckets == 0 {
+                    Some("the sliding window changed between exact and bucketed")
+                } else if (o.buckets, o.window_us) != (n.buckets, n.window_us) {
+                    Some("the bucketed window's length or buckets changed")
+                } else {
+                    None
+                }
+            }
+            (Rule::Quota(o), Rule::Quota(n)) => {
+                if o.per != n.per {
+                    Some("the quota's period changed")
+                } else if o.time_zone != n.time_zone {
+                    Some("the quota's time zone changed")
+                } else {
+                    None
+                }
+            }
+            _ => Some("the algorithm changed"),
+        }
+    }
+
     /// A short tag naming the state layout, so one counter key never holds two kinds of state.
     pub fn kind(&self) -> &'static str {
         match self {

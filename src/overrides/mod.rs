@@ -140,7 +140,41 @@ pub fn resolve<'r>(routes: &'r [Route], o: &Override) -> Result<(&'r Policy, Rul
             format!("must be 1 to {MAX_KEY_BYTES} bytes"),
         ));
     }
+    key_fits(policy, &o.key)?;
     Ok((policy, rule_for(policy, &o.limits())?))
+}
+
+/// Whether `key` can be a key value of `policy`'s counters: one value per part of its `key`,
+/// joined by `|`, each as a counter key holds it (escaped, [`crate::keys`]). Anything else could
+/// never match a request.
+fn key_fits(policy: &Policy, key: &str) -> Result<(), Invalid> {
+    let parts = policy.key.len();
+    let given = key.split('|').count();
+    if given != parts {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        return Err(invalid(
+            "key",
+            format!(
+                "`{key}` names {given} value{} but policy `{}` keys on {parts} part{} \
+                 (values joined by `|`): it could never match a request",
+                plural(given),
+                policy.name,
+                plural(parts),
+            ),
+        ));
+    }
+    for part in key.split('|') {
+        if let Err(canonical) = crate::keys::check_key_value(part) {
+            return Err(invalid(
+                "key",
+                format!(
+                    "`{part}` is never a key value: a counter key writes that value as \
+                     `{canonical}` (as `/debug/top-limited` shows it)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `policy`'s rule with `limits` in place of its numbers, validated as the config validates them.
@@ -344,8 +378,9 @@ pub struct Listed {
     pub o: Override,
     /// `file` or `api`.
     pub source: &'static str,
-    /// False when the live config has no such route or policy (or the numbers do not fit it): the
-    /// override is kept but not applied.
+    /// False when the live config has no such route or policy, the numbers do not fit it, or the
+    /// key could never be one of its counters' (another number of parts, say): the override is
+    /// kept but not applied.
     pub active: bool,
 }
 
@@ -378,6 +413,9 @@ impl Overrides {
         }
         drop(api);
         self.active.store(Arc::new(Table { rules }));
+        // Every reload and every change of an override comes through here: refusals cached under
+        // the rules before are not replayed under these.
+        state.engine.rules_changed();
     }
 
     /// Every override, file first, with whether it applies.

@@ -281,7 +281,97 @@ async fn an_override_raises_one_keys_concurrency(store: TestStore) {
     wait_released(&gw).await;
 }
 
+/// Issue 33, item 3: a cost from the response is charged under the rule admission used for the
+/// key (its per-key override), and never more than that rule's burst. The policy's bucket is 100
+/// at 1 a day, `acme` is raised to 1000 and `tiny` lowered to 5: `acme` loses exactly the units
+/// reported, and `tiny` is charged at most its burst of 5, so it waits one day for one token
+/// (charged under the policy's rule instead, `acme` fell to the policy's 100 and `tiny` owed 95
+/// tokens: 96 days).
+async fn a_response_cost_is_charged_under_the_keys_override(store: TestStore) {
+    let upstream = Upstream::start().await;
+    let yaml = config(
+        &store,
+        &one_route(
+            "      - name: tokens\n        key: [\"header:x-tenant\"]\n        \
+         token_bucket: { rate: 1/d, burst: 100 }\n        \
+         cost: { response_header: x-usage-tokens, fallback: 1, min_cost: 1 }",
+        ),
+    );
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    for (key, body) in [("acme", r#"{"burst": 1000}"#), ("tiny", r#"{"burst": 5}"#)] {
+        let put = Client::new()
+            .send(
+                request(
+                    Method::PUT,
+                    &gw.admin_url(&format!("/overrides/api/tokens/{key}")),
+                )
+                .header("content-type", "application/json")
+                .body(crate::support::client::full(body.to_owned()))
+                .expect("request"),
+            )
+            .await;
+        assert_eq!(put.status, 200, "{}", put.text());
+    }
+    let c = Client::new();
+    let url = gw.url("/llm");
+    let charged = || async {
+        gw.metric(
+            "turnstile_cost_charged_total",
+            &[("route", "api"), ("policy", "tokens")],
+        )
+        .await
+    };
+    let wait_charged = |total: f64| async move {
+        let deadline = Instant::now() + LIVENESS;
+        while charged().await != total {
+            assert!(
+                Instant::now() < deadline,
+                "charge never landed: {}",
+                charged().await
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+
+    // acme: 1000 - 1 at admission, then 1 more charged: 998; the next admission leaves 997.
+    let first = c
+        .get_with(&url, &[("x-tenant", "acme"), ("x-test-cost", "2")])
+        .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header_u64("x-ratelimit-remaining"), 999);
+    assert_eq!(first.header_u64("x-ratelimit-limit"), 1000);
+    wait_charged(1.0).await;
+    let second = c.get_with(&url, &[("x-tenant", "acme")]).await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.header_u64("x-ratelimit-remaining"), 997);
+
+    // tiny: reports 1000 (max_cost is the policy's 100), charged its burst of 5 in all: 0 left,
+    // and one token comes back a day later.
+    let big = c
+        .get_with(&url, &[("x-tenant", "tiny"), ("x-test-cost", "1000")])
+        .await;
+    assert_eq!(big.status, 200, "{big:?}");
+    assert_eq!(big.header_u64("x-ratelimit-remaining"), 4);
+    wait_charged(5.0).await;
+    let refused = c.get_with(&url, &[("x-tenant", "tiny")]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header_u64("x-ratelimit-limit"), 5);
+    assert_eq!(refused.header_u64("retry-after"), 86_400);
+
+    // A key without an override is charged under the policy's rule, up to its max_cost of 100.
+    let plain = c
+        .get_with(&url, &[("x-tenant", "plain"), ("x-test-cost", "1000")])
+        .await;
+    assert_eq!(plain.header_u64("x-ratelimit-remaining"), 99);
+    wait_charged(104.0).await;
+    let after = c.get_with(&url, &[("x-tenant", "plain")]).await;
+    assert_eq!(after.status, 429);
+    assert_eq!(after.header_u64("retry-after"), 86_400);
+    assert_eq!(upstream.requests(), 4);
+}
+
 crate::store_matrix!(
+    a_response_cost_is_charged_under_the_keys_override,
     an_override_raises_one_keys_concurrency,
     a_lease_is_renewed_while_its_request_runs,
     a_hundred_slow_requests_never_put_more_than_the_limit_in_flight,

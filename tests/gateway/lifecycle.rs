@@ -536,3 +536,119 @@ async fn regression_address_in_use_did_not_name_the_listener() {
         "{stderr}"
     );
 }
+
+/// The policies of `yaml` with `rules` in place of `$A` and `$B`.
+fn two_policies(a: &str, b: &str) -> String {
+    r#"
+routes:
+  - name: api
+    respond: { body: ok }
+    policies:
+      - { name: per_client, key: [client_ip], $A }
+      - { name: per_method, key: [method], $B }
+"#
+    .replace("$A", a)
+    .replace("$B", b)
+}
+
+/// A reload that changes how a policy counts (its algorithm, a bucketed window's shape, a
+/// quota's period or zone) restarts that policy's counters, which the reload names in a warning;
+/// new numbers for the same algorithm carry the counters over and are not named.
+#[test]
+fn a_reload_names_each_policy_whose_counters_it_restarts() {
+    let parse = |yaml: &str| {
+        turnstile::config::parse(yaml, std::path::Path::new("/p/policies.yaml")).expect("valid")
+    };
+    let tb = |burst: u64| format!("token_bucket: {{ rate: 1/s, burst: {burst} }}");
+    let sw = |limit: u64, extra: &str| {
+        format!("sliding_window: {{ limit: {limit}, window: 1m{extra} }}")
+    };
+    let q = |per: &str, tz: &str| format!("quota: {{ limit: 9, per: {per}, time_zone: {tz} }}");
+    let cases: [(String, String, Option<&str>); 9] = [
+        (tb(5), tb(50), None),
+        (sw(5, ""), sw(50, ""), None),
+        (tb(5), sw(5, ""), Some("the algorithm changed")),
+        (sw(5, ""), sw(5, ", buckets: 6"), Some("exact and bucketed")),
+        (sw(5, ", buckets: 6"), sw(9, ", buckets: 6"), None),
+        (
+            sw(5, ", buckets: 6"),
+            sw(5, ", buckets: 12"),
+            Some("length or buckets"),
+        ),
+        (q("day", "UTC"), q("day", "UTC"), None),
+        (q("day", "UTC"), q("week", "UTC"), Some("period changed")),
+        (
+            q("day", "UTC"),
+            q("day", "Europe/Paris"),
+            Some("time zone changed"),
+        ),
+    ];
+    for (a, b, why) in cases {
+        let current = parse(&two_policies(&a, &tb(5)));
+        let next = parse(&two_policies(&b, &tb(5)));
+        let restarted = turnstile::server::restarted_counters(&current, &next);
+        // What the in-process store does with the counter: one unit taken under the old rule is
+        // still counted under the new one exactly when no restart is named.
+        let clock = std::sync::Arc::new(turnstile::limiter::ManualClock::new(1_000_000_000));
+        let store = turnstile::limiter::MemoryStore::new(clock, 100);
+        let (old, new) = (
+            &current.routes[0].policies[0].rule,
+            &next.routes[0].policies[0].rule,
+        );
+        let check = |rule, cost| turnstile::limiter::Check {
+            key: "k",
+            rule,
+            cost,
+            shadow: false,
+        };
+        assert!(store.check_leased(&[check(old, 1)], 0).allowed);
+        let after = store.check_leased(&[check(new, 0)], 0).outcomes[0];
+        assert_eq!(
+            after.remaining == new.limit(),
+            why.is_some(),
+            "{a} -> {b}: {after:?}"
+        );
+        match why {
+            None => assert!(restarted.is_empty(), "{a} -> {b}: {restarted:?}"),
+            Some(why) => {
+                assert_eq!(restarted.len(), 1, "{a} -> {b}: {restarted:?}");
+                assert_eq!(
+                    (restarted[0].0, restarted[0].1),
+                    ("api", "per_client"),
+                    "{a} -> {b}"
+                );
+                assert!(restarted[0].2.contains(why), "{a} -> {b}: {restarted:?}");
+            }
+        }
+    }
+}
+
+/// The running binary logs the warning, naming the route and the policy.
+#[tokio::test]
+async fn a_reload_that_changes_a_policys_algorithm_logs_which_counters_restart() {
+    let a = "token_bucket: { rate: 1/s, burst: 5 }";
+    let b = "sliding_window: { limit: 5, window: 1m }";
+    let mut gw = GatewayProcess::spawn(&two_policies(a, a)).await;
+    let with_ports = |y: &str| crate::support::process::with_free_ports(y);
+    std::fs::write(&gw.config_path, with_ports(&two_policies(b, a))).unwrap();
+    gw.signal("HUP");
+    let deadline = Instant::now() + LIVENESS;
+    while !gw.log().contains("restarts this policy's counters") {
+        assert!(
+            Instant::now() < deadline,
+            "no warning logged:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("restarts this policy's counters"))
+        .unwrap_or_default();
+    assert!(line.contains("per_client"), "{line}");
+    assert!(line.contains("the algorithm changed"), "{line}");
+    assert!(!log.contains("per_method"), "{log}");
+    gw.signal("TERM");
+    assert!(gw.wait().await.success());
+}

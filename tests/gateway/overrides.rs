@@ -129,7 +129,11 @@ async fn the_public_listener_has_no_overrides_api(store: TestStore) {
 }
 
 crate::store_matrix!(
+    an_override_put_then_delete_replays_no_cached_refusal,
+    a_reload_a_b_a_replays_no_cached_refusal,
+    an_override_that_could_never_match_is_refused_and_never_listed_active,
     an_override_raises_one_key_and_delete_restores_it,
+    a_door_charges_up_front_at_most_the_overrides_burst,
     bad_overrides_are_refused_with_the_reason,
     the_public_listener_has_no_overrides_api,
 );
@@ -306,4 +310,284 @@ fn an_overrides_file_past_the_bound_is_a_config_error() {
         .expect_err("too many")
         .to_string();
     assert!(err.contains("10001 overrides; at most 10000"), "{err}");
+}
+
+/// One Envoy ext_authz `Check` of `GET path` with `headers`; the gRPC status code of the answer
+/// (0: allowed, 8: `RESOURCE_EXHAUSTED`, over the limit).
+async fn ext_authz(grpc: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> i32 {
+    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
+    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let request = CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer {
+                address: Some(Address {
+                    address: Some(Kind::SocketAddress(SocketAddress {
+                        address: "192.0.2.7".into(),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            }),
+            request: Some(Request {
+                http: Some(HttpRequest {
+                    method: "GET".into(),
+                    path: path.into(),
+                    host: "api.example".into(),
+                    headers: headers
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    let reply = client.check(request).await.expect("Check").into_inner();
+    reply.status.map_or(-1, |s| s.code)
+}
+
+/// Issue 33, item 3, on the doors that never see the response: the cost charged up front (the
+/// `fallback`, 8) is at most the burst of the rule admission uses for the key. `tiny`, lowered
+/// to a burst of 5, is charged 5 and so admitted once a day (charged 8, more than its bucket
+/// holds, it was refused for ever); a key without an override is charged the whole 8 of 10.
+async fn a_door_charges_up_front_at_most_the_overrides_burst(store: TestStore) {
+    let yaml = store.config(
+        r#"
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+forward_auth:
+  listen: 127.0.0.1:0
+  grpc_listen: 127.0.0.1:0
+routes:
+  - name: llm
+    match: { prefix: /v1 }
+    respond: { status: 200 }
+    policies:
+      - name: tokens
+        key: ["header:x-tenant"]
+        token_bucket: { rate: 1/d, burst: 10 }
+        cost: { response_header: x-usage-tokens, fallback: 8 }
+"#,
+    );
+    let gw = TestGateway::start(&yaml).await;
+    let put = admin(
+        &gw,
+        Method::PUT,
+        "/overrides/llm/tokens/tiny",
+        r#"{"burst": 5}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let grpc = gw.running().ext_authz_addr.expect("grpc_listen");
+    let mut got = Vec::new();
+    for tenant in ["tiny", "tiny", "plain", "plain"] {
+        got.push(ext_authz(grpc, "/v1/chat", &[("x-tenant", tenant)]).await);
+    }
+    assert_eq!(got, [0, 8, 0, 8]);
+}
+
+/// Waits until the store's epoch has held still for 500 ms: a Redis store's first connections
+/// each start a new epoch (refusals cached before say nothing after), which would forget cached
+/// refusals for a reason other than the one a test looks at.
+async fn settled(gw: &TestGateway) {
+    let epoch = || gw.running().state.engine.store().epoch();
+    let start = Instant::now();
+    let (mut seen, mut since) = (epoch(), Instant::now());
+    while since.elapsed() < Duration::from_millis(500) {
+        assert!(
+            start.elapsed() < crate::support::LIVENESS,
+            "the epoch never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if epoch() != seen {
+            (seen, since) = (epoch(), Instant::now());
+        }
+    }
+}
+
+/// A bucket of 1 refilled once an hour (`$RULE` is the policy's rule).
+const SLOW_BUCKET: &str = r#"
+routes:
+  - name: api
+    match: { prefix: /api }
+    respond: { body: ok }
+    policies:
+      - { name: tenant, key: ["header:x-tenant"], $RULE }
+"#;
+
+/// Issue 33, item 4: a refusal cached under one rule is not replayed after the counter's rule
+/// changed and changed back. `acme` is refused under the policy's bucket (1, refilled once an
+/// hour: a cached refusal for an hour); a faster rule then refills the counter and a request
+/// under it leaves one token; back under the first rule that token admits one request. Here the
+/// change and the change back are an override `PUT` and `DELETE`.
+async fn an_override_put_then_delete_replays_no_cached_refusal(store: TestStore) {
+    let slow = "token_bucket: { rate: 1/h, burst: 1 }";
+    let gw = TestGateway::start(&store.config(&SLOW_BUCKET.replace("$RULE", slow))).await;
+    settled(&gw).await;
+    let hits = || async {
+        gw.metric(
+            "turnstile_deny_cache_hits_total",
+            &[("store", store.name())],
+        )
+        .await
+    };
+
+    // Override PUT, then DELETE.
+    assert_eq!(statuses(&gw, "acme", 3).await, [200, 429, 429]);
+    assert_eq!(hits().await, 1.0, "the second refusal came from the cache");
+    let put = admin(
+        &gw,
+        Method::PUT,
+        "/overrides/api/tenant/acme",
+        r#"{"rate": "1000/s", "burst": 2}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reply = Client::new()
+        .get_with(&gw.url("/api/x"), &[("x-tenant", "acme")])
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header_u64("x-ratelimit-remaining"), 1);
+    let deleted = admin(&gw, Method::DELETE, "/overrides/api/tenant/acme", "").await;
+    assert_eq!(deleted.status, 204);
+    assert_eq!(statuses(&gw, "acme", 3).await, [200, 429, 429]);
+}
+
+/// [`an_override_put_then_delete_replays_no_cached_refusal`], the rule changed and changed back
+/// by a config reload A, B, A.
+async fn a_reload_a_b_a_replays_no_cached_refusal(store: TestStore) {
+    let slow = "token_bucket: { rate: 1/h, burst: 1 }";
+    let fast = "token_bucket: { rate: 1000/s, burst: 2 }";
+    let yaml = |rule: &str| store.config(&SLOW_BUCKET.replace("$RULE", rule));
+    let gw = TestGateway::start(&yaml(slow)).await;
+    settled(&gw).await;
+    assert_eq!(statuses(&gw, "globex", 3).await, [200, 429, 429]);
+    let hits = gw
+        .metric(
+            "turnstile_deny_cache_hits_total",
+            &[("store", store.name())],
+        )
+        .await;
+    assert_eq!(hits, 1.0, "the second refusal came from the cache");
+    std::fs::write(&gw.config_path, yaml(fast)).expect("write");
+    gw.running()
+        .reload()
+        .await
+        .expect("reload to the fast rule");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(statuses(&gw, "globex", 1).await, [200]);
+    std::fs::write(&gw.config_path, yaml(slow)).expect("write");
+    gw.running().reload().await.expect("reload back");
+    assert_eq!(statuses(&gw, "globex", 2).await, [200, 429]);
+}
+
+const TWO_PARTS: &str = r#"
+routes:
+  - name: api
+    match: { prefix: /api }
+    respond: { body: ok }
+    policies:
+      - { name: tenant, key: ["header:x-tenant", "header:x-user"], sliding_window: { limit: 2, window: 1h } }
+"#;
+
+/// Issue 33 (smaller finding): an override whose key could never be one of the policy's
+/// counters is refused at `PUT` with the reason, and one that a reload leaves with the wrong
+/// shape is listed `active: false` and not applied.
+async fn an_override_that_could_never_match_is_refused_and_never_listed_active(store: TestStore) {
+    let gw = TestGateway::start(&store.config(ROUTES)).await;
+    for (key, says) in [
+        (
+            "acme|bob",
+            "names 2 values but policy `tenant` keys on 1 part",
+        ),
+        ("acme%7Cbob", ""),
+        ("a%20b", ""),
+        ("a b", "writes that value as `a%20b`"),
+        ("a%41", "writes that value as `aA`"),
+        ("a{b}", "`a%7Bb%7D`"),
+    ] {
+        let path = format!(
+            "/overrides/api/tenant/{}",
+            key.replace('%', "%25").replace(' ', "%20")
+        );
+        let reply = admin(&gw, Method::PUT, &path, r#"{"limit": 5}"#).await;
+        if says.is_empty() {
+            assert_eq!(reply.status, 200, "{key}: {}", reply.text());
+        } else {
+            assert_eq!(reply.status, 400, "{key}: {}", reply.text());
+            assert!(reply.text().contains(says), "{key}: {}", reply.text());
+        }
+    }
+    let listed = admin(&gw, Method::GET, "/overrides", "").await.json();
+    assert_eq!(listed["active"], 2, "{listed}");
+
+    // The policy keys on two parts now: a one-part override can match nothing.
+    let two = TestGateway::start(&store.config(TWO_PARTS)).await;
+    let put = admin(
+        &two,
+        Method::PUT,
+        "/overrides/api/tenant/acme|bob",
+        r#"{"limit": 3}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text());
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let reply = Client::new()
+            .get_with(
+                &two.url("/api/x"),
+                &[("x-tenant", "acme"), ("x-user", "bob")],
+            )
+            .await;
+        got.push(reply.status);
+    }
+    assert_eq!(got, [200, 200, 200, 429]);
+    std::fs::write(&two.config_path, store.config(ROUTES)).expect("write");
+    two.running().reload().await.expect("reload");
+    let listed = admin(&two, Method::GET, "/overrides", "").await.json();
+    let entry = listed["overrides"]
+        .as_array()
+        .and_then(|all| all.iter().find(|o| o["key"] == "acme|bob"))
+        .unwrap_or_else(|| panic!("not listed: {listed}"));
+    assert_eq!(entry["active"], false, "{listed}");
+    // (On Redis the two instances share the first one's two overrides.)
+    let others = if store.name() == "redis" { 2 } else { 0 };
+    assert_eq!(listed["active"], others, "{listed}");
+    let got = statuses(&two, "acme", 3).await;
+    assert_eq!(got, [200, 200, 429], "the policy's limit of 2 applies");
+}
+
+/// In the overrides file, a key that could never match is a config error at its line, and a
+/// reload that brings one keeps the overrides in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overrides_file_key_that_could_never_match_is_an_error_at_its_line() {
+    let file = "- { route: api, policy: tenant, key: acme, limit: 3 }\n";
+    let gw = TestGateway::with_files(WITH_FILE, &[("overrides.yaml", file)]).await;
+    let path = gw.config_path.with_file_name("overrides.yaml");
+    std::fs::write(
+        &path,
+        "- { route: api, policy: tenant, key: acme, limit: 9 }\n- { route: api, policy: tenant, key: \"a|b\", limit: 9 }\n",
+    )
+    .unwrap();
+    let err = gw
+        .running()
+        .reload()
+        .await
+        .expect_err("a key of two parts")
+        .to_string();
+    assert!(err.contains("overrides.yaml:2:"), "{err}");
+    assert!(err.contains("[1].key"), "{err}");
+    assert!(err.contains("names 2 values"), "{err}");
+    assert_eq!(statuses(&gw, "acme", 4).await, [200, 200, 200, 429]);
 }
