@@ -30,11 +30,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::log_throttle::Throttle;
 use crate::metrics::Metrics;
 use crate::proxy::body::{ClientBody, ResponseBody};
+use crate::proxy::held::Held;
 use crate::state::AppState;
 use crate::tls::ServerTls;
 
@@ -264,7 +265,7 @@ async fn serve_http<H, F>(
         let metrics = metrics.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            metrics.open.inc();
+            let open = Open::new(slot, &metrics.open);
             serve_connection(
                 stream,
                 peer,
@@ -274,10 +275,9 @@ async fn serve_http<H, F>(
                 limits,
                 &metrics,
                 tls.as_deref(),
+                open,
             )
             .await;
-            metrics.open.dec();
-            drop(slot);
         });
     }
     drop(listener);
@@ -291,6 +291,30 @@ async fn serve_http<H, F>(
     }
 }
 
+/// A connection's `max_connections` slot and its count in the open-connections gauge, released
+/// together when it is dropped: when the connection ends, or, for one that upgraded (a
+/// WebSocket), when its tunnel closes (it rides on the stream: `crate::proxy::held`).
+struct Open {
+    _slot: OwnedSemaphorePermit,
+    gauge: IntGauge,
+}
+
+impl Open {
+    fn new(slot: OwnedSemaphorePermit, gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Open {
+            _slot: slot,
+            gauge: gauge.clone(),
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve_connection<H, F>(
     stream: TcpStream,
@@ -301,6 +325,7 @@ async fn serve_connection<H, F>(
     limits: h1::Limits,
     metrics: &ListenerMetrics,
     tls: Option<&ServerTls>,
+    open: Open,
 ) where
     H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
@@ -314,7 +339,7 @@ async fn serve_connection<H, F>(
         };
         if let Some(stream) = accepted {
             serve_io(
-                TokioIo::new(stream),
+                Held::new(TokioIo::new(stream), open),
                 peer,
                 handler,
                 builder,
@@ -333,7 +358,7 @@ async fn serve_connection<H, F>(
         None => {}
         Some(Protocol::H2) => {
             serve_io(
-                TokioIo::new(stream),
+                Held::new(TokioIo::new(stream), open),
                 peer,
                 handler,
                 builder,
@@ -346,7 +371,8 @@ async fn serve_connection<H, F>(
             if let h1::Ended::HandOff(io) =
                 h1::serve(stream, peer, &handler, limits, &stopping).await
             {
-                serve_io(TokioIo::new(io), peer, handler, builder, stopping, metrics).await;
+                let io = Held::new(TokioIo::new(io), open);
+                serve_io(io, peer, handler, builder, stopping, metrics).await;
             }
         }
     }

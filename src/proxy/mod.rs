@@ -14,6 +14,7 @@ pub mod body;
 pub mod fields;
 pub mod h1;
 pub mod headers;
+pub mod held;
 pub mod pool;
 pub mod rewrite;
 

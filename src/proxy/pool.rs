@@ -40,6 +40,7 @@ use tower::ServiceExt;
 use super::body::{BoxError, RequestBody};
 use super::fields::RawFields;
 use super::h1;
+use super::held::Held;
 use crate::tls::connect::Stream;
 use crate::tls::Connector;
 
@@ -408,10 +409,7 @@ impl UpstreamClient {
     ) -> Result<SendRequest<RequestBody>, ClientError> {
         // The slot goes with the connection's bytes, not with hyper's connection task: an
         // upgraded (101) connection leaves that task for a tunnel, and must still count.
-        let io = Slotted {
-            io: self.dial().await?,
-            _slot: slot,
-        };
+        let io = Held::new(self.dial().await?, slot);
         let (sender, connection) = http1::Builder::new()
             // Copy body chunks into the head's buffer and write once: cheaper than hyper's
             // vectored queue for the small messages a gateway mostly carries.
@@ -425,53 +423,6 @@ impl UpstreamClient {
             }
         });
         Ok(sender)
-    }
-}
-
-/// An upstream connection's stream and its `max_connections` slot, released when the stream is
-/// dropped: when the connection closes, or when the tunnel an upgrade made of it ends.
-struct Slotted<T> {
-    io: T,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Slotted<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
-    }
-}
-
-impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Slotted<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 }
 

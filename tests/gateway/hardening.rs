@@ -235,6 +235,33 @@ async fn a_websocket_tunnel_counts_against_the_upstreams_max_connections() {
     }
 }
 
+/// Regression (issue 34, item 6): a tunnel's client connection gave back its
+/// `server.max_connections` slot (and left `turnstile_open_connections`) at the `101`. It keeps
+/// both until the tunnel closes; past the bound, new connections wait in the accept backlog.
+#[tokio::test]
+async fn a_websocket_tunnel_counts_against_server_max_connections() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(
+        &forward_all("  max_connections: 2", "    timeout: 5s"),
+        upstream.addr,
+    )
+    .await;
+    let first = open_tunnel(&gw, "a").await.expect("first tunnel");
+    let _second = open_tunnel(&gw, "b").await.expect("second tunnel");
+    assert_eq!(gw.metric("turnstile_open_connections", &[]).await, 2.0);
+    // A third connection is not served while both tunnels are open.
+    let url = gw.url("/");
+    let waiting = tokio::spawn(async move { Client::new().get(&url).await.status });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "served past max_connections");
+    drop(first);
+    let status = tokio::time::timeout(LIVENESS, waiting)
+        .await
+        .expect("served once a tunnel closed")
+        .expect("request task");
+    assert_eq!(status, 200);
+}
+
 // ---- item 8: body read timeout and max_connections ----
 
 #[tokio::test]
