@@ -20,7 +20,7 @@
 --
 -- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us,
 --         then per policy a refund stamp of two integers (meaningful when it consumed):
---         tb: 0, 0; sw: the score written, the count before; swb: the bucket index, 0;
+--         tb: 0, 0; sw: the time written, 0; swb: the bucket index, 0;
 --         cc: the lease id, 0; q: the period start, 0}.
 --
 -- Charge (cost from the response; docs/algorithms.md): ARGV[1] "charge", then the ARGV above.
@@ -142,31 +142,93 @@ local function tb_commit(p)
 end
 
 ---------------------------------------------------------------------------------------------------
--- Exact sliding window: ZSET, one member per admitted unit, scored by its time in microseconds.
+-- Exact sliding window: ZSET, one member per distinct time at which units were admitted, named
+-- "t#units" and scored t (µs), plus the member "n" scored -total, total being the sum of the
+-- other members' units (present only while it is above zero, so its score is -1 or below and
+-- every time range starts at 0).
 --
--- Members are "t:seq" with t the (clamped) time of the write and seq = count + i. They are
--- unique: t is never below the newest score, so the members already named "t:*" are exactly the
--- entries scored t; those were all live when written and cannot expire while the clock stays at or
--- below t, so count is at least their highest seq, and count + i is new.
+-- A decision or charge of any cost writes at most one member: t is never below the newest score
+-- (a write is at max(now, newest)), so units written at the newest time are added to that member
+-- (ZREM and ZADD under the new name) and any other time gets a new one. The count is the total,
+-- O(1); members that leave the window are removed, and subtracted from the total, by the first
+-- decision that finds them expired (each once: amortised O(1)). Only the retry_after of a refusal
+-- walks members, oldest first, until they free enough units. A member whose name has no "#units"
+-- counts 1 unit.
+
+local SW_TOTAL = 'n'
+
+local function sw_units(member)
+  return tonumber(string.match(member, '#(%d+)$')) or 1
+end
+
+local function sw_set_total(key, total)
+  if total > 0 then
+    call('ZADD', key, int(-total), SW_TOTAL)
+  else
+    call('ZREM', key, SW_TOTAL)
+  end
+end
 
 local function sw_eval(key, limit, window, cost, now)
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
   local t = now
-  local newest_ts = nil
+  local newest_ts, newest_member = nil, nil
   if newest[2] then
-    newest_ts = tonumber(newest[2])
-    if newest_ts > t then
-      t = newest_ts
+    local score = tonumber(newest[2])
+    if score >= 0 then
+      newest_ts, newest_member = score, newest[1]
+      if score > t then
+        t = score
+      end
     end
   end
   local cutoff = t - window
-  local count = redis.call('ZCOUNT', key, '(' .. int(cutoff), '+inf')
+  -- Live members are scored above `from`; the total (scored -1 or below) never is.
+  local from = cutoff
+  if from < -1 then
+    from = -1
+  end
+  -- The total and the expired members in one read: the total scores below every time.
+  local low = call('ZRANGEBYSCORE', key, '-inf', int(from), 'WITHSCORES')
+  local total, expired, stale, has_total = 0, 0, false, false
+  for i = 1, #low, 2 do
+    if tonumber(low[i + 1]) < 0 then
+      if low[i] == SW_TOTAL then
+        total, has_total = -tonumber(low[i + 1]), true
+      end
+    else
+      expired, stale = expired + sw_units(low[i]), true
+    end
+  end
+  if newest_ts and not has_total then
+    -- Entries but no total (not a layout this script writes): count them once in full.
+    local all = call('ZRANGEBYSCORE', key, 0, '+inf')
+    total = 0
+    for i = 1, #all do
+      total = total + sw_units(all[i])
+    end
+    stale = true
+  end
+  local count = total - expired
+  if stale then
+    if expired > 0 then
+      call('ZREMRANGEBYSCORE', key, 0, int(from))
+    end
+    if count <= 0 then
+      newest_ts, newest_member, count = nil, nil, 0
+    end
+  end
+  -- dirty: the stored total is out of date, written by the commit or else by the outcome (and
+  -- by decide() when a later check's arguments are bad), so it costs no command of its own.
   return { key = key, limit = limit, window = window, cost = cost, now = now, t = t,
-           cutoff = cutoff, count = count, newest_ts = newest_ts,
-           allowed = count + cost <= limit }
+           from = from, count = count, newest_ts = newest_ts, newest_member = newest_member,
+           dirty = stale, allowed = count + cost <= limit }
 end
 
 local function sw_outcome(p, consumed)
+  if p.dirty and not (consumed and p.cost > 0) then
+    sw_set_total(p.key, p.count)
+  end
   local after = p.count
   local newest = nil
   if p.count > 0 then
@@ -184,16 +246,29 @@ local function sw_outcome(p, consumed)
   end
   local retry = 0
   if not p.allowed then
-    if p.cost > p.limit then
-      retry = p.window
-    else
-      local index = p.count + p.cost - p.limit - 1
-      local e = redis.call('ZRANGEBYSCORE', p.key, '(' .. int(p.cutoff), '+inf',
-                           'WITHSCORES', 'LIMIT', index, 1)
-      if e[2] then
-        retry = tonumber(e[2]) + p.window - p.t
-      else
-        retry = p.window
+    retry = p.window
+    if p.cost <= p.limit then
+      -- The oldest members leave first: wait for the one that frees enough units, reading them
+      -- a page at a time, each twice the last (times are distinct, so a page starts after the
+      -- last one's score). The first member is usually enough.
+      local excess = p.count + p.cost - p.limit
+      local freed, from, size, done = 0, '(' .. int(p.from), 2, false
+      while not done do
+        local page = call('ZRANGEBYSCORE', p.key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, size)
+        for i = 1, #page, 2 do
+          freed = freed + sw_units(page[i])
+          if freed >= excess then
+            retry = tonumber(page[i + 1]) + p.window - p.t
+            done = true
+            break
+          end
+        end
+        if #page < 2 * size then
+          done = true
+        else
+          from = '(' .. page[#page]
+          size = min(2 * size, 256)
+        end
       end
     end
   end
@@ -201,23 +276,15 @@ local function sw_outcome(p, consumed)
 end
 
 local function sw_commit(p)
-  if p.cutoff >= 0 then
-    redis.call('ZREMRANGEBYSCORE', p.key, '-inf', int(p.cutoff))
+  local units = p.cost
+  if p.newest_ts == p.t then
+    units = units + sw_units(p.newest_member)
+    call('ZREM', p.key, p.newest_member)
   end
   local score = int(p.t)
-  local args = {}
-  local i = 1
-  while i <= p.cost do
-    args[#args + 1] = score
-    args[#args + 1] = score .. ':' .. int(p.count + i)
-    -- Stay well inside Lua's limit on unpacked arguments.
-    if #args >= 2000 or i == p.cost then
-      redis.call('ZADD', p.key, unpack(args))
-      args = {}
-    end
-    i = i + 1
-  end
-  redis.call('PEXPIRE', p.key, ttl_ms(p.t - p.now + p.window))
+  -- The member and the total in one command (a commit has a cost, so the total is above zero).
+  call('ZADD', p.key, score, score .. '#' .. int(units), int(-(p.count + p.cost)), SW_TOTAL)
+  call('PEXPIRE', p.key, ttl_ms(p.t - p.now + p.window))
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -414,13 +481,18 @@ local function refund(key, kind, cost, burst, s1, s2)
       redis.call('HSET', key, 't', string.format('%.17g', tokens))
     end
   elseif kind == 'sw' then
-    local members = {}
-    for j = 1, cost do
-      members[#members + 1] = int(s1) .. ':' .. int(s2 + j)
-      if #members >= 1000 or j == cost then
-        redis.call('ZREM', key, unpack(members))
-        members = {}
+    -- The member of the time written: other units admitted at that time stay.
+    local at = int(s1)
+    local member = call('ZRANGEBYSCORE', key, at, at)[1]
+    if member then
+      local units = sw_units(member)
+      local back = min(cost, units)
+      call('ZREM', key, member)
+      if units > back then
+        call('ZADD', key, at, at .. '#' .. int(units - back))
       end
+      local total = -tonumber(call('ZSCORE', key, SW_TOTAL) or '0')
+      sw_set_total(key, total - back)
     end
   elseif kind == 'cc' then
     redis.call('ZREM', key, int(s1))
@@ -520,6 +592,18 @@ local function flush()
   bucket_key, bucket_ttl = nil, nil
 end
 
+-- Bad arguments for policy i: the decision fails. An exact window checked before it may have
+-- removed expired members (sw_eval), so its total is written first.
+local function bad(i, what)
+  for j = 1, i - 1 do
+    local p = plans[j]
+    if p.dirty then
+      sw_set_total(p.key, p.count)
+    end
+  end
+  return nil, redis.error_reply('decide.lua: ' .. what .. ' for policy ' .. i)
+end
+
 -- The usual decision, a single token bucket, in one straight line: tb_eval, tb_outcome and
 -- tb_commit's arithmetic in the same order, without a plan table or a call between them (15% of
 -- Redis's instructions for such a decision; docs/benchmarks.md). tests/conformance.rs holds both
@@ -602,19 +686,19 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
     local kind = argv[a]
     local p1, p2, p3, cost = argv[a + 1], argv[a + 2], argv[a + 3], argv[a + 4]
     if not (p1 and p2 and p3 and cost) or cost < 0 then
-      return nil, redis.error_reply('decide.lua: bad arguments for policy ' .. i)
+      return bad(i, 'bad arguments')
     end
     local key = KEYS[kbase + i]
     local p
     if kind == 'tb' then
       if not (p1 > 0) or p2 < 0 then
-        return nil, redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
+        return bad(i, 'bad token bucket')
       end
       p = tb_eval(key, p1, p2, cost, now)
       outcomes[i], commits[i] = tb_outcome, tb_commit
     elseif kind == 'sw' then
       if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
-        return nil, redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
+        return bad(i, 'bad sliding window')
       end
       if p3 == 0 then
         p = sw_eval(key, p1, p2, cost, now)
@@ -625,18 +709,18 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
       end
     elseif kind == 'cc' then
       if p1 < 0 or p2 <= 0 or p3 < 0 then
-        return nil, redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
+        return bad(i, 'bad concurrency')
       end
       p = cc_eval(key, p1, p2, p3, cost, now)
       outcomes[i], commits[i] = cc_outcome, cc_commit
     elseif kind == 'q' then
       if p1 < 0 or p2 < 0 or p3 <= p2 then
-        return nil, redis.error_reply('decide.lua: bad quota for policy ' .. i)
+        return bad(i, 'bad quota')
       end
       p = q_eval(key, p1, p2, p3, cost, now)
       outcomes[i], commits[i] = q_outcome, q_commit
     else
-      return nil, redis.error_reply('decide.lua: unknown kind for policy ' .. i)
+      return bad(i, 'unknown kind')
     end
     plans[i] = p
     all_allowed = all_allowed and (p.allowed or argv[a + 5] == 1)
@@ -662,7 +746,7 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
     local p = plans[i]
     local s1, s2 = 0, 0
     if p.t then
-      s1, s2 = p.t, p.count
+      s1 = p.t
     elseif p.current then
       s1 = p.current
     elseif p.lease then
