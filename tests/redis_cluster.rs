@@ -95,8 +95,13 @@ fn tokens(cluster: &RedisCluster, key: &str) -> f64 {
 }
 
 /// Entries in an exact sliding window key.
-fn entries(cluster: &RedisCluster, key: &str) -> usize {
-    cluster.key_cli(&["zcard", key])[0].parse().expect("zcard")
+/// The units an exact window holds: its member `n` is scored minus their sum (docs/redis.md).
+fn units(cluster: &RedisCluster, key: &str) -> usize {
+    let total = cluster.key_cli(&["zscore", key, "n"]);
+    match total.first().map(String::as_str) {
+        None | Some("") => 0,
+        Some(score) => -score.parse::<f64>().expect("zscore") as usize,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -207,7 +212,7 @@ async fn concurrent_multi_slot_requests_never_exceed_either_limit(
     assert_eq!(per_user_admitted, admitted);
     let shared = key_with(cluster, &["{multi:shared"]);
     assert_eq!(
-        entries(cluster, &shared),
+        units(cluster, &shared),
         admitted,
         "the shared window holds exactly the admitted requests"
     );
