@@ -143,91 +143,88 @@ end
 
 ---------------------------------------------------------------------------------------------------
 -- Exact sliding window: ZSET, one member per distinct time at which units were admitted, named
--- "t#units" and scored t (µs), plus the member "n" scored -total, total being the sum of the
--- other members' units (present only while it is above zero, so its score is -1 or below and
--- every time range starts at 0).
+-- "t#c" and scored t (µs), where c counts the units admitted up to and including that time,
+-- from a base; plus the member "n" scored -(base + 1) (so below every time: time ranges start at
+-- 0). The count in the window is c of the newest member less the c of the newest expired one
+-- (or the base, when none is left): two reads, whatever the members or units.
 --
--- A decision or charge of any cost writes at most one member: t is never below the newest score
--- (a write is at max(now, newest)), so units written at the newest time are added to that member
--- (ZREM and ZADD under the new name) and any other time gets a new one. The count is the total,
--- O(1); members that leave the window are removed, and subtracted from the total, by the first
--- decision that finds them expired (each once: amortised O(1)). Only the retry_after of a refusal
--- walks members, oldest first, until they free enough units. A member whose name has no "#units"
--- counts 1 unit.
+-- A decision or charge of any cost writes one member: t is never below the newest score (a write
+-- is at max(now, newest)), so units written at the newest time rename that member (ZREM and ZADD)
+-- and any other time gets a new one. Expired members are removed with one ZREMRANGEBYSCORE, the
+-- newest of them becoming the base. Only a refusal's retry_after walks members, oldest first,
+-- until they free enough units; only a refund rewrites the members after the one it corrects
+-- (written within its round trip, so few). Past 2^51, once 2^50 units have left the window,
+-- the live members are renumbered from 0, so c stays an exact double (below 2^53) as long as the
+-- limit is below 2^51.
 
-local SW_TOTAL = 'n'
+local SW_BASE = 'n'
+local SW_RENUMBER = 2251799813685248
 
-local function sw_units(member)
-  return tonumber(string.match(member, '#(%d+)$')) or 1
+-- The cumulative units a member's name carries.
+local function sw_cum(member)
+  return tonumber(string.match(member, '#(%d+)$')) or 0
 end
 
-local function sw_set_total(key, total)
-  if total > 0 then
-    call('ZADD', key, int(-total), SW_TOTAL)
-  else
-    call('ZREM', key, SW_TOTAL)
-  end
+-- The member "n" for base b.
+local function sw_base_score(b)
+  return int(-(b + 1))
 end
 
 local function sw_eval(key, limit, window, cost, now)
   local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
   local t = now
-  local newest_ts, newest_member = nil, nil
+  local newest_ts, newest_member, top = nil, nil, nil
   if newest[2] then
     local score = tonumber(newest[2])
     if score >= 0 then
-      newest_ts, newest_member = score, newest[1]
+      newest_ts, newest_member, top = score, newest[1], sw_cum(newest[1])
       if score > t then
         t = score
       end
     end
   end
   local cutoff = t - window
-  -- Live members are scored above `from`; the total (scored -1 or below) never is.
+  -- Live members are scored above `from`; "n" (scored -1 or below) never is.
   local from = cutoff
   if from < -1 then
     from = -1
   end
-  -- The total and the expired members in one read: the total scores below every time.
-  local low = call('ZRANGEBYSCORE', key, '-inf', int(from), 'WITHSCORES')
-  local total, expired, stale, has_total = 0, 0, false, false
-  for i = 1, #low, 2 do
-    if tonumber(low[i + 1]) < 0 then
-      if low[i] == SW_TOTAL then
-        total, has_total = -tonumber(low[i + 1]), true
+  local base, dirty = 0, false
+  if newest_ts and newest_ts <= cutoff then
+    -- Every member has left the window.
+    call('DEL', key)
+    newest_ts, newest_member = nil, nil
+  elseif newest_ts then
+    -- The newest expired member, or else "n": the base the count is measured from.
+    local low = call('ZREVRANGEBYSCORE', key, int(from), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if low[2] then
+      local score = tonumber(low[2])
+      if score < 0 then
+        base = -score - 1
+      else
+        base, dirty = sw_cum(low[1]), true
+        call('ZREMRANGEBYSCORE', key, 0, int(from))
       end
-    else
-      expired, stale = expired + sw_units(low[i]), true
     end
   end
-  if newest_ts and not has_total then
-    -- Entries but no total (not a layout this script writes): count them once in full.
-    local all = call('ZRANGEBYSCORE', key, 0, '+inf')
-    total = 0
-    for i = 1, #all do
-      total = total + sw_units(all[i])
-    end
-    stale = true
+  local count = 0
+  if newest_ts then
+    count = top - base
   end
-  local count = total - expired
-  if stale then
-    if expired > 0 then
-      call('ZREMRANGEBYSCORE', key, 0, int(from))
-    end
-    if count <= 0 then
-      newest_ts, newest_member, count = nil, nil, 0
-    end
-  end
-  -- dirty: the stored total is out of date, written by the commit or else by the outcome (and
-  -- by decide() when a later check's arguments are bad), so it costs no command of its own.
+  -- dirty: "n" is out of date, written by the commit or else by the outcome (and by decide()
+  -- when a later check's arguments are bad), so it costs no command of its own.
   return { key = key, limit = limit, window = window, cost = cost, now = now, t = t,
-           from = from, count = count, newest_ts = newest_ts, newest_member = newest_member,
-           dirty = stale, allowed = count + cost <= limit }
+           from = from, count = count, base = base, newest_ts = newest_ts,
+           newest_member = newest_member, dirty = dirty, allowed = count + cost <= limit }
+end
+
+local function sw_write_base(p)
+  call('ZADD', p.key, sw_base_score(p.base), SW_BASE)
 end
 
 local function sw_outcome(p, consumed)
   if p.dirty and not (consumed and p.cost > 0) then
-    sw_set_total(p.key, p.count)
+    sw_write_base(p)
   end
   local after = p.count
   local newest = nil
@@ -248,16 +245,15 @@ local function sw_outcome(p, consumed)
   if not p.allowed then
     retry = p.window
     if p.cost <= p.limit then
-      -- The oldest members leave first: wait for the one that frees enough units, reading them
-      -- a page at a time, each twice the last (times are distinct, so a page starts after the
-      -- last one's score). The first member is usually enough.
-      local excess = p.count + p.cost - p.limit
-      local freed, from, size, done = 0, '(' .. int(p.from), 2, false
+      -- The oldest members leave first: wait for the one that frees enough units (whose c
+      -- reaches base + excess), reading them a page at a time, each twice the last (times are
+      -- distinct, so a page starts after the last one's score). The first is usually enough.
+      local need = p.base + p.count + p.cost - p.limit
+      local from, size, done = '(' .. int(p.from), 2, false
       while not done do
         local page = call('ZRANGEBYSCORE', p.key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, size)
         for i = 1, #page, 2 do
-          freed = freed + sw_units(page[i])
-          if freed >= excess then
+          if sw_cum(page[i]) >= need then
             retry = tonumber(page[i + 1]) + p.window - p.t
             done = true
             break
@@ -276,14 +272,23 @@ local function sw_outcome(p, consumed)
 end
 
 local function sw_commit(p)
-  local units = p.cost
+  local base = p.base
+  local c = base + p.count + p.cost
   if p.newest_ts == p.t then
-    units = units + sw_units(p.newest_member)
     call('ZREM', p.key, p.newest_member)
   end
+  if c >= SW_RENUMBER and base >= SW_RENUMBER / 2 then
+    -- Renumber the live members from 0 (at least 2^50 units have left the window since the
+    -- last time: amortised O(1)).
+    local live = call('ZRANGEBYSCORE', p.key, 0, '+inf', 'WITHSCORES')
+    for i = 1, #live, 2 do
+      call('ZREM', p.key, live[i])
+      call('ZADD', p.key, live[i + 1], live[i + 1] .. '#' .. int(sw_cum(live[i]) - base))
+    end
+    c, base = c - base, 0
+  end
   local score = int(p.t)
-  -- The member and the total in one command (a commit has a cost, so the total is above zero).
-  call('ZADD', p.key, score, score .. '#' .. int(units), int(-(p.count + p.cost)), SW_TOTAL)
+  call('ZADD', p.key, score, score .. '#' .. int(c), sw_base_score(base), SW_BASE)
   call('PEXPIRE', p.key, ttl_ms(p.t - p.now + p.window))
 end
 
@@ -481,18 +486,33 @@ local function refund(key, kind, cost, burst, s1, s2)
       redis.call('HSET', key, 't', string.format('%.17g', tokens))
     end
   elseif kind == 'sw' then
-    -- The member of the time written: other units admitted at that time stay.
+    -- The member of the time written loses the call's units, and so does the count of every
+    -- later member; other units admitted at that time stay.
     local at = int(s1)
     local member = call('ZRANGEBYSCORE', key, at, at)[1]
     if member then
-      local units = sw_units(member)
-      local back = min(cost, units)
-      call('ZREM', key, member)
-      if units > back then
-        call('ZADD', key, at, at .. '#' .. int(units - back))
+      local prev = call('ZREVRANGEBYSCORE', key, '(' .. at, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      local before = 0
+      if prev[2] then
+        if tonumber(prev[2]) < 0 then
+          before = -tonumber(prev[2]) - 1
+        else
+          before = sw_cum(prev[1])
+        end
       end
-      local total = -tonumber(call('ZSCORE', key, SW_TOTAL) or '0')
-      sw_set_total(key, total - back)
+      local back = min(cost, sw_cum(member) - before)
+      local later = call('ZRANGEBYSCORE', key, at, '+inf', 'WITHSCORES')
+      for j = 1, #later, 2 do
+        local c = sw_cum(later[j]) - back
+        call('ZREM', key, later[j])
+        if j > 1 or c > before then
+          call('ZADD', key, later[j + 1], later[j + 1] .. '#' .. int(c))
+        end
+      end
+      -- Only "n" left: the window is empty.
+      if call('ZCARD', key) <= 1 then
+        call('DEL', key)
+      end
     end
   elseif kind == 'cc' then
     redis.call('ZREM', key, int(s1))
@@ -598,7 +618,7 @@ local function bad(i, what)
   for j = 1, i - 1 do
     local p = plans[j]
     if p.dirty then
-      sw_set_total(p.key, p.count)
+      sw_write_base(p)
     end
   end
   return nil, redis.error_reply('decide.lua: ' .. what .. ' for policy ' .. i)

@@ -283,6 +283,25 @@ fn rule_cases() -> Vec<Case> {
             ],
         },
         Case {
+            // Past 2^51 units counted in one key, Redis numbers its members from 0 again: the
+            // counts stay exact.
+            name: "sliding_window_exact_counts_past_2_pow_51",
+            shadow: &[],
+            counters: vec![sw(1 << 52, 10 * S, 0)],
+            steps: vec![
+                one(100 * S, 1 << 50, (true, 1 << 52, 3 << 50, 10 * S, 0)),
+                one(105 * S, 1 << 50, (true, 1 << 52, 1 << 51, 10 * S, 0)),
+                one(
+                    110 * S,
+                    (1 << 50) + 1,
+                    (true, 1 << 52, (1 << 51) - 1, 10 * S, 0),
+                ),
+                one(110 * S, 1, (true, 1 << 52, (1 << 51) - 2, 10 * S, 0)),
+                one(115 * S, 0, (true, 1 << 52, (3 << 50) - 2, 5 * S, 0)),
+                one(115 * S, 3, (true, 1 << 52, (3 << 50) - 5, 10 * S, 0)),
+            ],
+        },
+        Case {
             // retry_after walks the entries oldest first until they free enough units.
             name: "sliding_window_exact_retry_walks_entries",
             shadow: &[],
@@ -517,7 +536,7 @@ async fn every_key_written_has_a_ttl() {
         remote.check(&checks).await.expect("decision");
     }
     let keys = redis.keys();
-    assert_eq!(keys.len(), 24, "one key per counter of the cases: {keys:?}");
+    assert_eq!(keys.len(), 25, "one key per counter of the cases: {keys:?}");
     for key in keys {
         assert!(
             key.starts_with("ttl:{"),
@@ -734,8 +753,18 @@ async fn a_charge_of_two_million_units_is_one_member_on_redis() {
     let keys = redis.keys();
     assert_eq!(keys, ["big:{k}:sw:2"]);
     // Two times, and the total.
-    assert_eq!(redis.cli(&["zcard", &keys[0]]), ["3"]);
-    assert_eq!(redis.cli(&["zscore", &keys[0], "n"]), ["-4200000"]);
+    // One member per time, named with the units counted up to it, and the base (0).
+    assert_eq!(
+        redis.cli(&["zrange", &keys[0], "0", "-1", "withscores"]),
+        [
+            "n".to_string(),
+            "-1".to_string(),
+            format!("{T}#2200000"),
+            T.to_string(),
+            format!("{}#4200000", T + S),
+            (T + S).to_string(),
+        ]
+    );
     let bytes: u64 = redis.cli(&["memory", "usage", &keys[0]])[0]
         .parse()
         .expect("memory usage");
@@ -765,17 +794,21 @@ fn an_exact_window_refund_gives_back_only_its_own_units() {
     let second = decide(now, "1000000");
     assert_eq!(second[..4], ["1", "1", "5000000", "2000000"]);
     assert_eq!(second[6..], [now, "0"], "the stamp: the time written");
+    // A later call, whose member counts the refunded units too.
+    assert_eq!(decide("1000000000001", "5")[3], "1999995");
     let started = std::time::Instant::now();
     let done = eval(&["refund", "sw", "1000000", "0", &second[6], &second[7]]);
     assert_eq!(done, ["1"]);
     assert!(started.elapsed() < Duration::from_millis(500));
     assert_eq!(
-        decide(now, "0")[3],
-        "3000000",
-        "the first call's units stay"
+        decide("1000000000001", "0")[3],
+        "2999995",
+        "the other calls' units stay"
     );
-    assert_eq!(redis.cli(&["zcard", "rf{a}:sw:2"]), ["2"]);
-    assert_eq!(redis.cli(&["zscore", "rf{a}:sw:2", "n"]), ["-2000000"]);
+    assert_eq!(
+        redis.cli(&["zrange", "rf{a}:sw:2", "0", "-1"]),
+        ["n", "1000000000000#2000000", "1000000000001#2000005"]
+    );
     // Once that time has left the window, a refund of it changes nothing.
     let later = "1000010000001";
     assert_eq!(decide(later, "3")[3], "4999997");
@@ -786,10 +819,10 @@ fn an_exact_window_refund_gives_back_only_its_own_units() {
     assert_eq!(redis.cli(&["exists", "rf{a}:sw:2"]), ["0"]);
 }
 
-/// A call that fails on a later check's bad arguments still leaves an exact window's total right,
+/// A call that fails on a later check's bad arguments still leaves an exact window's count right,
 /// although the window's check had already removed its expired members.
 #[test]
-fn a_window_total_survives_a_call_refused_for_bad_arguments() {
+fn a_window_count_survives_a_call_refused_for_bad_arguments() {
     let redis = support::redis::RedisServer::start();
     let script =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
@@ -809,7 +842,16 @@ fn a_window_total_survives_a_call_refused_for_bad_arguments() {
         .concat(),
     );
     assert_eq!(reply[3], "2");
-    // The entry has expired; the second check is of no known kind.
+    let reply = eval(
+        &[
+            &["1", "tot{a}:sw:2", "1000005000000"],
+            &window[..],
+            &["1", "0"],
+        ]
+        .concat(),
+    );
+    assert_eq!(reply[3], "1");
+    // The first entry has expired, the second not; the second check is of no known kind.
     let later = "1000010000001";
     let reply = eval(
         &[
@@ -820,7 +862,7 @@ fn a_window_total_survives_a_call_refused_for_bad_arguments() {
         .concat(),
     );
     assert!(reply.join(" ").contains("unknown kind"), "{reply:?}");
-    assert_eq!(redis.cli(&["exists", "tot{a}:sw:2"]), ["0"]);
-    let reply = eval(&[&["1", "tot{a}:sw:2", later], &window[..], &["5", "0"]].concat());
+    // 1 unit in the window: 4 more fit.
+    let reply = eval(&[&["1", "tot{a}:sw:2", later], &window[..], &["4", "0"]].concat());
     assert_eq!(reply[..4], ["1", "1", "5", "0"]);
 }

@@ -95,13 +95,22 @@ fn tokens(cluster: &RedisCluster, key: &str) -> f64 {
 }
 
 /// Entries in an exact sliding window key.
-/// The units an exact window holds: its member `n` is scored minus their sum (docs/redis.md).
+/// The units an exact window holds while none has left it: its newest member's count, `TIME#C`,
+/// less the base, the member `n` scored `-(base + 1)` (docs/redis.md).
 fn units(cluster: &RedisCluster, key: &str) -> usize {
-    let total = cluster.key_cli(&["zscore", key, "n"]);
-    match total.first().map(String::as_str) {
-        None | Some("") => 0,
-        Some(score) => -score.parse::<f64>().expect("zscore") as usize,
+    let members = cluster.key_cli(&["zrange", key, "0", "-1", "withscores"]);
+    if members.len() < 4 {
+        return 0;
     }
+    let base = -members[1].parse::<f64>().expect("base") - 1.0;
+    let newest = &members[members.len() - 2];
+    let count: f64 = newest
+        .rsplit('#')
+        .next()
+        .expect("count")
+        .parse()
+        .expect("count");
+    (count - base) as usize
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
