@@ -20,7 +20,7 @@
 --
 -- Reply: {allowed_all, then per policy: allowed, limit, remaining, reset_us, retry_after_us,
 --         then per policy a refund stamp of two integers (meaningful when it consumed):
---         tb: 0, 0; sw: the score written, the count before; swb: the bucket index, 0;
+--         tb: 0, 0; sw: the time written, 0; swb: the bucket index, 0;
 --         cc: the lease id, 0; q: the period start, 0}.
 --
 -- Charge (cost from the response; docs/algorithms.md): ARGV[1] "charge", then the ARGV above.
@@ -142,31 +142,90 @@ local function tb_commit(p)
 end
 
 ---------------------------------------------------------------------------------------------------
--- Exact sliding window: ZSET, one member per admitted unit, scored by its time in microseconds.
+-- Exact sliding window: ZSET, one member per distinct time at which units were admitted, named
+-- "t#c" and scored t (µs), where c counts the units admitted up to and including that time,
+-- from a base; plus the member "n" scored -(base + 1) (so below every time: time ranges start at
+-- 0). The count in the window is c of the newest member less the c of the newest expired one
+-- (or the base, when none is left): two reads, whatever the members or units.
 --
--- Members are "t:seq" with t the (clamped) time of the write and seq = count + i. They are
--- unique: t is never below the newest score, so the members already named "t:*" are exactly the
--- entries scored t; those were all live when written and cannot expire while the clock stays at or
--- below t, so count is at least their highest seq, and count + i is new.
+-- A decision or charge of any cost writes one member: t is never below the newest score (a write
+-- is at max(now, newest)), so units written at the newest time rename that member (ZREM and ZADD)
+-- and any other time gets a new one. Expired members are removed with one ZREMRANGEBYSCORE, the
+-- newest of them becoming the base. Only a refusal's retry_after walks members, oldest first,
+-- until they free enough units; only a refund rewrites the members after the one it corrects
+-- (written within its round trip, so few). Past 2^51, once 2^50 units have left the window,
+-- the live members are renumbered from 0, so c stays an exact double (below 2^53) as long as the
+-- limit is below 2^51.
+
+local SW_BASE = 'n'
+local SW_RENUMBER = 2251799813685248
+
+-- The cumulative units a member's name carries.
+local function sw_cum(member)
+  return tonumber(string.match(member, '#(%d+)$')) or 0
+end
+
+-- The member "n" for base b.
+local function sw_base_score(b)
+  return int(-(b + 1))
+end
 
 local function sw_eval(key, limit, window, cost, now)
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
   local t = now
-  local newest_ts = nil
+  local newest_ts, newest_member, top = nil, nil, nil
   if newest[2] then
-    newest_ts = tonumber(newest[2])
-    if newest_ts > t then
-      t = newest_ts
+    local score = tonumber(newest[2])
+    if score >= 0 then
+      newest_ts, newest_member, top = score, newest[1], sw_cum(newest[1])
+      if score > t then
+        t = score
+      end
     end
   end
   local cutoff = t - window
-  local count = redis.call('ZCOUNT', key, '(' .. int(cutoff), '+inf')
+  -- Live members are scored above `from`; "n" (scored -1 or below) never is.
+  local from = cutoff
+  if from < -1 then
+    from = -1
+  end
+  local base, dirty = 0, false
+  if newest_ts and newest_ts <= cutoff then
+    -- Every member has left the window.
+    call('DEL', key)
+    newest_ts, newest_member = nil, nil
+  elseif newest_ts then
+    -- The newest expired member, or else "n": the base the count is measured from.
+    local low = call('ZREVRANGEBYSCORE', key, int(from), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if low[2] then
+      local score = tonumber(low[2])
+      if score < 0 then
+        base = -score - 1
+      else
+        base, dirty = sw_cum(low[1]), true
+        call('ZREMRANGEBYSCORE', key, 0, int(from))
+      end
+    end
+  end
+  local count = 0
+  if newest_ts then
+    count = top - base
+  end
+  -- dirty: "n" is out of date, written by the commit or else by the outcome (and by decide()
+  -- when a later check's arguments are bad), so it costs no command of its own.
   return { key = key, limit = limit, window = window, cost = cost, now = now, t = t,
-           cutoff = cutoff, count = count, newest_ts = newest_ts,
-           allowed = count + cost <= limit }
+           from = from, count = count, base = base, newest_ts = newest_ts,
+           newest_member = newest_member, dirty = dirty, allowed = count + cost <= limit }
+end
+
+local function sw_write_base(p)
+  call('ZADD', p.key, sw_base_score(p.base), SW_BASE)
 end
 
 local function sw_outcome(p, consumed)
+  if p.dirty and not (consumed and p.cost > 0) then
+    sw_write_base(p)
+  end
   local after = p.count
   local newest = nil
   if p.count > 0 then
@@ -184,16 +243,28 @@ local function sw_outcome(p, consumed)
   end
   local retry = 0
   if not p.allowed then
-    if p.cost > p.limit then
-      retry = p.window
-    else
-      local index = p.count + p.cost - p.limit - 1
-      local e = redis.call('ZRANGEBYSCORE', p.key, '(' .. int(p.cutoff), '+inf',
-                           'WITHSCORES', 'LIMIT', index, 1)
-      if e[2] then
-        retry = tonumber(e[2]) + p.window - p.t
-      else
-        retry = p.window
+    retry = p.window
+    if p.cost <= p.limit then
+      -- The oldest members leave first: wait for the one that frees enough units (whose c
+      -- reaches base + excess), reading them a page at a time, each twice the last (times are
+      -- distinct, so a page starts after the last one's score). The first is usually enough.
+      local need = p.base + p.count + p.cost - p.limit
+      local from, size, done = '(' .. int(p.from), 2, false
+      while not done do
+        local page = call('ZRANGEBYSCORE', p.key, from, '+inf', 'WITHSCORES', 'LIMIT', 0, size)
+        for i = 1, #page, 2 do
+          if sw_cum(page[i]) >= need then
+            retry = tonumber(page[i + 1]) + p.window - p.t
+            done = true
+            break
+          end
+        end
+        if #page < 2 * size then
+          done = true
+        else
+          from = '(' .. page[#page]
+          size = min(2 * size, 256)
+        end
       end
     end
   end
@@ -201,23 +272,24 @@ local function sw_outcome(p, consumed)
 end
 
 local function sw_commit(p)
-  if p.cutoff >= 0 then
-    redis.call('ZREMRANGEBYSCORE', p.key, '-inf', int(p.cutoff))
+  local base = p.base
+  local c = base + p.count + p.cost
+  if p.newest_ts == p.t then
+    call('ZREM', p.key, p.newest_member)
+  end
+  if c >= SW_RENUMBER and base >= SW_RENUMBER / 2 then
+    -- Renumber the live members from 0 (at least 2^50 units have left the window since the
+    -- last time: amortised O(1)).
+    local live = call('ZRANGEBYSCORE', p.key, 0, '+inf', 'WITHSCORES')
+    for i = 1, #live, 2 do
+      call('ZREM', p.key, live[i])
+      call('ZADD', p.key, live[i + 1], live[i + 1] .. '#' .. int(sw_cum(live[i]) - base))
+    end
+    c, base = c - base, 0
   end
   local score = int(p.t)
-  local args = {}
-  local i = 1
-  while i <= p.cost do
-    args[#args + 1] = score
-    args[#args + 1] = score .. ':' .. int(p.count + i)
-    -- Stay well inside Lua's limit on unpacked arguments.
-    if #args >= 2000 or i == p.cost then
-      redis.call('ZADD', p.key, unpack(args))
-      args = {}
-    end
-    i = i + 1
-  end
-  redis.call('PEXPIRE', p.key, ttl_ms(p.t - p.now + p.window))
+  call('ZADD', p.key, score, score .. '#' .. int(c), sw_base_score(base), SW_BASE)
+  call('PEXPIRE', p.key, ttl_ms(p.t - p.now + p.window))
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -414,12 +486,32 @@ local function refund(key, kind, cost, burst, s1, s2)
       redis.call('HSET', key, 't', string.format('%.17g', tokens))
     end
   elseif kind == 'sw' then
-    local members = {}
-    for j = 1, cost do
-      members[#members + 1] = int(s1) .. ':' .. int(s2 + j)
-      if #members >= 1000 or j == cost then
-        redis.call('ZREM', key, unpack(members))
-        members = {}
+    -- The member of the time written loses the call's units, and so does the count of every
+    -- later member; other units admitted at that time stay.
+    local at = int(s1)
+    local member = call('ZRANGEBYSCORE', key, at, at)[1]
+    if member then
+      local prev = call('ZREVRANGEBYSCORE', key, '(' .. at, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      local before = 0
+      if prev[2] then
+        if tonumber(prev[2]) < 0 then
+          before = -tonumber(prev[2]) - 1
+        else
+          before = sw_cum(prev[1])
+        end
+      end
+      local back = min(cost, sw_cum(member) - before)
+      local later = call('ZRANGEBYSCORE', key, at, '+inf', 'WITHSCORES')
+      for j = 1, #later, 2 do
+        local c = sw_cum(later[j]) - back
+        call('ZREM', key, later[j])
+        if j > 1 or c > before then
+          call('ZADD', key, later[j + 1], later[j + 1] .. '#' .. int(c))
+        end
+      end
+      -- Only "n" left: the window is empty.
+      if call('ZCARD', key) <= 1 then
+        call('DEL', key)
       end
     end
   elseif kind == 'cc' then
@@ -520,6 +612,18 @@ local function flush()
   bucket_key, bucket_ttl = nil, nil
 end
 
+-- Bad arguments for policy i: the decision fails. An exact window checked before it may have
+-- removed expired members (sw_eval), so its total is written first.
+local function bad(i, what)
+  for j = 1, i - 1 do
+    local p = plans[j]
+    if p.dirty then
+      sw_write_base(p)
+    end
+  end
+  return nil, redis.error_reply('decide.lua: ' .. what .. ' for policy ' .. i)
+end
+
 -- The usual decision, a single token bucket, in one straight line: tb_eval, tb_outcome and
 -- tb_commit's arithmetic in the same order, without a plan table or a call between them (15% of
 -- Redis's instructions for such a decision; docs/benchmarks.md). tests/conformance.rs holds both
@@ -602,19 +706,19 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
     local kind = argv[a]
     local p1, p2, p3, cost = argv[a + 1], argv[a + 2], argv[a + 3], argv[a + 4]
     if not (p1 and p2 and p3 and cost) or cost < 0 then
-      return nil, redis.error_reply('decide.lua: bad arguments for policy ' .. i)
+      return bad(i, 'bad arguments')
     end
     local key = KEYS[kbase + i]
     local p
     if kind == 'tb' then
       if not (p1 > 0) or p2 < 0 then
-        return nil, redis.error_reply('decide.lua: bad token bucket for policy ' .. i)
+        return bad(i, 'bad token bucket')
       end
       p = tb_eval(key, p1, p2, cost, now)
       outcomes[i], commits[i] = tb_outcome, tb_commit
     elseif kind == 'sw' then
       if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
-        return nil, redis.error_reply('decide.lua: bad sliding window for policy ' .. i)
+        return bad(i, 'bad sliding window')
       end
       if p3 == 0 then
         p = sw_eval(key, p1, p2, cost, now)
@@ -625,18 +729,18 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
       end
     elseif kind == 'cc' then
       if p1 < 0 or p2 <= 0 or p3 < 0 then
-        return nil, redis.error_reply('decide.lua: bad concurrency for policy ' .. i)
+        return bad(i, 'bad concurrency')
       end
       p = cc_eval(key, p1, p2, p3, cost, now)
       outcomes[i], commits[i] = cc_outcome, cc_commit
     elseif kind == 'q' then
       if p1 < 0 or p2 < 0 or p3 <= p2 then
-        return nil, redis.error_reply('decide.lua: bad quota for policy ' .. i)
+        return bad(i, 'bad quota')
       end
       p = q_eval(key, p1, p2, p3, cost, now)
       outcomes[i], commits[i] = q_outcome, q_commit
     else
-      return nil, redis.error_reply('decide.lua: unknown kind for policy ' .. i)
+      return bad(i, 'unknown kind')
     end
     plans[i] = p
     all_allowed = all_allowed and (p.allowed or argv[a + 5] == 1)
@@ -662,7 +766,7 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
     local p = plans[i]
     local s1, s2 = 0, 0
     if p.t then
-      s1, s2 = p.t, p.count
+      s1 = p.t
     elseif p.current then
       s1 = p.current
     elseif p.lease then

@@ -265,6 +265,68 @@ fn rule_cases() -> Vec<Case> {
             ],
         },
         Case {
+            // Units admitted at one time are one entry on both engines, whatever their number.
+            name: "sliding_window_exact_large_costs_merge",
+            shadow: &[],
+            counters: vec![sw(3_000_000, 10 * S, 0)],
+            steps: vec![
+                one(100 * S, 2_000_000, (true, 3_000_000, 1_000_000, 10 * S, 0)),
+                // The same time: added to the entry of 100 s.
+                one(100 * S, 500_000, (true, 3_000_000, 500_000, 10 * S, 0)),
+                one(101 * S, 400_000, (true, 3_000_000, 100_000, 10 * S, 0)),
+                // 100,000 too many: the 2,500,000 of 100 s free them at 110 s.
+                one(102 * S, 200_000, (false, 3_000_000, 100_000, 9 * S, 8 * S)),
+                one(110 * S, 2_600_000, (true, 3_000_000, 0, 10 * S, 0)),
+                // The entry of 101 s frees the one unit needed at 111 s.
+                one(110 * S, 1, (false, 3_000_000, 0, 10 * S, S)),
+                one(111 * S, 400_000, (true, 3_000_000, 0, 10 * S, 0)),
+            ],
+        },
+        Case {
+            // Past 2^51 units counted in one key, Redis numbers its members from 0 again: the
+            // counts stay exact.
+            name: "sliding_window_exact_counts_past_2_pow_51",
+            shadow: &[],
+            counters: vec![sw(1 << 52, 10 * S, 0)],
+            steps: vec![
+                one(100 * S, 1 << 50, (true, 1 << 52, 3 << 50, 10 * S, 0)),
+                one(105 * S, 1 << 50, (true, 1 << 52, 1 << 51, 10 * S, 0)),
+                one(
+                    110 * S,
+                    (1 << 50) + 1,
+                    (true, 1 << 52, (1 << 51) - 1, 10 * S, 0),
+                ),
+                one(110 * S, 1, (true, 1 << 52, (1 << 51) - 2, 10 * S, 0)),
+                one(115 * S, 0, (true, 1 << 52, (3 << 50) - 2, 5 * S, 0)),
+                one(115 * S, 3, (true, 1 << 52, (3 << 50) - 5, 10 * S, 0)),
+            ],
+        },
+        Case {
+            // retry_after walks the entries oldest first until they free enough units.
+            name: "sliding_window_exact_retry_walks_entries",
+            shadow: &[],
+            counters: vec![sw(5, 10 * S, 0)],
+            steps: vec![
+                one(100 * S, 1, (true, 5, 4, 10 * S, 0)),
+                one(101 * S, 1, (true, 5, 3, 10 * S, 0)),
+                one(102 * S, 2, (true, 5, 1, 10 * S, 0)),
+                one(103 * S, 1, (true, 5, 0, 10 * S, 0)),
+                // Three units needed: 1 + 1 + 2, the third entry (102 s) leaves at 112 s.
+                one(104 * S, 3, (false, 5, 0, 9 * S, 8 * S)),
+                // Five: every entry, the last (103 s) leaving at 113 s.
+                one(104 * S, 5, (false, 5, 0, 9 * S, 9 * S)),
+                // 100 s to 102 s have left; 1 unit of 103 s is counted.
+                one(112 * S, 3, (true, 5, 1, 10 * S, 0)),
+                // Stepped back: recorded at 112 s, added to its entry (now 4 units).
+                one(111 * S, 1, (true, 5, 0, 10 * S, 0)),
+                one(112 * S, 1, (false, 5, 0, 10 * S, S)),
+                one(113 * S, 1, (true, 5, 0, 10 * S, 0)),
+                // Two needed: the 4 units of 112 s free them at 122 s.
+                one(113 * S, 2, (false, 5, 0, 10 * S, 9 * S)),
+                one(122 * S, 4, (true, 5, 0, 10 * S, 0)),
+            ],
+        },
+        Case {
             // Five sub-windows of 2 s; bucket j covers [2j s, 2j+2 s).
             name: "sliding_window_bucketed",
             shadow: &[],
@@ -474,7 +536,7 @@ async fn every_key_written_has_a_ttl() {
         remote.check(&checks).await.expect("decision");
     }
     let keys = redis.keys();
-    assert_eq!(keys.len(), 22, "one key per counter of the cases: {keys:?}");
+    assert_eq!(keys.len(), 25, "one key per counter of the cases: {keys:?}");
     for key in keys {
         assert!(
             key.starts_with("ttl:{"),
@@ -572,6 +634,25 @@ fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
                 Take(T + 11 * S, vec![(0, 1)], 0, vec![(true, 5, 4, 10 * S, 0)]),
             ],
         ),
+        (
+            "charge_window_two_million",
+            vec![sw(10, 60 * S, 0)],
+            vec![
+                Take(T, vec![(0, 1)], 0, vec![(true, 10, 9, 60 * S, 0)]),
+                Charge(T + S, 0, 2_000_000),
+                // Charged at the same time: the same entry.
+                Charge(T + S, 0, 3),
+                // 2,000,004 units: the entry of T + 1 s frees enough at T + 61 s.
+                Take(
+                    T + 2 * S,
+                    vec![(0, 1)],
+                    0,
+                    vec![(false, 10, 0, 59 * S, 59 * S)],
+                ),
+                Take(T + 60 * S, vec![(0, 1)], 0, vec![(false, 10, 0, S, S)]),
+                Take(T + 61 * S, vec![(0, 1)], 0, vec![(true, 10, 9, 60 * S, 0)]),
+            ],
+        ),
     ]
 }
 
@@ -635,4 +716,153 @@ async fn leases_and_charges_follow_the_spec() {
         let ttl: i64 = redis.cli(&["pttl", &key])[0].parse().expect("pttl");
         assert!(ttl > 0, "key {key} has no TTL ({ttl})");
     }
+}
+
+/// Issue 33 item 2: a response reporting 2,000,000 units on an exact window wrote one sorted-set
+/// member per unit in one script call (4 s with Redis blocked, 235 MB). Now a charge of any size
+/// writes one member: fast, and the key stays small.
+#[tokio::test]
+async fn a_charge_of_two_million_units_is_one_member_on_redis() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(5),
+        "big:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    let rule = sw(10, 60 * S, 0);
+    let check = |cost| Check {
+        key: "k",
+        rule: &rule,
+        cost,
+        shadow: false,
+    };
+    for (now, cost) in [(T, 2_000_000), (T, 200_000), (T + S, 2_000_000)] {
+        clock.set(now);
+        let started = std::time::Instant::now();
+        remote.charge(&[check(cost)]).await.expect("charge");
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(500),
+            "a charge of {cost} took {took:?}"
+        );
+    }
+    let keys = redis.keys();
+    assert_eq!(keys, ["big:{k}:sw:2"]);
+    // Two times, and the total.
+    // One member per time, named with the units counted up to it, and the base (0).
+    assert_eq!(
+        redis.cli(&["zrange", &keys[0], "0", "-1", "withscores"]),
+        [
+            "n".to_string(),
+            "-1".to_string(),
+            format!("{T}#2200000"),
+            T.to_string(),
+            format!("{}#4200000", T + S),
+            (T + S).to_string(),
+        ]
+    );
+    let bytes: u64 = redis.cli(&["memory", "usage", &keys[0]])[0]
+        .parse()
+        .expect("memory usage");
+    assert!(bytes < 1024, "the key takes {bytes} bytes");
+    // The units still count, exactly: the later entry frees enough at T + 61 s.
+    clock.set(T + 2 * S);
+    let d = remote.check(&[check(1)]).await.expect("decision");
+    assert_eq!((d.allowed, d.outcomes[0].retry_after_us), (false, 59 * S));
+}
+
+/// The refund entry (Redis Cluster, docs/redis.md) gives back exactly the units of one admitted
+/// call from the member of its time, leaving the units other calls wrote at that time.
+#[test]
+fn an_exact_window_refund_gives_back_only_its_own_units() {
+    let redis = support::redis::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let eval = |args: &[&str]| {
+        let mut all = vec!["eval", script.as_str(), "1", "rf{a}:sw:2"];
+        all.extend_from_slice(args);
+        redis.cli(&all)
+    };
+    let decide = |now: &str, cost: &str| eval(&[now, "sw", "5000000", "10000000", "0", cost, "0"]);
+    let now = "1000000000000";
+    assert_eq!(decide(now, "2000000")[0], "1");
+    let second = decide(now, "1000000");
+    assert_eq!(second[..4], ["1", "1", "5000000", "2000000"]);
+    assert_eq!(second[6..], [now, "0"], "the stamp: the time written");
+    // A later call, whose member counts the refunded units too.
+    assert_eq!(decide("1000000000001", "5")[3], "1999995");
+    let started = std::time::Instant::now();
+    let done = eval(&["refund", "sw", "1000000", "0", &second[6], &second[7]]);
+    assert_eq!(done, ["1"]);
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!(
+        decide("1000000000001", "0")[3],
+        "2999995",
+        "the other calls' units stay"
+    );
+    assert_eq!(
+        redis.cli(&["zrange", "rf{a}:sw:2", "0", "-1"]),
+        ["n", "1000000000000#2000000", "1000000000001#2000005"]
+    );
+    // Once that time has left the window, a refund of it changes nothing.
+    let later = "1000010000001";
+    assert_eq!(decide(later, "3")[3], "4999997");
+    assert_eq!(eval(&["refund", "sw", "2000000", "0", now, "0"]), ["1"]);
+    assert_eq!(decide(later, "0")[3], "4999997");
+    // The last units given back: the key is gone.
+    assert_eq!(eval(&["refund", "sw", "3", "0", later, "0"]), ["1"]);
+    assert_eq!(redis.cli(&["exists", "rf{a}:sw:2"]), ["0"]);
+}
+
+/// A call that fails on a later check's bad arguments still leaves an exact window's count right,
+/// although the window's check had already removed its expired members.
+#[test]
+fn a_window_count_survives_a_call_refused_for_bad_arguments() {
+    let redis = support::redis::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let eval = |args: &[&str]| {
+        let mut all = vec!["eval", script.as_str()];
+        all.extend_from_slice(args);
+        redis.cli(&all)
+    };
+    let window = ["sw", "5", "10000000", "0"];
+    let reply = eval(
+        &[
+            &["1", "tot{a}:sw:2", "1000000000000"],
+            &window[..],
+            &["3", "0"],
+        ]
+        .concat(),
+    );
+    assert_eq!(reply[3], "2");
+    let reply = eval(
+        &[
+            &["1", "tot{a}:sw:2", "1000005000000"],
+            &window[..],
+            &["1", "0"],
+        ]
+        .concat(),
+    );
+    assert_eq!(reply[3], "1");
+    // The first entry has expired, the second not; the second check is of no known kind.
+    let later = "1000010000001";
+    let reply = eval(
+        &[
+            &["2", "tot{a}:sw:2", "tot{a}:x", later],
+            &window[..],
+            &["0", "0", "zz", "1", "1", "0", "1", "0"],
+        ]
+        .concat(),
+    );
+    assert!(reply.join(" ").contains("unknown kind"), "{reply:?}");
+    // 1 unit in the window: 4 more fit.
+    let reply = eval(&[&["1", "tot{a}:sw:2", later], &window[..], &["4", "0"]].concat());
+    assert_eq!(reply[..4], ["1", "1", "5", "0"]);
 }

@@ -63,10 +63,16 @@ async fn concurrent_decisions_share_calls_and_admit_exactly_the_limit() {
         "{admitted_pairs} pairs past a window of 30"
     );
     // What Redis holds agrees with the admissions: all-or-nothing per decision.
-    let window_len: u32 = redis.cli(&["zcard", "batch:{window}:sw"])[0]
-        .parse()
-        .expect("zcard");
-    assert_eq!(window_len, admitted_pairs);
+    // The window's units: its newest member's count less the base (docs/redis.md), no member
+    // having left the window.
+    let members = redis.cli(&["zrange", "batch:{window}:sw:2", "0", "-1", "withscores"]);
+    let newest = members[members.len() - 2]
+        .rsplit('#')
+        .next()
+        .expect("count");
+    let newest: f64 = newest.parse().expect("count");
+    assert_eq!(members[..2], ["n", "-1"], "the base: {members:?}");
+    assert_eq!(newest, f64::from(admitted_pairs));
     let calls = evalsha_calls(&redis) - calls_before;
     assert!(
         calls < 400,

@@ -95,8 +95,22 @@ fn tokens(cluster: &RedisCluster, key: &str) -> f64 {
 }
 
 /// Entries in an exact sliding window key.
-fn entries(cluster: &RedisCluster, key: &str) -> usize {
-    cluster.key_cli(&["zcard", key])[0].parse().expect("zcard")
+/// The units an exact window holds while none has left it: its newest member's count, `TIME#C`,
+/// less the base, the member `n` scored `-(base + 1)` (docs/redis.md).
+fn units(cluster: &RedisCluster, key: &str) -> usize {
+    let members = cluster.key_cli(&["zrange", key, "0", "-1", "withscores"]);
+    if members.len() < 4 {
+        return 0;
+    }
+    let base = -members[1].parse::<f64>().expect("base") - 1.0;
+    let newest = &members[members.len() - 2];
+    let count: f64 = newest
+        .rsplit('#')
+        .next()
+        .expect("count")
+        .parse()
+        .expect("count");
+    (count - base) as usize
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -207,7 +221,7 @@ async fn concurrent_multi_slot_requests_never_exceed_either_limit(
     assert_eq!(per_user_admitted, admitted);
     let shared = key_with(cluster, &["{multi:shared"]);
     assert_eq!(
-        entries(cluster, &shared),
+        units(cluster, &shared),
         admitted,
         "the shared window holds exactly the admitted requests"
     );

@@ -233,9 +233,72 @@ mod tests {
         assert_eq!(total(Some(" 17 ")), 17);
         assert_eq!(total(Some("0")), 2);
         assert_eq!(total(Some("9999")), 50);
-        assert_eq!(total(Some("-3")), 4);
-        assert_eq!(total(Some("1.5")), 4);
+        // A number below zero is below min_cost; a fraction is rounded up.
+        assert_eq!(total(Some("-3")), 2);
+        assert_eq!(total(Some("1.5")), 2);
+        assert_eq!(total(Some("17.2")), 18);
         assert_eq!(total(None), 4);
+    }
+
+    /// Issue 33 item 12: a whole number too large for a u64 was not a number to the parser and was
+    /// charged the fallback (1 by default). Every spelling of a number is read as the number it
+    /// writes; only what is not one gets the fallback.
+    #[test]
+    fn a_reported_cost_above_u64_is_charged_max_cost_not_the_fallback() {
+        let s = parse(
+            &format!(
+                "{BASE}        sliding_window: {{ limit: 1000000, window: 1m }}\n        \
+                 cost: {{ response_header: X-Usage-Tokens, fallback: 7, min_cost: 3, \
+                 max_cost: 900000 }}\n"
+            ),
+            Path::new("p.yaml"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let rc = s.routes[0].policies[0]
+            .response_cost
+            .as_ref()
+            .expect("response cost");
+        let total = |v: &'static str| rc.total(Some(&HeaderValue::from_static(v)));
+        for (value, want) in [
+            // Whole numbers past u64::MAX, however spelled: max_cost.
+            ("99999999999999999999999", 900_000),
+            ("18446744073709551616", 900_000),
+            ("+99999999999999999999999", 900_000),
+            (" \t99999999999999999999999\t ", 900_000),
+            ("1e+23", 900_000),
+            ("1E400", 900_000),
+            ("123456789012345678901234567890.5", 900_000),
+            // Exact below it, leading zeros and a plus sign too.
+            ("18446744073709551615", 900_000),
+            ("000000000000000000000000000042", 42),
+            ("+42", 42),
+            (" 42\t", 42),
+            ("42.000001", 43),
+            ("4.2e1", 42),
+            ("0.1", 3),
+            // Below zero: min_cost.
+            ("-42", 3),
+            ("-99999999999999999999999", 3),
+            ("-0", 3),
+            ("-1e400", 3),
+            // Not a number: the fallback.
+            ("", 7),
+            ("  ", 7),
+            ("0x2a", 7),
+            ("1_000", 7),
+            ("1 000", 7),
+            ("42, 43", 7),
+            ("+-42", 7),
+            ("--42", 7),
+            ("1e", 7),
+            (".", 7),
+            ("NaN", 7),
+            ("inf", 7),
+            ("Infinity", 7),
+            ("42 tokens", 7),
+        ] {
+            assert_eq!(total(value), want, "{value:?}");
+        }
     }
 
     #[test]

@@ -139,15 +139,48 @@ pub struct ResponseCost {
 
 impl ResponseCost {
     /// What a response with `value` in the header costs in all (`min_cost` of it already taken):
-    /// the whole number it holds (RFC 9110 §5.5 field value, surrounding whitespace trimmed), or
-    /// `fallback`, clamped to `[min_cost, max_cost]`.
+    /// the units it reports ([`reported_units`]), or `fallback` when it reports none, clamped to
+    /// `[min_cost, max_cost]`.
     pub fn total(&self, value: Option<&HeaderValue>) -> u64 {
         let reported = value
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
+            .and_then(|v| reported_units(v.as_bytes()))
             .unwrap_or(self.fallback);
         reported.clamp(self.min_cost, self.max_cost.max(self.min_cost))
     }
+}
+
+/// The units a cost header reports (`docs/algorithms.md`, "Cost from the response"), spaces and
+/// tabs around it trimmed: digits, with an optional `+`, are that whole number exactly, leading
+/// zeros and all, and `u64::MAX` past it; a number with a sign, a fraction or an exponent
+/// (`-3`, `2.5`, `1e+20`) is read as a double and rounded up, 0 below zero and `u64::MAX` past
+/// it. The caller's clamp to `[min_cost, max_cost]` follows, so a number too large for any type
+/// is charged `max_cost`. `None` for anything else (empty, `0x10`, `1_000`, `NaN`, a list).
+fn reported_units(value: &[u8]) -> Option<u64> {
+    let ows = |c: &u8| *c == b' ' || *c == b'\t';
+    let start = value.iter().position(|c| !ows(c))?;
+    let end = value.iter().rposition(|c| !ows(c))? + 1;
+    let value = &value[start..end];
+    let digits = value.strip_prefix(b"+").unwrap_or(value);
+    if !digits.is_empty() && digits.iter().all(u8::is_ascii_digit) {
+        let whole = digits.iter().fold(0u64, |n, &d| {
+            n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+        });
+        return Some(whole);
+    }
+    let unsigned = digits.strip_prefix(b"-").unwrap_or(digits);
+    let numeric = value
+        .iter()
+        .all(|c| c.is_ascii_digit() || b".eE+-".contains(c));
+    if !numeric
+        || !unsigned
+            .first()
+            .is_some_and(|c| c.is_ascii_digit() || *c == b'.')
+    {
+        return None;
+    }
+    let x: f64 = std::str::from_utf8(value).ok()?.parse().ok()?;
+    // `as` saturates: an infinite double (`1e400`) is u64::MAX.
+    Some(if x > 0.0 { x.ceil() as u64 } else { 0 })
 }
 
 impl Policy {

@@ -120,10 +120,17 @@ impl BucketPlan {
     }
 }
 
-/// Exact sliding log: one timestamp per admitted unit, oldest first.
+/// Exact sliding log: the units admitted at each distinct time, oldest first, and their total.
+///
+/// One entry per time at which units were admitted, whatever the units (decide.lua keeps one
+/// sorted-set member per time in the same way): a decision or a charge of any cost adds at most
+/// one entry, and every operation but the `retry_after` walk is O(1) amortised.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowLog {
-    entries: VecDeque<u64>,
+    /// (time, units): times strictly increasing, units at least 1.
+    entries: VecDeque<(u64, u64)>,
+    /// The sum of the entries' units.
+    total: u64,
 }
 
 /// What [`WindowLog::eval`] learned (decide.lua's `sw_eval`).
@@ -139,18 +146,25 @@ pub struct LogPlan {
 impl WindowLog {
     /// Drops expired entries and checks `cost` at `now`, consuming nothing.
     pub fn eval(&mut self, rule: &SlidingWindow, now: u64, cost: u64) -> LogPlan {
-        let now = self.entries.back().map_or(now, |&newest| now.max(newest));
+        let now = self
+            .entries
+            .back()
+            .map_or(now, |&(newest, _)| now.max(newest));
         if let Some(cutoff) = now.checked_sub(rule.window_us) {
-            while self.entries.front().is_some_and(|&ts| ts <= cutoff) {
+            while let Some(&(ts, units)) = self.entries.front() {
+                if ts > cutoff {
+                    break;
+                }
+                self.total = self.total.saturating_sub(units);
                 self.entries.pop_front();
             }
         }
-        let count = self.entries.len() as u64;
+        let count = self.total;
         LogPlan {
             now,
             count,
             cost,
-            allowed: count + cost <= rule.limit,
+            allowed: count.saturating_add(cost) <= rule.limit,
         }
     }
 
@@ -159,11 +173,15 @@ impl WindowLog {
         let LogPlan {
             now, count, cost, ..
         } = *plan;
-        let after = if consumed { count + cost } else { count };
+        let after = if consumed {
+            count.saturating_add(cost)
+        } else {
+            count
+        };
         let newest = if consumed && cost > 0 {
             Some(now)
         } else {
-            self.entries.back().copied()
+            self.entries.back().map(|&(ts, _)| ts)
         };
         let reset_us = newest.map_or(0, |ts| ts + rule.window_us - now);
         let retry_after_us = if plan.allowed {
@@ -171,10 +189,18 @@ impl WindowLog {
         } else if cost > rule.limit {
             rule.window_us
         } else {
-            let index = (count + cost - rule.limit - 1) as usize;
-            self.entries
-                .get(index)
-                .map_or(rule.window_us, |&ts| ts + rule.window_us - now)
+            // The oldest entries leave first: wait for the one that frees enough units.
+            let excess = count.saturating_add(cost) - rule.limit;
+            let mut freed = 0u64;
+            let mut retry = rule.window_us;
+            for &(ts, units) in &self.entries {
+                freed = freed.saturating_add(units);
+                if freed >= excess {
+                    retry = ts + rule.window_us - now;
+                    break;
+                }
+            }
+            retry
         };
         Outcome {
             allowed: plan.allowed,
@@ -192,9 +218,18 @@ impl WindowLog {
         (plan.now, self.outcome(rule, &plan, plan.allowed))
     }
 
-    /// Records `cost` units admitted at `now` (the time returned by [`WindowLog::evaluate`]).
+    /// Records `cost` units admitted at `now` (the time returned by [`WindowLog::evaluate`], never
+    /// before the newest entry): added to the newest entry when it has that time, else one new
+    /// entry.
     pub fn consume(&mut self, now: u64, cost: u64) {
-        self.entries.extend(std::iter::repeat_n(now, cost as usize));
+        if cost == 0 {
+            return;
+        }
+        self.total = self.total.saturating_add(cost);
+        match self.entries.back_mut() {
+            Some((ts, units)) if *ts >= now => *units = units.saturating_add(cost),
+            _ => self.entries.push_back((now, cost)),
+        }
     }
 
     /// Writes a plan that was consumed (decide.lua's `sw_commit`).
@@ -202,18 +237,23 @@ impl WindowLog {
         self.consume(plan.now, plan.cost);
     }
 
+    /// Entries held: one per distinct time with units in the window, whatever the units.
+    pub fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
     /// An empty window holds no information: the store may forget it.
     pub fn is_idle(&self, rule: &SlidingWindow, now: u64) -> bool {
         self.entries
             .back()
-            .is_none_or(|&newest| newest + rule.window_us <= now)
+            .is_none_or(|&(newest, _)| newest + rule.window_us <= now)
     }
 
     /// When the window is empty again if nothing more is admitted.
     pub fn idle_at(&self, rule: &SlidingWindow) -> u64 {
         self.entries
             .back()
-            .map_or(0, |&newest| newest.saturating_add(rule.window_us))
+            .map_or(0, |&(newest, _)| newest.saturating_add(rule.window_us))
     }
 }
 

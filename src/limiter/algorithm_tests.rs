@@ -252,3 +252,50 @@ fn idle_states_are_recognised() {
     assert!(!log.is_idle(&rule, S - 1));
     assert!(log.is_idle(&rule, S));
 }
+
+#[test]
+fn window_log_keeps_one_entry_per_time_whatever_the_units() {
+    let rule = sw(5_000_000, 10 * S, 0);
+    let mut log = WindowLog::default();
+    log.consume(S, 2_000_000);
+    log.consume(S, 1_000_000);
+    assert_eq!(log.entries(), 1, "units at one time are one entry");
+    // Stepped back: recorded at the newest time, in its entry.
+    let (at, o) = log.evaluate(&rule, S / 2, 1);
+    assert_eq!((at, o.remaining), (S, 1_999_999));
+    log.consume(at, 1);
+    assert_eq!(log.entries(), 1);
+    log.consume(2 * S, 7);
+    assert_eq!(log.entries(), 2);
+    // The entry of 1 s leaves at 11 s, taking its 3,000,001 units out of the count.
+    let plan = log.eval(&rule, 11 * S, 0);
+    assert_eq!((plan.count, log.entries()), (7, 1));
+    let plan = log.eval(&rule, 12 * S, 0);
+    assert_eq!((plan.count, log.entries()), (0, 0));
+    assert!(log.is_idle(&rule, 12 * S));
+}
+
+#[test]
+fn window_log_retry_after_walks_units_across_entries() {
+    let rule = sw(10, 10 * S, 0);
+    let mut log = WindowLog::default();
+    for (t, units) in [(0, 3), (S, 2), (2 * S, 4), (3 * S, 1)] {
+        assert!(log_take(&mut log, &rule, t, units).allowed);
+    }
+    // 10 held: 6 more need 3 + 2 + 4 units gone, the entry of 2 s leaving at 12 s.
+    let (_, o) = log.evaluate(&rule, 4 * S, 6);
+    assert_eq!(
+        (o.allowed, o.retry_after_us, o.reset_us),
+        (false, 8 * S, 9 * S)
+    );
+    // Exactly the units of the first two entries: the second's time.
+    let (_, o) = log.evaluate(&rule, 4 * S, 5);
+    assert_eq!(o.retry_after_us, 7 * S);
+    // Past the limit after a charge: only the entry that brings the count low enough counts.
+    log.consume(3 * S, 100);
+    let (_, o) = log.evaluate(&rule, 4 * S, 1);
+    assert_eq!((o.allowed, o.retry_after_us), (false, 9 * S));
+    // More than the limit never passes: a whole window.
+    let (_, o) = log.evaluate(&rule, 4 * S, 11);
+    assert_eq!(o.retry_after_us, 10 * S);
+}

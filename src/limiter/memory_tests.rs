@@ -416,3 +416,45 @@ fn a_full_store_never_admits_a_quota_key_past_its_limit() {
     assert_eq!(admitted, 2);
     assert!(store.overflowed() > 0);
 }
+
+/// Entries in the exact window log of counter `key`.
+fn log_entries(store: &MemoryStore, key: &str) -> usize {
+    let hash = store.hasher.hash_one(key);
+    let shard = lock(&store.shards[store.shard_index(hash)]);
+    match shard.table.find(hash, |e| *e.key == *key).map(|e| &e.state) {
+        Some(State::Log(log)) => log.entries(),
+        other => panic!("no window log for {key}: {other:?}"),
+    }
+}
+
+/// Issue 33 item 2: a response reporting 2,000,000 units made the exact window hold one
+/// timestamp per unit (16 MB for one key, outside what `max_keys` bounds).
+#[test]
+fn a_charge_of_two_million_units_is_one_window_entry() {
+    let (clock, store) = store(100);
+    clock.set(1_000 * S);
+    let rule = Rule::SlidingWindow(SlidingWindow {
+        limit: 10,
+        window_us: 60 * S,
+        buckets: 0,
+    });
+    let charge = |cost| {
+        store.charge(&[Check {
+            cost,
+            ..check("k", &rule)
+        }])
+    };
+    charge(2_000_000);
+    charge(2_000_000);
+    assert_eq!(log_entries(&store, "k"), 1);
+    clock.set(1_001 * S);
+    charge(2_000_000);
+    assert_eq!(log_entries(&store, "k"), 2);
+    let d = store.check(&[check("k", &rule)]);
+    assert!(!d.allowed);
+    // The first entry's 4,000,000 units are not enough: the second's leave at 1,061 s.
+    assert_eq!(d.outcomes[0].retry_after_us, 60 * S);
+    clock.set(1_061 * S);
+    assert!(store.check(&[check("k", &rule)]).allowed);
+    assert_eq!(log_entries(&store, "k"), 1);
+}

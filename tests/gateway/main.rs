@@ -19,6 +19,7 @@ routes:
 "#;
 
 mod admin;
+mod charges;
 mod concurrency;
 mod exempt;
 mod flood;

@@ -30,7 +30,10 @@ pub fn push_key(prefix: &str, check: &Check<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(b"}:");
     out.extend_from_slice(check.rule.kind().as_bytes());
     if let Rule::SlidingWindow(sw) = check.rule {
-        if sw.buckets > 0 {
+        if sw.buckets == 0 {
+            // decide.lua's layout of one member per time with units (docs/redis.md, Keys).
+            out.extend_from_slice(b":2");
+        } else {
             // Infallible for a Vec.
             let _ = write!(out, ":{}:{}", sw.window_us, sw.buckets);
         }
