@@ -88,14 +88,15 @@ fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
 /// fields every proxy must treat as hop-by-hop. With `upgrade`, `Upgrade` and `Connection:
 /// upgrade` survive, because the upgrade must reach the next hop to happen at all.
 ///
-/// A `Connection` option naming a field the gateway relies on is ignored ([`relied_on`]: `Host`,
-/// framing, `Authorization`, the forwarding fields, and `read`, the names the config reads): a
-/// sender must not list end-to-end fields (§7.6.1), and honouring it would forward a request
-/// other than the one the gateway routed and counted.
+/// In a request (`read` given: the names the config reads), a `Connection` option naming a field
+/// the gateway relies on is ignored ([`relied_on`]: `Host`, framing, `Authorization`, the
+/// forwarding fields, and `read`): a sender must not list end-to-end fields (§7.6.1), and
+/// honouring it would forward a request other than the one the gateway routed and counted. A
+/// response's options (`read` is `None`) are all honoured, as the lean exchange honours them.
 ///
 /// Runs twice per proxied request, so it first looks at the names present (one pass, one match
 /// on each name's text) and only then removes, instead of a hash lookup per hop-by-hop name.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool, read: &[HeaderName]) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool, read: Option<&[HeaderName]>) {
     let mut has_connection = false;
     let mut has_fixed = false;
     for name in headers.keys() {
@@ -133,7 +134,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool, read: &[HeaderNa
 /// Removes `Connection` and the fields it names, except `Upgrade` when upgrading. One lookup
 /// takes the field and its values together. The names removed anyway (`keep-alive`, the usual
 /// one) are skipped before parsing, which would allocate.
-fn remove_connection_and_named(headers: &mut HeaderMap, read: &[HeaderName]) {
+fn remove_connection_and_named(headers: &mut HeaderMap, read: Option<&[HeaderName]>) {
     const REMOVED_ANYWAY_OR_KEPT: [&str; 7] = [
         "keep-alive",
         "connection",
@@ -160,7 +161,7 @@ fn remove_connection_and_named(headers: &mut HeaderMap, read: &[HeaderName]) {
                 continue;
             }
             if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                if !relied_on(&name, read) {
+                if !read.is_some_and(|read| relied_on(&name, read)) {
                     named.push(name);
                 }
             }
@@ -397,7 +398,7 @@ mod tests {
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(TE, HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false, &[]);
+        strip_hop_by_hop(&mut h, false, None);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
     }
@@ -408,7 +409,7 @@ mod tests {
         h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(UPGRADE, HeaderValue::from_static("websocket"));
         assert!(is_upgrade(&h));
-        strip_hop_by_hop(&mut h, true, &[]);
+        strip_hop_by_hop(&mut h, true, None);
         assert_eq!(
             h.get(UPGRADE).map(|v| v.as_bytes()),
             Some(&b"websocket"[..])
@@ -466,7 +467,7 @@ mod tests {
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false, &[]);
+        strip_hop_by_hop(&mut h, false, None);
         assert_eq!(h.keys().collect::<Vec<_>>(), ["x-kept"]);
     }
 
@@ -490,7 +491,7 @@ mod tests {
         ] {
             h.insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
         }
-        strip_hop_by_hop(&mut h, false, &[HeaderName::from_static("x-key")]);
+        strip_hop_by_hop(&mut h, false, Some(&[HeaderName::from_static("x-key")]));
         let mut kept: Vec<_> = h.keys().map(HeaderName::as_str).collect();
         kept.sort_unstable();
         assert_eq!(
@@ -549,7 +550,7 @@ mod tests {
         h.insert(UPGRADE, HeaderValue::from_static("websocket"));
         h.insert("x-kept", HeaderValue::from_static("1"));
         assert!(!is_upgrade(&h));
-        strip_hop_by_hop(&mut h, false, &[]);
+        strip_hop_by_hop(&mut h, false, None);
         assert_eq!(h.keys().collect::<Vec<_>>(), ["x-kept"]);
     }
 

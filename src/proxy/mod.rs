@@ -137,7 +137,7 @@ pub fn prepare<'a>(
     }
     // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1.
     parts.version = http::Version::HTTP_11;
-    headers::strip_hop_by_hop(&mut parts.headers, upgrade, &server.read_fields);
+    headers::strip_hop_by_hop(&mut parts.headers, upgrade, Some(&server.read_fields));
     // HTTP/2 carries the host in the URI; HTTP/1.1 upstreams need it as a header.
     let host = match parts.headers.get(http::header::HOST) {
         Some(h) => Some(h.clone()),
@@ -275,7 +275,7 @@ pub fn finish(
             body.detach();
             let upstream_upgrade = hyper::upgrade::on(Response::from_parts(parts.clone(), ()));
             tokio::spawn(tunnel(client_upgrade, upstream_upgrade));
-            headers::strip_hop_by_hop(&mut parts.headers, true, &[]);
+            headers::strip_hop_by_hop(&mut parts.headers, true, None);
             return Ok(Response::from_parts(parts, ResponseBody::empty()));
         }
         // Switching without being asked to would hand the client a raw upstream connection; that
@@ -284,7 +284,7 @@ pub fn finish(
         tracing::debug!("upstream answered 101 to a request that did not upgrade");
         return Err(ForwardError::Unreachable(UpstreamErrorKind::Other));
     }
-    headers::strip_hop_by_hop(&mut parts.headers, false, &[]);
+    headers::strip_hop_by_hop(&mut parts.headers, false, None);
     // RFC 9110 §2.5: the version is the sender's own. An HTTP/1.0 upstream's would make hyper
     // answer the client in HTTP/1.0 and close its kept-alive connection.
     parts.version = http::Version::HTTP_11;
