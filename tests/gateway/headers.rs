@@ -423,3 +423,54 @@ async fn a_gets_body_reaches_the_upstream_whatever_its_framing() {
         );
     }
 }
+
+// ---- the docs ----
+
+/// Loads `yaml` plus one route, as a config file would be.
+fn load_with_a_route(yaml: &str, name: &str) -> Result<(), String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("policies.yaml");
+    let config = format!(
+        "{yaml}\nupstreams:\n  up: {{ url: \"http://127.0.0.1:9\" }}\nroutes:\n  - name: all\n    upstream: up\n"
+    );
+    std::fs::write(&path, config).expect("write");
+    turnstile::config::load(&path)
+        .map(|_| ())
+        .map_err(|e| format!("{name}: {e}"))
+}
+
+/// The config snippets in docs/hardening.md's sections on these defences, and README's `server:`
+/// block (which names `headers_with_underscores`), load as written.
+#[test]
+fn the_docs_config_snippets_for_these_defences_load() {
+    let hardening = std::fs::read_to_string(crate::support::tools::repo_path("docs/hardening.md"))
+        .expect("docs/hardening.md");
+    let mut snippets = 0;
+    for section in hardening.split("\n## ").filter(|s| {
+        s.starts_with("Header names with underscores")
+            || s.starts_with("Forwarding fields pass only from trusted proxies")
+    }) {
+        for block in section.split("```yaml\n").skip(1) {
+            let yaml = block.split("```").next().unwrap_or("");
+            load_with_a_route(yaml, "docs/hardening.md").unwrap();
+            snippets += 1;
+        }
+    }
+    assert_eq!(snippets, 2);
+
+    let readme =
+        std::fs::read_to_string(crate::support::tools::repo_path("README.md")).expect("README.md");
+    let server: Vec<&str> = readme
+        .lines()
+        .skip_while(|line| *line != "server:")
+        .enumerate()
+        .take_while(|(i, line)| *i == 0 || line.starts_with(' '))
+        .map(|(_, line)| line)
+        .collect();
+    let server = server.join("\n");
+    assert!(
+        server.contains("headers_with_underscores: drop"),
+        "{server}"
+    );
+    load_with_a_route(&server, "README.md server:").unwrap();
+}
