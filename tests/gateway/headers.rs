@@ -195,6 +195,84 @@ routes:
     }
 }
 
+/// One ext_authz `Check` of `GET /api/a` from 192.0.2.7 with `headers`: its gRPC status code.
+async fn ext_authz_code(grpc: SocketAddr, headers: &[(&str, &str)]) -> i32 {
+    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
+    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let request = CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer {
+                address: Some(Address {
+                    address: Some(Kind::SocketAddress(SocketAddress {
+                        address: "192.0.2.7".into(),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            }),
+            request: Some(Request {
+                http: Some(HttpRequest {
+                    method: "GET".into(),
+                    path: "/api/a".into(),
+                    host: "api.example".into(),
+                    headers: headers
+                        .iter()
+                        .map(|(n, v)| (n.to_string(), v.to_string()))
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    };
+    let response = client.check(request).await.expect("Check").into_inner();
+    response.status.map_or(0, |status| status.code)
+}
+
+/// The same on ext_authz (Envoy passes underscore names by default): `INVALID_ARGUMENT` (3)
+/// unless they are allowed.
+#[tokio::test]
+async fn ext_authz_refuses_a_request_with_an_underscore_field_unless_allowed() {
+    for (setting, want) in [("drop", 3), ("reject", 3), ("allow", 0)] {
+        let gw = TestGateway::start(&format!(
+            r#"
+server:
+  headers_with_underscores: {setting}
+forward_auth:
+  grpc_listen: 127.0.0.1:0
+routes:
+  - name: api
+    match: {{ prefix: /api }}
+    policies:
+      - name: per_key
+        key: ["header:x-key"]
+        token_bucket: {{ rate: 1/h, burst: 2 }}
+"#
+        ))
+        .await;
+        let grpc = gw.running().ext_authz_addr.expect("grpc_listen");
+        assert_eq!(
+            ext_authz_code(grpc, &[("x_key", "v")]).await,
+            want,
+            "{setting}"
+        );
+        assert_eq!(
+            ext_authz_code(grpc, &[("x-key", "v")]).await,
+            0,
+            "{setting}"
+        );
+    }
+}
+
 /// A `header:` key part (or route header match) naming an underscore could never be read unless
 /// underscores are allowed: the config says so, at the field.
 #[tokio::test]
