@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http::Method;
+use tokio::io::AsyncWriteExt;
 
 use crate::support::client::{raw_connect, read_response, request};
 use crate::support::{metric, Client, TestGateway, Upstream};
@@ -479,12 +480,33 @@ async fn a_gets_body_reaches_the_upstream_whatever_its_framing() {
         "Content-Length: 5\r\n\r\nhello",
         "Transfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n",
     ] {
-        let request = format!("GET / HTTP/1.1\r\nHost: x\r\n{framing}");
-        let mut stream = raw_connect(gw.public, request.as_bytes()).await;
-        let (head, body, _) = read_response(&mut stream, Vec::new()).await;
-        assert!(head.starts_with("HTTP/1.1 200"), "{framing:?}: {head}");
-        let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(echo["body_len"], 5, "{framing:?}: {echo}");
+        // Alone on a connection (hyper serves it from the first byte), and after a bodiless GET
+        // the lean path served on the same connection (handed to hyper with what was read).
+        for after_lean in [false, true] {
+            let request = format!("GET / HTTP/1.1\r\nHost: x\r\n{framing}");
+            let first = if after_lean {
+                "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+            } else {
+                request.as_str()
+            };
+            let mut stream = raw_connect(gw.public, first.as_bytes()).await;
+            let (head, body, rest) = read_response(&mut stream, Vec::new()).await;
+            let (head, body) = if after_lean {
+                assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                assert!(rest.is_empty());
+                stream.write_all(request.as_bytes()).await.unwrap();
+                let (head, body, _) = read_response(&mut stream, rest).await;
+                (head, body)
+            } else {
+                (head, body)
+            };
+            assert!(head.starts_with("HTTP/1.1 200"), "{framing:?}: {head}");
+            let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                echo["body_len"], 5,
+                "{framing:?}, after lean {after_lean}: {echo}"
+            );
+        }
     }
     for with_length in [true, false] {
         let mut req = request(Method::GET, &gw.url("/"));
