@@ -226,7 +226,13 @@ pub enum Underscores {
 
 /// Whether any field name has an underscore. One pass over the names, usually none.
 pub fn has_underscore_name(headers: &HeaderMap) -> bool {
-    headers.keys().any(|name| name.as_str().contains('_'))
+    headers.keys().any(underscored)
+}
+
+/// Whether a field name has an underscore. A byte search: `str::contains` sets up a pattern
+/// searcher, which for names this short costs more than the search.
+fn underscored(name: &HeaderName) -> bool {
+    name.as_str().as_bytes().contains(&b'_')
 }
 
 /// Applies `policy` to the request's fields: `Err` when the request is to be refused. Costs one
@@ -240,7 +246,7 @@ pub fn apply_underscores(headers: &mut HeaderMap, policy: Underscores) -> Result
     }
     let names: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| name.as_str().contains('_'))
+        .filter(|name| underscored(name))
         .cloned()
         .collect();
     for name in names {
