@@ -268,6 +268,15 @@ pub async fn check<'l, B>(
     if let Err(e) = normalize::canonicalize(req, live.config.server.paths) {
         return Checked::Refused(Refusal::BadRequest(e.to_string()));
     }
+    // A door cannot drop a field from what its proxy forwards: unless they are allowed, a field
+    // named with an underscore refuses the check (`docs/hardening.md`).
+    if live.config.server.headers_with_underscores != crate::proxy::headers::Underscores::Allow
+        && crate::proxy::headers::has_underscore_name(req.headers())
+    {
+        return Checked::Refused(Refusal::BadRequest(
+            "a header name contains an underscore".to_string(),
+        ));
+    }
     let head = RequestHead {
         method: req.method(),
         host: normalize::host::host(req.headers()),

@@ -43,8 +43,18 @@ pub fn handle(
         let started = crate::now::read();
         let live = state.live.load_full();
         // One spelling per request, before anything reads it: routing, keys and the upstream.
-        if let Err(e) = normalize::canonicalize(&mut req, live.config.server.paths) {
-            let response = respond::refusal(&Refusal::BadRequest(e.to_string()));
+        let canonical = normalize::canonicalize(&mut req, live.config.server.paths)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                // Before anything reads the fields: the decision and the upstream see the same.
+                proxy::headers::apply_underscores(
+                    req.headers_mut(),
+                    live.config.server.headers_with_underscores,
+                )
+                .map_err(str::to_string)
+            });
+        if let Err(e) = canonical {
+            let response = respond::refusal(&Refusal::BadRequest(e));
             live.unmatched
                 .record_response(response.status().as_u16(), seconds_since(started));
             return Ok(response);
@@ -271,6 +281,7 @@ fn upstream_failed<'l>(
         ForwardError::BodyTooLarge => Refusal::BodyTooLarge(max_body),
         ForwardError::BodyReadTimeout => Refusal::BodyReadTimeout,
         ForwardError::PoolTimeout => Refusal::UpstreamBusy(&route.name),
+        ForwardError::BadBody => Refusal::BadRequest("malformed request body".to_string()),
     }
 }
 

@@ -51,7 +51,8 @@ pub enum TargetOutcome {
     Timeout,
     /// Every connection the pool may have stayed busy for `pool_timeout`.
     Busy,
-    /// The exchange broke on an open connection (or the request body failed).
+    /// The exchange broke on an open connection. A failure of the client's request body is
+    /// recorded under no outcome.
     Error,
 }
 

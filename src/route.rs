@@ -71,6 +71,11 @@ pub struct RequestHead<'a> {
 }
 
 impl RouteMatch {
+    /// The names of the request fields this match compares.
+    pub fn header_names(&self) -> impl Iterator<Item = &HeaderName> {
+        self.headers.iter().map(|(name, _)| name)
+    }
+
     /// Compiles a `path` pattern (`/users/{id}`, `/files/{*rest}`). Returns the parameter names
     /// in order, for key parts to refer to by index.
     pub fn with_pattern(pattern: &str) -> Result<(Self, Vec<String>), String> {

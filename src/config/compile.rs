@@ -20,6 +20,7 @@ use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions};
+use crate::proxy::headers::Underscores;
 use crate::proxy::rewrite::{PathRewrite, RouteShape};
 use crate::respond::headers::MAX_POLICIES;
 use crate::respond::{HeaderMode, LimitedResponse, RateLimitHeaders};
@@ -95,7 +96,7 @@ pub fn compile(
     let global_exempt = exempt(e, "exempt", &raw.exempt);
     let client_prefix = client_prefix(e, &raw.client_ip);
     let (store, failure_mode) = store_settings(e, &raw.store);
-    let server = server_settings(e, &raw.server);
+    let mut server = server_settings(e, &raw.server);
     // Keys are read here, once per load or reload, never per request.
     let jwt = raw.jwt.as_ref().and_then(|j| {
         crate::jwt::config::compile(j, source)
@@ -136,6 +137,11 @@ pub fn compile(
             route_responses(e, &path, raw_route, &mut route, &response_defaults);
             routes.push(route);
         }
+    }
+
+    server.read_fields = read_fields(&routes);
+    if server.headers_with_underscores != Underscores::Allow {
+        unreachable_underscore_fields(e, &routes);
     }
 
     // An empty, comment-only or truncated file parses as a config with no routes: serving it
@@ -580,7 +586,78 @@ fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
         ),
         max_header_size: max_header_size(e, raw.max_header_size.as_deref()),
         allowed_upgrades: allowed_upgrades(e, raw.allowed_upgrades.as_deref()),
+        headers_with_underscores: headers_with_underscores(e, raw),
+        // Filled in from the routes once they are compiled (`read_fields`).
+        read_fields: Vec::new(),
     }
+}
+
+fn headers_with_underscores(e: &mut Errors, raw: &RawServer) -> Underscores {
+    match raw.headers_with_underscores.as_deref() {
+        None | Some("drop") => Underscores::Drop,
+        Some("reject") => Underscores::Reject,
+        Some("allow") => Underscores::Allow,
+        Some(other) => {
+            e.add(
+                "server.headers_with_underscores",
+                format!("`{other}` is not an action; expected `drop`, `reject` or `allow`"),
+            );
+            Underscores::Drop
+        }
+    }
+}
+
+/// A field named with an underscore never reaches a decision unless such names are allowed:
+/// a route that reads one could never match, key or exempt on it.
+fn unreachable_underscore_fields(e: &mut Errors, routes: &[Route]) {
+    const HELP: &str = "is named with an underscore, and such request fields are dropped or \
+                        refused (`server.headers_with_underscores: allow` lets them through)";
+    for (i, route) in routes.iter().enumerate() {
+        for (j, policy) in route.policies.iter().enumerate() {
+            for part in &policy.key {
+                if let KeyPart::Header(name) = part {
+                    if name.as_str().contains('_') {
+                        e.add(
+                            format!("routes[{i}].policies[{j}].key"),
+                            format!("`header:{name}` {HELP}"),
+                        );
+                    }
+                }
+            }
+        }
+        for name in route.matcher.header_names() {
+            if name.as_str().contains('_') {
+                e.add(
+                    format!("routes[{i}].match.headers"),
+                    format!("`{name}` {HELP}"),
+                );
+            }
+        }
+    }
+}
+
+/// The request fields the routes read: route `headers:`, `header:` key parts and
+/// `exempt.headers`, each once.
+fn read_fields(routes: &[Route]) -> Vec<http::HeaderName> {
+    let mut names: Vec<http::HeaderName> = Vec::new();
+    for route in routes {
+        let keyed = route
+            .policies
+            .iter()
+            .flat_map(|p| &p.key)
+            .filter_map(|part| match part {
+                KeyPart::Header(name) => Some(name),
+                _ => None,
+            });
+        let matched = route.matcher.header_names();
+        let exempt = route.exempt.headers.iter().map(|(name, _)| name);
+        for name in keyed.chain(matched).chain(exempt) {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+    }
+    names
 }
 
 /// Like NGINX's `client_body_timeout` (60 s there).

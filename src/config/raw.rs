@@ -145,6 +145,8 @@ pub struct RawServer {
     pub max_header_size: Option<String>,
     /// `Upgrade` protocols forwarded to upstreams; any other is stripped.
     pub allowed_upgrades: Option<Vec<String>>,
+    /// `drop` (default), `reject` or `allow` request fields whose name has an underscore.
+    pub headers_with_underscores: Option<String>,
     /// Decode unreserved escapes and remove dot segments (default true).
     pub normalize_path: Option<bool>,
     /// Merge repeated slashes (default true).

@@ -56,6 +56,12 @@ pub struct ServerSettings {
     pub allowed_upgrades: Vec<String>,
     /// Path normalisation before routing (`docs/normalization.md`).
     pub paths: crate::normalize::PathOptions,
+    /// Request fields named with an underscore: dropped, refused or forwarded.
+    pub headers_with_underscores: crate::proxy::headers::Underscores,
+    /// The request fields the config reads (route `headers:`, `header:` key parts,
+    /// `exempt.headers`), lower-case, distinct: a client's `Connection` option cannot remove
+    /// them on the way upstream. Derived from the routes.
+    pub read_fields: Vec<http::HeaderName>,
 }
 
 #[derive(Debug)]

@@ -141,6 +141,11 @@ pub struct BodyReadTimeout;
 #[error("request body larger than the configured limit")]
 pub struct BodyTooLarge;
 
+/// The client's request body broke (a malformed chunk, a reset stream): answered 400.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed request body: {0}")]
+pub struct BadClientBody(#[source] hyper::Error);
+
 impl RequestBody {
     pub fn new(inner: ClientBody, limit: u64, idle_timeout: Duration) -> Self {
         RequestBody {
@@ -199,7 +204,8 @@ impl Body for RequestBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            other => other.map_err(Into::into),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(BadClientBody(e))))),
+            Poll::Ready(None) => Poll::Ready(None),
         }
     }
 

@@ -88,9 +88,15 @@ fn connection_lists(headers: &HeaderMap, token: &str) -> bool {
 /// fields every proxy must treat as hop-by-hop. With `upgrade`, `Upgrade` and `Connection:
 /// upgrade` survive, because the upgrade must reach the next hop to happen at all.
 ///
+/// In a request (`read` given: the names the config reads), a `Connection` option naming a field
+/// the gateway relies on is ignored ([`relied_on`]: `Host`, framing, `Authorization`, the
+/// forwarding fields, and `read`): a sender must not list end-to-end fields (§7.6.1), and
+/// honouring it would forward a request other than the one the gateway routed and counted. A
+/// response's options (`read` is `None`) are all honoured, as the lean exchange honours them.
+///
 /// Runs twice per proxied request, so it first looks at the names present (one pass, one match
 /// on each name's text) and only then removes, instead of a hash lookup per hop-by-hop name.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool, read: Option<&[HeaderName]>) {
     let mut has_connection = false;
     let mut has_fixed = false;
     for name in headers.keys() {
@@ -104,7 +110,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
         }
     }
     if has_connection {
-        remove_connection_and_named(headers);
+        remove_connection_and_named(headers, read);
     }
     if has_fixed {
         for name in [
@@ -128,7 +134,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 /// Removes `Connection` and the fields it names, except `Upgrade` when upgrading. One lookup
 /// takes the field and its values together. The names removed anyway (`keep-alive`, the usual
 /// one) are skipped before parsing, which would allocate.
-fn remove_connection_and_named(headers: &mut HeaderMap) {
+fn remove_connection_and_named(headers: &mut HeaderMap, read: Option<&[HeaderName]>) {
     const REMOVED_ANYWAY_OR_KEPT: [&str; 7] = [
         "keep-alive",
         "connection",
@@ -155,13 +161,98 @@ fn remove_connection_and_named(headers: &mut HeaderMap) {
                 continue;
             }
             if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
-                named.push(name);
+                if !read.is_some_and(|read| relied_on(&name, read)) {
+                    named.push(name);
+                }
             }
         }
     }
     for name in named {
         headers.remove(name);
     }
+}
+
+/// Whether the gateway relies on the field `name`, so that a client's `Connection` option may
+/// not remove it: `Host` (routed and keyed on), the framing fields, `Authorization` (`jwt:` key
+/// parts), every forwarding field ([`is_forwarding`]: the gateway sets or vouches for them), and
+/// `read`, the names the config reads (route `headers:`, `header:` key parts, `exempt.headers`).
+pub fn relied_on(name: &HeaderName, read: &[HeaderName]) -> bool {
+    matches!(
+        name.as_str(),
+        "host" | "content-length" | "transfer-encoding" | "authorization"
+    ) || is_forwarding(name.as_str())
+        || read.contains(name)
+}
+
+/// Whether a (lower-case) field name is a forwarding field: one a proxy sets to tell the next hop
+/// about the client or the request it first received. `Forwarded` (RFC 7239), every
+/// `X-Forwarded-*` and `X-Original-*`, and the client-address fields in common use
+/// ([`CLIENT_ADDRESS_FIELDS`]). Only a trusted proxy's reach an upstream ([`set_forwarded_as`]).
+pub fn is_forwarding(name: &str) -> bool {
+    name.starts_with("x-forwarded-")
+        || name.starts_with("x-original-")
+        || name == "forwarded"
+        || CLIENT_ADDRESS_FIELDS.contains(&name)
+}
+
+/// The client-address and original-request fields that proxies, CDNs and frameworks set or read
+/// besides the `Forwarded`, `X-Forwarded-*` and `X-Original-*` families.
+pub const CLIENT_ADDRESS_FIELDS: [&str; 10] = [
+    "x-real-ip",
+    "x-client-ip",
+    "client-ip",
+    "true-client-ip",
+    "x-cluster-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-proxyuser-ip",
+    "x-host",
+    "x-rewrite-url",
+];
+
+/// What the gateway does with a request field whose name has an underscore
+/// (`server.headers_with_underscores`). CGI and WSGI servers read `X_Key` and `X-Key` as the same
+/// variable (`HTTP_X_KEY`), so such a name can carry a field past a decision keyed on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Underscores {
+    /// Removed before routing: neither the decision nor the upstream sees it (nginx's default).
+    #[default]
+    Drop,
+    /// The request is refused with 400 (Envoy's `REJECT_REQUEST`).
+    Reject,
+    /// Kept and forwarded as sent.
+    Allow,
+}
+
+/// Whether any field name has an underscore. One pass over the names, usually none.
+pub fn has_underscore_name(headers: &HeaderMap) -> bool {
+    headers.keys().any(underscored)
+}
+
+/// Whether a field name has an underscore. A byte search: `str::contains` sets up a pattern
+/// searcher, which for names this short costs more than the search.
+fn underscored(name: &HeaderName) -> bool {
+    name.as_str().as_bytes().contains(&b'_')
+}
+
+/// Applies `policy` to the request's fields: `Err` when the request is to be refused. Costs one
+/// look at each name; a map is changed only when a name has an underscore.
+pub fn apply_underscores(headers: &mut HeaderMap, policy: Underscores) -> Result<(), &'static str> {
+    if policy == Underscores::Allow || !has_underscore_name(headers) {
+        return Ok(());
+    }
+    if policy == Underscores::Reject {
+        return Err("a header name contains an underscore");
+    }
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| underscored(name))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
+    Ok(())
 }
 
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `-Host`. A trusted
@@ -176,6 +267,10 @@ pub fn set_forwarded(
 }
 
 /// [`set_forwarded`] for a request that arrived over `proto` (`https` on the TLS listener).
+///
+/// From a peer that is not a trusted proxy, every forwarding field ([`is_forwarding`]) is
+/// removed first: the upstream gets only the gateway's own `X-Forwarded-For` (the peer),
+/// `-Proto` and `-Host`. A trusted proxy's pass, its `X-Forwarded-For` appended to.
 pub fn set_forwarded_as(
     headers: &mut HeaderMap,
     peer: IpAddr,
@@ -183,6 +278,9 @@ pub fn set_forwarded_as(
     peer_trusted: bool,
     proto: &'static str,
 ) {
+    if !peer_trusted {
+        remove_forwarding(headers);
+    }
     // Prior values are kept when the first one is text (several are joined in order); otherwise
     // the list restarts at the peer. One lookup reads and replaces the field.
     match headers.entry(&X_FORWARDED_FOR) {
@@ -220,6 +318,24 @@ pub fn set_forwarded_as(
                 headers.remove(&X_FORWARDED_HOST);
             }
         }
+    }
+}
+
+/// Removes every forwarding field. One look at each name; the map is changed only when one is
+/// there (names are lower-case, so the first byte rules most out).
+fn remove_forwarding(headers: &mut HeaderMap) {
+    let forwarding = |name: &HeaderName| {
+        matches!(
+            name.as_str().as_bytes().first(),
+            Some(b'x' | b'f' | b'c' | b't')
+        ) && is_forwarding(name.as_str())
+    };
+    if !headers.keys().any(forwarding) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|n| forwarding(n)).cloned().collect();
+    for name in names {
+        headers.remove(name);
     }
 }
 
@@ -288,7 +404,7 @@ mod tests {
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(TE, HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false);
+        strip_hop_by_hop(&mut h, false, None);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
     }
@@ -299,7 +415,7 @@ mod tests {
         h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(UPGRADE, HeaderValue::from_static("websocket"));
         assert!(is_upgrade(&h));
-        strip_hop_by_hop(&mut h, true);
+        strip_hop_by_hop(&mut h, true, None);
         assert_eq!(
             h.get(UPGRADE).map(|v| v.as_bytes()),
             Some(&b"websocket"[..])
@@ -340,7 +456,7 @@ mod tests {
             Some(HeaderValue::from_static("example.com")),
             false,
         );
-        assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 10.0.0.1");
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com");
     }
@@ -357,8 +473,81 @@ mod tests {
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false);
+        strip_hop_by_hop(&mut h, false, None);
         assert_eq!(h.keys().collect::<Vec<_>>(), ["x-kept"]);
+    }
+
+    #[test]
+    fn connection_cannot_name_away_a_field_the_gateway_relies_on() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            CONNECTION,
+            HeaderValue::from_static(
+                "Host, Authorization, X-Forwarded-Anything, Forwarded, X-Real-IP, X-Key, X-Hop",
+            ),
+        );
+        for name in [
+            "host",
+            "authorization",
+            "x-forwarded-anything",
+            "forwarded",
+            "x-real-ip",
+            "x-key",
+            "x-hop",
+        ] {
+            h.insert(HeaderName::from_static(name), HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut h, false, Some(&[HeaderName::from_static("x-key")]));
+        let mut kept: Vec<_> = h.keys().map(HeaderName::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(
+            kept,
+            [
+                "authorization",
+                "forwarded",
+                "host",
+                "x-forwarded-anything",
+                "x-key",
+                "x-real-ip"
+            ]
+        );
+    }
+
+    #[test]
+    fn underscore_names_are_dropped_refused_or_kept() {
+        let with = || {
+            let mut h = HeaderMap::new();
+            h.insert("x_key", HeaderValue::from_static("1"));
+            h.insert("_x", HeaderValue::from_static("1"));
+            h.insert("x-key", HeaderValue::from_static("1"));
+            h
+        };
+        let mut h = with();
+        assert_eq!(apply_underscores(&mut h, Underscores::Drop), Ok(()));
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-key"]);
+        assert!(apply_underscores(&mut with(), Underscores::Reject).is_err());
+        let mut h = with();
+        assert_eq!(apply_underscores(&mut h, Underscores::Allow), Ok(()));
+        assert_eq!(h.len(), 3);
+    }
+
+    #[test]
+    fn forwarding_fields_are_a_family_and_a_list() {
+        for name in [
+            "forwarded",
+            "x-forwarded-for",
+            "x-forwarded-prefix",
+            "x-forwarded-whatever",
+            "x-original-url",
+            "x-real-ip",
+            "true-client-ip",
+            "cf-connecting-ip",
+        ] {
+            assert!(is_forwarding(name), "{name}");
+        }
+        for name in ["x-forwarded", "forwarded-for", "x-key", "host", "cookie"] {
+            assert!(!is_forwarding(name), "{name}");
+        }
     }
 
     #[test]
@@ -367,7 +556,7 @@ mod tests {
         h.insert(UPGRADE, HeaderValue::from_static("websocket"));
         h.insert("x-kept", HeaderValue::from_static("1"));
         assert!(!is_upgrade(&h));
-        strip_hop_by_hop(&mut h, false);
+        strip_hop_by_hop(&mut h, false, None);
         assert_eq!(h.keys().collect::<Vec<_>>(), ["x-kept"]);
     }
 
@@ -379,7 +568,7 @@ mod tests {
             &X_FORWARDED_FOR,
             HeaderValue::from_static("2.2.2.2, 3.3.3.3"),
         );
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, false);
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, true);
         assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.1");
         assert_eq!(h.get_all(&X_FORWARDED_FOR).iter().count(), 1);
         assert!(!h.contains_key(&X_FORWARDED_HOST));
@@ -392,7 +581,7 @@ mod tests {
             &X_FORWARDED_FOR,
             HeaderValue::from_bytes(b"1.1.1.1\xff").unwrap(),
         );
-        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, false);
+        set_forwarded(&mut h, "10.0.0.1".parse().unwrap(), None, true);
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
     }
 
@@ -418,7 +607,7 @@ mod tests {
         set_forwarded(&mut h, "2001:db8::7".parse().unwrap(), None, false);
         assert_eq!(h[&X_FORWARDED_FOR], "2001:db8::7");
         h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("192.0.2.1"));
-        set_forwarded(&mut h, "10.1.22.255".parse().unwrap(), None, false);
+        set_forwarded(&mut h, "10.1.22.255".parse().unwrap(), None, true);
         assert_eq!(h[&X_FORWARDED_FOR], "192.0.2.1, 10.1.22.255");
     }
 }

@@ -29,7 +29,7 @@ use hyper_util::rt::TokioIo;
 use crate::config::{ServerSettings, Upstream};
 use crate::metrics::{TargetOutcome, UpstreamErrorKind};
 use balance::Balancer;
-use body::{BodyReadTimeout, BodyTooLarge, ClientBody, RequestBody, ResponseBody};
+use body::{BadClientBody, BodyReadTimeout, BodyTooLarge, ClientBody, RequestBody, ResponseBody};
 use pool::ClientError;
 pub use pool::UpstreamClient;
 
@@ -51,6 +51,19 @@ pub enum ForwardError {
     BodyReadTimeout,
     /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
     PoolTimeout,
+    /// 400: the client's body broke its own framing (a malformed chunk, say); the client's
+    /// fault, not the upstream's.
+    BadBody,
+}
+
+impl ForwardError {
+    /// Whether the client's request body caused it (too large, stalled, malformed).
+    pub fn is_clients(&self) -> bool {
+        matches!(
+            self,
+            ForwardError::BodyTooLarge | ForwardError::BodyReadTimeout | ForwardError::BadBody
+        )
+    }
 }
 
 /// What the proxy needs to know about the client side of a request.
@@ -125,7 +138,7 @@ pub fn prepare<'a>(
     }
     // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1.
     parts.version = http::Version::HTTP_11;
-    headers::strip_hop_by_hop(&mut parts.headers, upgrade);
+    headers::strip_hop_by_hop(&mut parts.headers, upgrade, Some(&server.read_fields));
     // HTTP/2 carries the host in the URI; HTTP/1.1 upstreams need it as a header.
     let host = match parts.headers.get(http::header::HOST) {
         Some(h) => Some(h.clone()),
@@ -145,6 +158,19 @@ pub fn prepare<'a>(
     );
 
     let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);
+    // A body of unknown length (chunked, or h2 DATA without `content-length`) is sent chunked
+    // whatever the method: hyper's client would send a `GET`'s as no body at all, where one with
+    // `Content-Length` goes whole (RFC 9110 §9.3.1: the body is part of the message either way).
+    if !connect
+        && !http_body::Body::is_end_stream(&body)
+        && http_body::Body::size_hint(&body).exact().is_none()
+        && !parts.headers.contains_key(http::header::CONTENT_LENGTH)
+    {
+        parts.headers.insert(
+            http::header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
+    }
     let outgoing = Outgoing {
         targets,
         request: Request::from_parts(parts, body),
@@ -212,6 +238,10 @@ impl<'a> Outgoing<'a> {
                     }
                     Err((e, _)) => classify(&e),
                 };
+                if error.is_clients() {
+                    // The client's body failed: nothing to hold against the target.
+                    return Err(error);
+                }
                 targets.record(
                     index,
                     match &error {
@@ -252,7 +282,7 @@ pub fn finish<H: Send + 'static>(
                 tunnel(client_upgrade, upstream_upgrade).await;
                 drop(held);
             });
-            headers::strip_hop_by_hop(&mut parts.headers, true);
+            headers::strip_hop_by_hop(&mut parts.headers, true, None);
             return Ok(Response::from_parts(parts, ResponseBody::empty()));
         }
         // Switching without being asked to would hand the client a raw upstream connection; that
@@ -261,7 +291,7 @@ pub fn finish<H: Send + 'static>(
         tracing::debug!("upstream answered 101 to a request that did not upgrade");
         return Err(ForwardError::Unreachable(UpstreamErrorKind::Other));
     }
-    headers::strip_hop_by_hop(&mut parts.headers, false);
+    headers::strip_hop_by_hop(&mut parts.headers, false, None);
     // RFC 9110 §2.5: the version is the sender's own. An HTTP/1.0 upstream's would make hyper
     // answer the client in HTTP/1.0 and close its kept-alive connection.
     parts.version = http::Version::HTTP_11;
@@ -302,6 +332,9 @@ fn classify(e: &ClientError) -> ForwardError {
         }
         if err.is::<BodyReadTimeout>() {
             return ForwardError::BodyReadTimeout;
+        }
+        if err.is::<BadClientBody>() {
+            return ForwardError::BadBody;
         }
         source = err.source();
     }

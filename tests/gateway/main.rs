@@ -24,6 +24,7 @@ mod concurrency;
 mod exempt;
 mod flood;
 mod hardening;
+mod headers;
 mod inflight;
 mod jwt;
 mod keys;

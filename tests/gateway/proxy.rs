@@ -61,8 +61,7 @@ async fn forwarded_headers_are_appended_and_set() {
     assert_eq!(h["x-forwarded-host"][0], "shop.example:8080");
     assert_eq!(h["host"][0], "shop.example:8080");
 
-    // An untrusted client's own claims: its X-Forwarded-For is kept and appended to, its
-    // -Proto and -Host are replaced by what the gateway saw.
+    // An untrusted client's own claims are replaced by what the gateway saw.
     let echo = c
         .get_with(
             &gw.url("/"),
@@ -75,10 +74,7 @@ async fn forwarded_headers_are_appended_and_set() {
         .await
         .json();
     let h = &echo["headers"];
-    assert_eq!(
-        h["x-forwarded-for"],
-        serde_json::json!(["203.0.113.7, 127.0.0.1"])
-    );
+    assert_eq!(h["x-forwarded-for"], serde_json::json!(["127.0.0.1"]));
     assert_eq!(h["x-forwarded-proto"], serde_json::json!(["http"]));
     assert_eq!(
         h["x-forwarded-host"],
