@@ -45,6 +45,8 @@ pub struct Live {
     pub config: Snapshot,
     /// One per route of `config.routes`, in the same order.
     pub routes: Vec<RouteResources>,
+    /// `config.routes` indexed for routing (`crate::route::RouteTable`).
+    pub table: crate::route::RouteTable,
     /// Requests that matched no route.
     pub unmatched: RouteMetrics,
     /// Present exactly when `config.rls` is.
@@ -105,6 +107,7 @@ impl Live {
             .as_ref()
             .map(|rls| RlsResources::attach(rls, metrics));
         Live {
+            table: crate::route::RouteTable::new(config.routes.iter().map(|r| &r.matcher)),
             routes,
             unmatched: metrics.route("unmatched"),
             rls,
