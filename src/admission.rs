@@ -84,6 +84,7 @@ async fn admit_with<'l>(
     view: &RequestView<'_>,
     inline: bool,
 ) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+    resources.register_metrics();
     // The bearer token is verified at most once, before any claim names a counter, however many
     // policies read claims; routes that read none never look at it. `require_jwt` is
     // authentication, not a limit: it holds for exempt requests too.

@@ -88,7 +88,7 @@ pub fn handle(
                 peer_ip,
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
-                let lease = after.lease(&state, &resources.metrics.in_flight);
+                let lease = after.lease(&state, resources.metrics.in_flight());
                 // Bound before the await, so the step's result is not kept in this future's state.
                 let answered = 'act: {
                     let (outgoing, upgrade) =

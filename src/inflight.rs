@@ -105,7 +105,7 @@ impl AfterAdmission {
             };
             let extra = rc.total(headers.get(&rc.header)) - rc.min_cost;
             if extra > 0 {
-                due.push((key.clone(), *rule, extra, metrics.cost_charged.clone()));
+                due.push((key.clone(), *rule, extra, metrics.cost_charged().clone()));
             }
         }
         if due.is_empty() {
