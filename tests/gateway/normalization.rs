@@ -448,19 +448,21 @@ async fn a_path_parameters_setting_that_is_not_an_action_is_a_config_error() {
     assert!(stderr.contains(&want), "want {want:?} in:\n{stderr}");
 }
 
-/// The options block of docs/normalization.md is a valid `server:` and `client_ip:` section.
+/// The blocks of docs/normalization.md and docs/hardening.md that set `path_parameters` are valid
+/// sections of a config.
 #[tokio::test]
 async fn the_documented_options_pass_check() {
-    let page = std::fs::read_to_string(crate::support::tools::repo_path("docs/normalization.md"))
-        .expect("docs/normalization.md");
-    let block = page
-        .split("```yaml\n")
-        .skip(1)
-        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
-        .find(|block| block.contains("path_parameters:"))
-        .expect("the options block");
-    let yaml = format!("{block}routes:\n  - name: r\n    respond: {{ body: x }}\n");
-    let (_dir, path) = config_file(&yaml);
-    let (code, _, stderr) = check(&path);
-    assert_eq!(code, Some(0), "{yaml}\n{stderr}");
+    for page in ["docs/normalization.md", "docs/hardening.md"] {
+        let text = std::fs::read_to_string(crate::support::tools::repo_path(page)).expect(page);
+        let block = text
+            .split("```yaml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+            .find(|block| block.contains("path_parameters:"))
+            .unwrap_or_else(|| panic!("{page}: no block sets path_parameters"));
+        let yaml = format!("{block}routes:\n  - name: r\n    respond: {{ body: x }}\n");
+        let (_dir, path) = config_file(&yaml);
+        let (code, _, stderr) = check(&path);
+        assert_eq!(code, Some(0), "{page}:\n{yaml}\n{stderr}");
+    }
 }
