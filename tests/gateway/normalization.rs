@@ -465,4 +465,15 @@ async fn the_documented_options_pass_check() {
         let (code, _, stderr) = check(&path);
         assert_eq!(code, Some(0), "{page}:\n{yaml}\n{stderr}");
     }
+    // The README's reference config sets it on one line of its `server:` section.
+    let readme =
+        std::fs::read_to_string(crate::support::tools::repo_path("README.md")).expect("README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("path_parameters:"))
+        .expect("README.md sets path_parameters");
+    let yaml = format!("server:\n{line}\nroutes:\n  - name: r\n    respond: {{ body: x }}\n");
+    let (_dir, path) = config_file(&yaml);
+    let (code, _, stderr) = check(&path);
+    assert_eq!(code, Some(0), "README.md:\n{yaml}\n{stderr}");
 }
