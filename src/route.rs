@@ -252,14 +252,13 @@ impl<'p> SplitPath<'p> {
         let mut slashes = smallvec::SmallVec::new();
         let mut complete = true;
         if trimmed.starts_with('/') {
-            for (i, b) in trimmed.bytes().enumerate() {
-                if b == b'/' {
-                    if slashes.len() == limit + 2 {
-                        complete = false;
-                        break;
-                    }
-                    slashes.push(i);
+            // `match_indices` of a `char` searches with memchr.
+            for (i, _) in trimmed.match_indices('/') {
+                if slashes.len() == limit + 2 {
+                    complete = false;
+                    break;
                 }
+                slashes.push(i);
             }
         }
         SplitPath {
