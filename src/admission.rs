@@ -16,7 +16,7 @@ use crate::limiter::{Checks, FailureMode, Kind, Outcome, Rule, Tally};
 use crate::normalize;
 use crate::respond::headers::MAX_POLICIES;
 use crate::respond::{Limits, Refusal};
-use crate::route::{PathParams, RequestHead};
+use crate::route::{Found, RequestHead};
 use crate::state::{AppState, Live, RouteResources};
 
 /// An admitted request: the outcome whose headers decorate the answer (none when no enforced
@@ -29,32 +29,22 @@ pub struct Admitted {
     pub limits: Limits,
 }
 
-/// The first route matching `head`, by index into `live.config.routes`, with its path params.
-pub fn route_for(live: &Live, head: &RequestHead<'_>) -> Option<(usize, PathParams)> {
-    live.config
-        .routes
-        .iter()
-        .enumerate()
-        .find_map(|(i, r)| r.matcher.matches(head).map(|p| (i, p)))
+/// How `head` is routed on `live`'s route table: the first route matching it (by index into
+/// `live.config.routes`, with its path params), else whether some match it but for the method.
+pub fn route_for(live: &Live, head: &RequestHead<'_>) -> Found {
+    live.table.find(&live.config.routes, head)
 }
 
-/// When no route matches `head` but some match all of it except the method, the `Allow` value
-/// of a 405 (RFC 9110 §15.5.6): their methods, in config order, each once (§10.2.1).
-pub fn allowed_methods(live: &Live, head: &RequestHead<'_>) -> Option<HeaderValue> {
+/// After [`Found::OtherMethods`], the `Allow` value of the 405 (RFC 9110 §15.5.6): the methods of
+/// the routes that match `head` but for its method, in config order, each once (§10.2.1).
+pub fn allowed_methods(live: &Live, head: &RequestHead<'_>, from: usize) -> Option<HeaderValue> {
+    let methods = live.table.allowed_methods(&live.config.routes, head, from);
     let mut allow = String::new();
-    for route in &live.config.routes {
-        if route.matcher.matches_except_method(head).is_none() {
-            continue;
+    for method in methods {
+        if !allow.is_empty() {
+            allow.push_str(", ");
         }
-        for method in route.matcher.methods().unwrap_or_default() {
-            let listed = allow.split(", ").any(|m| m == method.as_str());
-            if !listed {
-                if !allow.is_empty() {
-                    allow.push_str(", ");
-                }
-                allow.push_str(method.as_str());
-            }
-        }
+        allow.push_str(method.as_str());
     }
     if allow.is_empty() {
         return None;
@@ -94,6 +84,7 @@ async fn admit_with<'l>(
     view: &RequestView<'_>,
     inline: bool,
 ) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+    resources.register_metrics();
     // The bearer token is verified at most once, before any claim names a counter, however many
     // policies read claims; routes that read none never look at it. `require_jwt` is
     // authentication, not a limit: it holds for exempt requests too.
@@ -283,7 +274,7 @@ pub async fn check<'l, B>(
         path: req.uri().path(),
         headers: req.headers(),
     };
-    let Some((index, params)) = route_for(live, &head) else {
+    let Found::Route(index, params) = route_for(live, &head) else {
         return Checked::NoRoute;
     };
     let route = &live.config.routes[index];

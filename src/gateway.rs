@@ -24,7 +24,7 @@ use crate::normalize;
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::{self, ClientSide, ForwardError};
 use crate::respond::{self, Refusal};
-use crate::route::{PathParams, RequestHead};
+use crate::route::{Found, PathParams, RequestHead};
 use crate::state::{AppState, Live, RouteResources};
 
 /// Serves one request; never fails (refusals become responses).
@@ -66,15 +66,23 @@ pub fn handle(
             path: req.uri().path(),
             headers: req.headers(),
         };
-        let Some((index, params)) = admission::route_for(&live, &head) else {
-            let refusal = match admission::allowed_methods(&live, &head) {
-                Some(allow) => Refusal::MethodNotAllowed(allow),
-                None => Refusal::NoRoute,
-            };
-            let response = respond::refusal(&refusal);
-            live.unmatched
-                .record_response(response.status().as_u16(), seconds_since(started));
-            return Ok(response);
+        // One pass over the routes that could match decides both 404 and 405.
+        let (index, params) = match admission::route_for(&live, &head) {
+            Found::Route(index, params) => (index, params),
+            unmatched => {
+                let allow = match unmatched {
+                    Found::OtherMethods(from) => admission::allowed_methods(&live, &head, from),
+                    _ => None,
+                };
+                let refusal = match allow {
+                    Some(allow) => Refusal::MethodNotAllowed(allow),
+                    None => Refusal::NoRoute,
+                };
+                let response = respond::refusal(&refusal);
+                live.unmatched
+                    .record_response(response.status().as_u16(), seconds_since(started));
+                return Ok(response);
+            }
         };
 
         let route = &live.config.routes[index];
@@ -90,7 +98,7 @@ pub fn handle(
                 peer_ip,
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
-                let mut lease = after.lease(&state, &resources.metrics.in_flight);
+                let mut lease = after.lease(&state, resources.metrics.in_flight());
                 // Bound before the await, so the step's result is not kept in this future's state.
                 let answered = 'act: {
                     let (outgoing, upgrade) =

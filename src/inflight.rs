@@ -113,7 +113,7 @@ impl AfterAdmission {
                 .min(most_charged(rc, rule));
             let extra = total.saturating_sub(rc.min_cost);
             if extra > 0 {
-                due.push((key.clone(), *rule, extra, metrics.cost_charged.clone()));
+                due.push((key.clone(), *rule, extra, metrics.cost_charged().clone()));
             }
         }
         if due.is_empty() {

@@ -1,7 +1,11 @@
 //! Prometheus metrics, in a registry of our own (never the global one), served on the admin
 //! listener. Labels come only from config names, so cardinality is bounded by the config. Handles
-//! are resolved once per route and policy at config load: the hot path increments a counter it
-//! already holds, with no label lookup or formatting.
+//! are made once per route and policy at config load, and a route's series are registered with
+//! their labels on its first request (then exported, every one at 0): after that the hot path
+//! increments a counter it already holds, with no label lookup or formatting, and `/metrics`
+//! grows with the routes in use, not with the routes configured.
+
+use std::sync::{Arc, OnceLock};
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -14,9 +18,12 @@ const LATENCY_BUCKETS: &[f64] = &[
     2.5, 5.0, 10.0,
 ];
 
-/// Every metric the gateway exports.
+/// Every metric the gateway exports: one registry and its families, shared by every handle.
 #[derive(Debug, Clone)]
-pub struct Metrics {
+pub struct Metrics(Arc<Families>);
+
+#[derive(Debug)]
+pub struct Families {
     registry: Registry,
     decisions: IntCounterVec,
     exempt: IntCounterVec,
@@ -172,38 +179,84 @@ impl DecisionLabel {
     }
 }
 
-/// The decision counters of one (route, policy).
+/// The decision counters of one (route, policy). Resolved at config load, exported from the
+/// first request its route admits ([`Self::register`]): a config's never-used policies add no
+/// series to `/metrics`.
 #[derive(Debug, Clone)]
 pub struct PolicyMetrics {
+    metrics: Metrics,
+    route: Arc<str>,
+    policy: Arc<str>,
+    /// Calendar quota policies also count `turnstile_quota_used_units_total`.
+    quota: bool,
+    series: OnceLock<PolicySeries>,
+}
+
+#[derive(Debug, Clone)]
+struct PolicySeries {
     by_label: [IntCounter; 5],
-    /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
-    pub cost_charged: IntCounter,
-    /// Calendar quota policies only: `turnstile_quota_used_units_total`.
+    cost_charged: IntCounter,
     quota_units: Option<IntCounter>,
 }
 
 impl PolicyMetrics {
+    fn series(&self) -> &PolicySeries {
+        self.series.get_or_init(|| {
+            let labels = [&*self.route, &*self.policy];
+            PolicySeries {
+                by_label: DecisionLabel::ALL.map(|l| {
+                    self.metrics
+                        .decisions
+                        .with_label_values(&[labels[0], labels[1], l.as_str()])
+                }),
+                cost_charged: self.metrics.cost_charged.with_label_values(&labels),
+                quota_units: self
+                    .quota
+                    .then(|| self.metrics.quota_units.with_label_values(&labels)),
+            }
+        })
+    }
+
+    /// Exports this policy's series, every one at 0, if they are not yet.
+    pub fn register(&self) {
+        self.series();
+    }
+
     pub fn record(&self, label: DecisionLabel) {
-        self.by_label[label as usize].inc();
+        self.series().by_label[label as usize].inc();
+    }
+
+    /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
+    pub fn cost_charged(&self) -> &IntCounter {
+        &self.series().cost_charged
     }
 
     /// Units an admitted request charged to this policy, counted for quota policies only.
     pub fn record_units(&self, units: u64) {
-        if let Some(c) = &self.quota_units {
+        if let Some(c) = &self.series().quota_units {
             c.inc_by(units);
         }
     }
 
-    /// These counters, and the quota units of (`route`, `policy`) from `metrics`.
-    pub fn with_quota_units(mut self, metrics: &Metrics, route: &str, policy: &str) -> Self {
-        self.quota_units = Some(metrics.quota_units.with_label_values(&[route, policy]));
+    /// These counters, and the quota units of their (route, policy).
+    pub fn with_quota_units(mut self) -> Self {
+        self.quota = true;
         self
     }
 }
 
-/// The request counters of one route.
+/// The request counters of one route. Resolved at config load, exported from the route's first
+/// request ([`Self::register`]; every one at 0 then): a config's never-used routes add no series
+/// to `/metrics`, however many it has.
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
+    metrics: Metrics,
+    route: Arc<str>,
+    series: OnceLock<RouteSeries>,
+}
+
+#[derive(Debug, Clone)]
+struct RouteSeries {
     /// 2xx, 3xx, 4xx (but 429), 429, 5xx.
     by_code: [IntCounter; 5],
     duration: Histogram,
@@ -213,8 +266,7 @@ pub struct RouteMetrics {
     exempt: IntCounter,
     /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
     jwt: [IntCounter; 3],
-    /// Requests holding a concurrency lease now (admitted, response body not yet ended).
-    pub in_flight: IntGauge,
+    in_flight: IntGauge,
 }
 
 /// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
@@ -226,7 +278,48 @@ pub enum UpstreamErrorKind {
 }
 
 impl RouteMetrics {
+    fn series(&self) -> &RouteSeries {
+        self.series.get_or_init(|| {
+            let (m, route) = (&self.metrics, &*self.route);
+            let code = |c: &str| m.requests.with_label_values(&[route, c]);
+            let upstream = |k: &str| m.upstream_errors.with_label_values(&[route, k]);
+            RouteSeries {
+                by_code: [
+                    code("2xx"),
+                    code("3xx"),
+                    code("4xx"),
+                    code("429"),
+                    code("5xx"),
+                ],
+                duration: m.request_duration.with_label_values(&[route]),
+                upstream_connect: upstream("connect"),
+                upstream_timeout: upstream("timeout"),
+                upstream_other: upstream("other"),
+                exempt: m.exempt.with_label_values(&[route]),
+                jwt: ["valid", "invalid", "missing"]
+                    .map(|r| m.jwt_tokens.with_label_values(&[route, r])),
+                in_flight: m.in_flight.with_label_values(&[route]),
+            }
+        })
+    }
+
+    /// Whether this route's series are exported yet.
+    pub fn registered(&self) -> bool {
+        self.series.get().is_some()
+    }
+
+    /// Exports this route's series, every one at 0, if they are not yet.
+    pub fn register(&self) {
+        self.series();
+    }
+
+    /// Requests holding a concurrency lease now (admitted, response body not yet ended).
+    pub fn in_flight(&self) -> &IntGauge {
+        &self.series().in_flight
+    }
+
     pub fn record_response(&self, status: u16, seconds: f64) {
+        let series = self.series();
         let class = match status {
             429 => 3,
             200..=299 => 0,
@@ -234,13 +327,13 @@ impl RouteMetrics {
             400..=499 => 2,
             _ => 4,
         };
-        self.by_code[class].inc();
-        self.duration.observe(seconds);
+        series.by_code[class].inc();
+        series.duration.observe(seconds);
     }
 
     /// A request that skipped every policy (`exempt:`).
     pub fn record_exempt(&self) {
-        self.exempt.inc();
+        self.series().exempt.inc();
     }
 
     /// One bearer-token verification (at most one per request).
@@ -250,14 +343,15 @@ impl RouteMetrics {
             Err(crate::jwt::Rejected::Invalid) => 1,
             Err(crate::jwt::Rejected::Missing) => 2,
         };
-        self.jwt[i].inc();
+        self.series().jwt[i].inc();
     }
 
     pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
+        let series = self.series();
         match kind {
-            UpstreamErrorKind::Connect => &self.upstream_connect,
-            UpstreamErrorKind::Timeout => &self.upstream_timeout,
-            UpstreamErrorKind::Other => &self.upstream_other,
+            UpstreamErrorKind::Connect => &series.upstream_connect,
+            UpstreamErrorKind::Timeout => &series.upstream_timeout,
+            UpstreamErrorKind::Other => &series.upstream_other,
         }
         .inc();
     }
@@ -283,7 +377,7 @@ impl Metrics {
                 .unwrap_or_else(|e| panic!("metric {name}: {e}"));
             h
         };
-        let metrics = Metrics {
+        let metrics = Families {
             decisions: counter(
                 "turnstile_decisions_total",
                 "Rate-limit decisions per route and policy.",
@@ -399,7 +493,7 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
         let _ = metrics.registry.register(Box::new(build_info));
-        metrics
+        Metrics(Arc::new(metrics))
     }
 
     /// Registers a collector owned by another module (the store, the Envoy adapter).
@@ -417,36 +511,23 @@ impl Metrics {
         }
     }
 
+    /// The decision counters of (`route`, `policy`), exported once registered or used.
     pub fn policy(&self, route: &str, policy: &str) -> PolicyMetrics {
         PolicyMetrics {
-            by_label: DecisionLabel::ALL.map(|l| {
-                self.decisions
-                    .with_label_values(&[route, policy, l.as_str()])
-            }),
-            cost_charged: self.cost_charged.with_label_values(&[route, policy]),
-            quota_units: None,
+            metrics: self.clone(),
+            route: route.into(),
+            policy: policy.into(),
+            quota: false,
+            series: OnceLock::new(),
         }
     }
 
+    /// The request counters of `route`, exported once registered or used.
     pub fn route(&self, route: &str) -> RouteMetrics {
-        let code = |c: &str| self.requests.with_label_values(&[route, c]);
-        let upstream = |k: &str| self.upstream_errors.with_label_values(&[route, k]);
         RouteMetrics {
-            by_code: [
-                code("2xx"),
-                code("3xx"),
-                code("4xx"),
-                code("429"),
-                code("5xx"),
-            ],
-            duration: self.request_duration.with_label_values(&[route]),
-            upstream_connect: upstream("connect"),
-            upstream_timeout: upstream("timeout"),
-            upstream_other: upstream("other"),
-            exempt: self.exempt.with_label_values(&[route]),
-            jwt: ["valid", "invalid", "missing"]
-                .map(|r| self.jwt_tokens.with_label_values(&[route, r])),
-            in_flight: self.in_flight.with_label_values(&[route]),
+            metrics: self.clone(),
+            route: route.into(),
+            series: OnceLock::new(),
         }
     }
 
@@ -503,6 +584,14 @@ impl Metrics {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Families;
+
+    fn deref(&self) -> &Families {
+        &self.0
     }
 }
 

@@ -127,3 +127,132 @@ fn a_pattern_matches_with_or_without_one_trailing_slash_with_the_same_params() {
     let (root, _) = pattern("/");
     assert!(root.matches(&head(&Method::GET, "/", &h)).is_some());
 }
+
+/// The first of `matchers` matching `head`, tested one by one: what the table must answer.
+fn first_match(matchers: &[RouteMatch], head: &RequestHead<'_>) -> Option<(usize, Vec<String>)> {
+    matchers.iter().enumerate().find_map(|(i, m)| {
+        let params = m.matches(head)?;
+        let values = (0..MAX_PARAMS)
+            .map_while(|p| params.get(head.path, p).map(str::to_string))
+            .collect();
+        Some((i, values))
+    })
+}
+
+fn table_fixture() -> Vec<RouteMatch> {
+    let mut matchers = Vec::new();
+    let mut get_only = pattern("/api/users/{id}").0;
+    get_only.set_methods(vec![Method::GET]);
+    matchers.push(get_only);
+    let mut hosted = RouteMatch::with_prefix("/api/").unwrap();
+    hosted.set_host("other.example");
+    matchers.push(hosted);
+    matchers.push(pattern("/{tenant}/users/{id}").0);
+    let mut posts = pattern("/api/users/{id}").0;
+    posts.set_methods(vec![Method::POST, Method::PUT]);
+    matchers.push(posts);
+    matchers.push(RouteMatch::with_prefix("/api").unwrap());
+    matchers.push(pattern("/files/{*rest}").0);
+    matchers.push(pattern("/{*all}").0);
+    matchers.push(pattern("/").0);
+    let mut deletes = RouteMatch::default();
+    deletes.set_methods(vec![Method::DELETE, Method::GET]);
+    matchers.push(deletes);
+    matchers
+}
+
+#[test]
+fn the_route_table_answers_what_testing_every_route_in_order_answers() {
+    let matchers = table_fixture();
+    let table = RouteTable::new(&matchers);
+    let h = HeaderMap::new();
+    let paths = [
+        "/",
+        "/api",
+        "/apis",
+        "/api/",
+        "/api/users/1",
+        "/api/users/1/",
+        "/api/users",
+        "/acme/users/1",
+        "/files",
+        "/files/",
+        "/files/a/b",
+        "/x",
+        "/x/y/z",
+        "*",
+        "",
+        "/api/users/1/2",
+    ];
+    for method in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
+        for path in paths {
+            let head = head(&method, path, &h);
+            let want = first_match(&matchers, &head);
+            let got = match table.find(&matchers, &head) {
+                Found::Route(i, params) => Some((
+                    i,
+                    (0..MAX_PARAMS)
+                        .map_while(|p| params.get(path, p).map(str::to_string))
+                        .collect(),
+                )),
+                _ => None,
+            };
+            assert_eq!(got, want, "{method} {path}");
+        }
+    }
+}
+
+#[test]
+fn one_pass_tells_a_405_from_a_404_with_the_allowed_methods_in_config_order() {
+    let mut matchers = Vec::new();
+    let mut gets = pattern("/api/users/{id}").0;
+    gets.set_methods(vec![Method::GET]);
+    matchers.push(gets);
+    let mut writes = pattern("/{any}/users/{id}").0;
+    writes.set_methods(vec![Method::PUT, Method::GET, Method::POST]);
+    matchers.push(writes);
+    let table = RouteTable::new(&matchers);
+    let h = HeaderMap::new();
+    let delete = head(&Method::DELETE, "/api/users/7", &h);
+    let Found::OtherMethods(from) = table.find(&matchers, &delete) else {
+        panic!("a 405")
+    };
+    let allow = table.allowed_methods(&matchers, &delete, from);
+    assert_eq!(allow, [&Method::GET, &Method::PUT, &Method::POST]);
+    assert!(matches!(
+        table.find(&matchers, &head(&Method::DELETE, "/api/users", &h)),
+        Found::Nothing
+    ));
+}
+
+/// 10,000 routes `/svcN/items/{id}` then one catch-all under `/static/`.
+fn many_routes() -> Vec<RouteMatch> {
+    let mut matchers: Vec<RouteMatch> = (0..10_000)
+        .map(|i| pattern(&format!("/svc{i}/items/{{id}}")).0)
+        .collect();
+    matchers.push(RouteMatch::with_prefix("/static/").unwrap());
+    matchers
+}
+
+#[test]
+fn regression_a_long_path_without_a_slash_was_tested_against_every_route() {
+    let matchers = many_routes();
+    let table = RouteTable::new(&matchers);
+    let h = HeaderMap::new();
+    let long = format!("/{}", "a".repeat(30_000));
+    let (found, tested) = table.find_counting(&matchers, &head(&Method::GET, &long, &h));
+    assert!(matches!(found, Found::Nothing));
+    assert_eq!(tested, 0, "no route can match its first segment");
+    // Long and slash-rich, under an indexed first segment: one route tested, whatever the length.
+    let deep = format!("/svc9999/{}", "a/".repeat(15_000));
+    let (found, tested) = table.find_counting(&matchers, &head(&Method::GET, &deep, &h));
+    assert!(matches!(found, Found::Nothing));
+    assert_eq!(tested, 1);
+    let last = "/svc9999/items/1";
+    let (found, tested) = table.find_counting(&matchers, &head(&Method::GET, last, &h));
+    assert!(matches!(found, Found::Route(9999, _)));
+    assert_eq!(tested, 1);
+    let (found, tested) = table.find_counting(&matchers, &head(&Method::GET, "/static/a.css", &h));
+    assert!(matches!(found, Found::Route(10_000, _)));
+    assert_eq!(tested, 1);
+}

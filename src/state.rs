@@ -45,6 +45,8 @@ pub struct Live {
     pub config: Snapshot,
     /// One per route of `config.routes`, in the same order.
     pub routes: Vec<RouteResources>,
+    /// `config.routes` indexed for routing (`crate::route::RouteTable`).
+    pub table: crate::route::RouteTable,
     /// Requests that matched no route.
     pub unmatched: RouteMetrics,
     /// Present exactly when `config.rls` is.
@@ -62,12 +64,34 @@ pub struct RouteResources {
     pub client: Option<Arc<Balancer>>,
 }
 
+impl RouteResources {
+    /// Exports the route's series and its policies', every one at 0, on its first request: a
+    /// route that has seen one shows every outcome, one never used shows none. After that, one
+    /// atomic load.
+    #[inline]
+    pub fn register_metrics(&self) {
+        if self.metrics.registered() {
+            return;
+        }
+        for policy in &self.policies {
+            policy.register();
+        }
+        self.metrics.register();
+    }
+}
+
+/// A config with at most this many routes exports every route's series from startup, at 0, so
+/// that every rate has a starting sample; a larger one exports a route's series from its first
+/// request, so `/metrics` grows with the routes in use rather than with the routes configured.
+pub const EAGER_METRICS_ROUTES: usize = 256;
+
 impl Live {
     /// Attaches the resources `config` needs: one connection pool per upstream (rebuilt on every
-    /// load; in-flight requests drain the old ones) and every metric series, at 0 from the start.
+    /// load; in-flight requests drain the old ones) and every metric handle, exported at once
+    /// (up to [`EAGER_METRICS_ROUTES`] routes) or from its route's first request.
     pub fn attach(config: Snapshot, metrics: &Metrics) -> Live {
         let mut clients: HashMap<&str, Arc<Balancer>> = HashMap::new();
-        let routes = config
+        let routes: Vec<RouteResources> = config
             .routes
             .iter()
             .map(|route| {
@@ -88,9 +112,7 @@ impl Live {
                         .map(|p| {
                             let m = metrics.policy(&route.name, &p.name);
                             match p.rule {
-                                crate::limiter::Rule::Quota(_) => {
-                                    m.with_quota_units(metrics, &route.name, &p.name)
-                                }
+                                crate::limiter::Rule::Quota(_) => m.with_quota_units(),
                                 _ => m,
                             }
                         })
@@ -100,13 +122,21 @@ impl Live {
             })
             .collect();
         drop(clients);
+        if routes.len() <= EAGER_METRICS_ROUTES {
+            routes.iter().for_each(RouteResources::register_metrics);
+        }
         let rls = config
             .rls
             .as_ref()
             .map(|rls| RlsResources::attach(rls, metrics));
         Live {
+            table: crate::route::RouteTable::new(config.routes.iter().map(|r| &r.matcher)),
             routes,
-            unmatched: metrics.route("unmatched"),
+            unmatched: {
+                let unmatched = metrics.route("unmatched");
+                unmatched.register();
+                unmatched
+            },
             rls,
             config,
         }

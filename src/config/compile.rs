@@ -19,7 +19,7 @@ use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
 use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
-use crate::normalize::{EscapedSlashes, PathOptions};
+use crate::normalize::{EscapedSlashes, PathOptions, PathParameters};
 use crate::proxy::headers::Underscores;
 use crate::proxy::rewrite::{PathRewrite, RouteShape};
 use crate::respond::headers::MAX_POLICIES;
@@ -545,6 +545,18 @@ fn path_options(e: &mut Errors, raw: &RawServer) -> PathOptions {
                     format!("`{other}` is not an action; expected `reject` or `keep`"),
                 );
                 defaults.escaped_slashes
+            }
+        },
+        path_parameters: match raw.path_parameters.as_deref() {
+            None | Some("reject") => PathParameters::Reject,
+            Some("strip") => PathParameters::Strip,
+            Some("keep") => PathParameters::Keep,
+            Some(other) => {
+                e.add(
+                    "server.path_parameters",
+                    format!("`{other}` is not an action; expected `reject`, `strip` or `keep`"),
+                );
+                defaults.path_parameters
             }
         },
     }

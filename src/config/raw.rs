@@ -153,6 +153,8 @@ pub struct RawServer {
     pub merge_slashes: Option<bool>,
     /// `reject` (default) or `keep` `%2F` and `%5C`.
     pub escaped_slashes: Option<String>,
+    /// `reject` (default), `strip` or `keep` `;` path parameters.
+    pub path_parameters: Option<String>,
     /// `x-ratelimit` (default), `ietf`, `both` or `none`: every route's default.
     pub rate_limit_headers: Option<String>,
     /// The refusal of a rate-limited request: every route's default.

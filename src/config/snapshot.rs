@@ -249,6 +249,12 @@ pub struct Route {
     pub rewrite: Option<crate::proxy::rewrite::PathRewrite>,
 }
 
+impl AsRef<RouteMatch> for Route {
+    fn as_ref(&self) -> &RouteMatch {
+        &self.matcher
+    }
+}
+
 /// Requests no policy applies to: they consume nothing and are counted as exempt. Either
 /// condition suffices: the client IP (after `trusted_proxies`) in one of `client_ips`, or one of
 /// `headers` present with exactly its value.

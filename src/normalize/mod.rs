@@ -16,7 +16,7 @@ use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Uri};
 
 pub use host::{canonical_host, request_authority, Authority, HostError};
-pub use path::{normalize_path, EscapedSlashes, PathError, PathOptions};
+pub use path::{normalize_path, EscapedSlashes, PathError, PathOptions, PathParameters};
 
 /// Why a request is refused with 400 before routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

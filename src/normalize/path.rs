@@ -22,6 +22,20 @@ pub enum EscapedSlashes {
     Keep,
 }
 
+/// What to do with `;` path parameters (`/a;jsessionid=1/b`, `/..;/admin`): Tomcat, Jetty and
+/// Spring cut a segment at its `;` before routing, so `/u/rt1;x` is their `/u/rt1` and `/a/..;/b`
+/// their `/b`, while a router that keeps the `;` sees other segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathParameters {
+    /// 400 for a `;` anywhere in the path, or an encoded one (`%3B`).
+    Reject,
+    /// Each segment is cut at its first `;` before dot segments are removed (`/a/..;x/b` is
+    /// `/b`); an encoded `%3B` is still refused, since an upstream may decode it first.
+    Strip,
+    /// Forwarded as sent; `;` is an ordinary character of its segment.
+    Keep,
+}
+
 /// The `server:` options of path normalisation. Each step may be turned off for upstreams that
 /// need raw paths; the defaults are the safe ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +45,7 @@ pub struct PathOptions {
     /// `//` becomes `/`.
     pub merge_slashes: bool,
     pub escaped_slashes: EscapedSlashes,
+    pub path_parameters: PathParameters,
 }
 
 impl Default for PathOptions {
@@ -39,6 +54,7 @@ impl Default for PathOptions {
             normalize_path: true,
             merge_slashes: true,
             escaped_slashes: EscapedSlashes::Reject,
+            path_parameters: PathParameters::Reject,
         }
     }
 }
@@ -52,6 +68,8 @@ pub enum PathError {
     AboveRoot,
     #[error("the path contains an encoded slash (%2F or %5C)")]
     EncodedSlash,
+    #[error("the path contains a `;` path parameter (or an encoded `%3B`)")]
+    PathParameter,
 }
 
 /// The normalised form of an origin-form `path` (borrowed, without allocating, when it is
@@ -82,11 +100,22 @@ fn is_canonical(bytes: &[u8], opts: PathOptions) -> Result<bool, PathError> {
                 segment_start = i + 1;
                 i += 1;
             }
+            Some(b';') => {
+                match opts.path_parameters {
+                    PathParameters::Reject => return Err(PathError::PathParameter),
+                    PathParameters::Strip => canonical = false,
+                    PathParameters::Keep => {}
+                }
+                i += 1;
+            }
             Some(b'%') => {
                 let decoded = escape_at(bytes, i)?;
                 if matches!(decoded, b'/' | b'\\') && opts.escaped_slashes == EscapedSlashes::Reject
                 {
                     return Err(PathError::EncodedSlash);
+                }
+                if decoded == b';' && opts.path_parameters != PathParameters::Keep {
+                    return Err(PathError::PathParameter);
                 }
                 if opts.normalize_path
                     && (is_unreserved(decoded)
@@ -108,6 +137,11 @@ fn rewrite(path: &str, opts: PathOptions) -> Result<String, PathError> {
     let mut segments = path[1..].split('/').peekable();
     while let Some(raw) = segments.next() {
         let last = segments.peek().is_none();
+        // `..;x` is `..` to the upstreams that split parameters off: cut before the dot segments.
+        let raw = match opts.path_parameters {
+            PathParameters::Strip => raw.split_once(';').map_or(raw, |(segment, _)| segment),
+            PathParameters::Reject | PathParameters::Keep => raw,
+        };
         if raw.is_empty() && !last && opts.merge_slashes {
             continue;
         }
@@ -150,6 +184,9 @@ fn push_segment(raw: &str, opts: PathOptions, out: &mut String) -> Result<(), Pa
         let decoded = escape_at(bytes, at)?;
         if matches!(decoded, b'/' | b'\\') && opts.escaped_slashes == EscapedSlashes::Reject {
             return Err(PathError::EncodedSlash);
+        }
+        if decoded == b';' && opts.path_parameters != PathParameters::Keep {
+            return Err(PathError::PathParameter);
         }
         if !opts.normalize_path {
             out.push_str(&raw[at..at + 3]);

@@ -15,6 +15,7 @@ const SAFE: PathOptions = PathOptions {
     normalize_path: true,
     merge_slashes: true,
     escaped_slashes: EscapedSlashes::Reject,
+    path_parameters: PathParameters::Reject,
 };
 
 /// Characters of a user id and query value: unreserved ones and some that must be escaped.
@@ -200,7 +201,8 @@ fn plain_spelling() -> Spelling {
 proptest! {
     #[test]
     fn every_spelling_meets_the_same_route_and_counter(
-        id in value_strategy(),
+        // A `;` in a path is a path parameter, refused by default (`path_parameters`).
+        id in value_strategy().prop_filter("no `;` in a path", |v| !v.contains(&b';')),
         k in value_strategy(),
         spelling in spelling_strategy(),
     ) {

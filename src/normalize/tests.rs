@@ -8,6 +8,7 @@ const SAFE: PathOptions = PathOptions {
     normalize_path: true,
     merge_slashes: true,
     escaped_slashes: EscapedSlashes::Reject,
+    path_parameters: PathParameters::Reject,
 };
 
 fn norm(path: &str) -> Result<String, PathError> {
@@ -116,8 +117,9 @@ fn each_step_can_be_turned_off() {
         normalize_path: false,
         merge_slashes: false,
         escaped_slashes: EscapedSlashes::Keep,
+        path_parameters: PathParameters::Keep,
     };
-    for path in ["//a/./b/../%61%2f", "/../x"] {
+    for path in ["//a/./b/../%61%2f", "/../x", "/a;b/..;/c%3b"] {
         assert_eq!(normalize_path(path, raw).as_deref(), Ok(path));
     }
     let no_merge = PathOptions {
@@ -238,5 +240,73 @@ fn a_canonical_request_is_left_alone() {
     assert_eq!(
         req.headers().get("host").unwrap().as_bytes().as_ptr(),
         before
+    );
+}
+
+/// Every spelling of a `;` path parameter that Tomcat, Jetty or Spring would cut off.
+const PARAMETER_SPELLINGS: &[&str] = &[
+    "/u/rt1;",
+    "/u/rt1;x=1",
+    "/u/rt1;jsessionid=ABC",
+    "/u/;/rt1",
+    "/rw/a/..;/..;/admin",
+    "/rw/a/.;/admin",
+    "/rw/a/..;x=1/admin",
+    "/;/admin",
+    "/a;b/c;d",
+    "/u/rt1%3B",
+    "/u/rt1%3b",
+    "/u/rt1%3Bx=1",
+    "/rw/a/..%3B/admin",
+];
+
+#[test]
+fn regression_path_parameters_passed_normalisation() {
+    for path in PARAMETER_SPELLINGS {
+        assert_eq!(norm(path), Err(PathError::PathParameter), "{path}");
+    }
+}
+
+#[test]
+fn path_parameters_are_stripped_before_dot_segments_when_configured() {
+    let strip = PathOptions {
+        path_parameters: PathParameters::Strip,
+        ..SAFE
+    };
+    for (path, want) in [
+        ("/u/rt1;", "/u/rt1"),
+        ("/u/rt1;x=1", "/u/rt1"),
+        ("/u/rt1;jsessionid=ABC/", "/u/rt1/"),
+        ("/u/;x/rt1", "/u/rt1"),
+        ("/rw/a/b/..;/..;/admin", "/rw/admin"),
+        ("/rw/a/.;/admin", "/rw/a/admin"),
+        ("/a;b/c;d", "/a/c"),
+        ("/a/;x", "/a/"),
+    ] {
+        assert_eq!(normalize_path(path, strip).as_deref(), Ok(want), "{path}");
+    }
+    assert_eq!(
+        normalize_path("/a/..;/..;/admin", strip),
+        Err(PathError::AboveRoot)
+    );
+    // An encoded `;` is refused even so: an upstream may decode it before it splits.
+    for path in ["/u/rt1%3B", "/u/rt1%3b", "/a/..%3B/b"] {
+        assert_eq!(
+            normalize_path(path, strip),
+            Err(PathError::PathParameter),
+            "{path}"
+        );
+    }
+    let keep = PathOptions {
+        path_parameters: PathParameters::Keep,
+        ..SAFE
+    };
+    assert!(matches!(
+        normalize_path("/a;b=1/c", keep),
+        Ok(Cow::Borrowed("/a;b=1/c"))
+    ));
+    assert_eq!(
+        normalize_path("/a/..;/c%3b", keep).as_deref(),
+        Ok("/a/..;/c%3B")
     );
 }

@@ -176,6 +176,75 @@ async fn raw_paths_are_forwarded_when_normalisation_is_off() {
     assert_eq!(log[0].request_uri, "//x/./%61");
 }
 
+/// `;` path parameters, raw or encoded, in every place Tomcat, Jetty or Spring would cut them off.
+const PATH_PARAMETER_SPELLINGS: &[&str] = &[
+    "/api/users/carol;",
+    "/api/users/carol;x=1",
+    "/api/users/carol;jsessionid=0123ABCD",
+    "/api/users/carol;/",
+    "/api;x/users/carol",
+    "/api/users;/carol",
+    "/x/..;/metrics",
+    "/x/y/..;/..;/metrics",
+    "/x/.;/metrics",
+    "/x/..;jsessionid=1/metrics",
+    "/;/metrics",
+    "/api/users/carol%3B",
+    "/api/users/carol%3bx=1",
+    "/x/..%3B/metrics",
+];
+
+/// `/u/rt1;` was a fresh counter for user `rt1` on servers that strip path parameters, and
+/// `/a/..;/..;/admin` reached them as `/admin` past the route that guards it.
+#[tokio::test]
+async fn regression_path_parameters_passed_normalisation() {
+    let (nginx, gw) = start("").await;
+    for target in PATH_PARAMETER_SPELLINGS {
+        assert_eq!(get(&gw, target, "api.example", &[]).await, 400, "{target}");
+    }
+    assert_eq!(get(&gw, "/other", "api.example", &[]).await, 200);
+    let log = access_log(&nginx, 1).await;
+    let received: Vec<&str> = log.iter().map(|l| l.request_uri.as_str()).collect();
+    assert_eq!(received, ["/other"], "no `;` reaches NGINX");
+}
+
+#[tokio::test]
+async fn path_parameters_are_stripped_when_configured() {
+    let (nginx, gw) = start("path_parameters: strip").await;
+    // One user, one counter, whatever parameters ride on its segments.
+    let mut statuses = Vec::new();
+    for target in [
+        "/api/users/carol;x=1",
+        "/api;v=2/users/carol",
+        "/api/users/carol;jsessionid=1/",
+        "/api/users/carol",
+    ] {
+        statuses.push(get(&gw, target, "api.example", &[]).await);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    // A `..;` segment is a `..`: it cannot walk around the route that guards `/metrics`.
+    for target in ["/x/..;/metrics", "/x/y/..;/..;/metrics", "/x/.;/../metrics"] {
+        assert_eq!(get(&gw, target, "api.example", &[]).await, 403, "{target}");
+    }
+    // Encoded, it is refused even so: the upstream might decode it before it splits.
+    assert_eq!(get(&gw, "/x/..%3B/metrics", "api.example", &[]).await, 400);
+    let log = access_log(&nginx, 3).await;
+    let received: Vec<&str> = log.iter().map(|l| l.request_uri.as_str()).collect();
+    assert_eq!(
+        received,
+        ["/api/users/carol", "/api/users/carol", "/api/users/carol/"]
+    );
+}
+
+#[tokio::test]
+async fn path_parameters_are_forwarded_when_kept() {
+    let (nginx, gw) = start("path_parameters: keep").await;
+    assert_eq!(get(&gw, "/a;v=1/b%3b", "api.example", &[]).await, 200);
+    let log = access_log(&nginx, 1).await;
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].request_uri, "/a;v=1/b%3B");
+}
+
 #[tokio::test]
 async fn regression_query_key_spellings_were_separate_buckets() {
     let (nginx, gw) = start("").await;
@@ -363,4 +432,48 @@ async fn regression_the_shipped_policies_let_a_trailing_slash_through() {
     let log = access_log(&nginx, 20).await;
     assert_eq!(admitted, 20);
     assert_eq!(log.len(), 20, "the burst of per_user, not 40: {log:?}");
+}
+
+#[tokio::test]
+async fn a_path_parameters_setting_that_is_not_an_action_is_a_config_error() {
+    let yaml =
+        "server:\n  path_parameters: allow\nroutes:\n  - name: r\n    respond: { body: x }\n";
+    let (_dir, path) = config_file(yaml);
+    let (code, _, stderr) = check(&path);
+    assert_ne!(code, Some(0), "{stderr}");
+    let want = format!(
+        "{}:2:20: server.path_parameters: `allow` is not an action; expected `reject`, `strip` or `keep`",
+        path.display()
+    );
+    assert!(stderr.contains(&want), "want {want:?} in:\n{stderr}");
+}
+
+/// The blocks of docs/normalization.md and docs/hardening.md that set `path_parameters` are valid
+/// sections of a config.
+#[tokio::test]
+async fn the_documented_options_pass_check() {
+    for page in ["docs/normalization.md", "docs/hardening.md"] {
+        let text = std::fs::read_to_string(crate::support::tools::repo_path(page)).expect(page);
+        let block = text
+            .split("```yaml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+            .find(|block| block.contains("path_parameters:"))
+            .unwrap_or_else(|| panic!("{page}: no block sets path_parameters"));
+        let yaml = format!("{block}routes:\n  - name: r\n    respond: {{ body: x }}\n");
+        let (_dir, path) = config_file(&yaml);
+        let (code, _, stderr) = check(&path);
+        assert_eq!(code, Some(0), "{page}:\n{yaml}\n{stderr}");
+    }
+    // The README's reference config sets it on one line of its `server:` section.
+    let readme =
+        std::fs::read_to_string(crate::support::tools::repo_path("README.md")).expect("README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("path_parameters:"))
+        .expect("README.md sets path_parameters");
+    let yaml = format!("server:\n{line}\nroutes:\n  - name: r\n    respond: {{ body: x }}\n");
+    let (_dir, path) = config_file(&yaml);
+    let (code, _, stderr) = check(&path);
+    assert_eq!(code, Some(0), "README.md:\n{yaml}\n{stderr}");
 }

@@ -148,3 +148,58 @@ async fn a_request_no_route_takes_gets_a_json_404() {
         Some(1.0)
     );
 }
+
+/// With 10,000 routes, a 30 KB path without a slash was tested against every route twice (for the
+/// 404, then for a 405), each test scanning the whole path: about 40 ms of CPU per request in a
+/// debug build, so twenty of them took most of a second. Indexed by the first segment, no route
+/// can match it and none is tested. (A wall-clock bound, far above what the routing now costs and
+/// far below what it cost; `route::tests` bounds the same with a count of routes tested.)
+#[tokio::test]
+async fn regression_a_long_path_without_a_slash_cost_every_route_twice() {
+    let mut yaml = String::from("server:\n  max_header_size: 64KiB\nroutes:\n");
+    for i in 0..10_000 {
+        yaml.push_str(&format!(
+            "  - name: svc{i}\n    match: {{ path: \"/svc{i}/items/{{id}}\", methods: [GET] }}\n    respond: {{ body: svc{i} }}\n"
+        ));
+    }
+    let gw = TestGateway::start(&yaml).await;
+    let client = Client::new();
+    let long = format!("/{}", "a".repeat(30_000));
+    // Warm the connection and the page cache of the test binary.
+    assert_eq!(client.get(&gw.url(&long)).await.status, 404);
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        assert_eq!(client.get(&gw.url(&long)).await.status, 404);
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < std::time::Duration::from_millis(300),
+        "20 long unmatched paths took {elapsed:?}"
+    );
+    // The routes still answer, the last one included, and a 405 is still told from a 404.
+    assert_eq!(
+        body_or_status(&client, &gw.url("/svc9999/items/1")).await,
+        "svc9999"
+    );
+    assert_eq!(
+        body_or_status(&client, &gw.url("/svc0/items/1/")).await,
+        "svc0"
+    );
+    let reply = client
+        .send(
+            http::Request::post(gw.url("/svc9999/items/1"))
+                .body(crate::support::client::empty())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(reply.status, 405);
+    assert_eq!(reply.headers["allow"], "GET");
+    assert_eq!(
+        gw.metric(
+            "turnstile_requests_total",
+            &[("route", "unmatched"), ("code", "4xx")]
+        )
+        .await,
+        22.0
+    );
+}

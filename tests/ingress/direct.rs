@@ -129,6 +129,32 @@ async fn no_route_admits_and_a_call_naming_no_request_is_a_400() {
     assert_eq!(other.status, 404);
 }
 
+/// A `;` path parameter in the original request, raw or encoded, is refused as on the gateway: a
+/// user's counter cannot be renamed with a suffix the upstream cuts off, nor `..;` step around a
+/// route.
+#[tokio::test]
+async fn regression_path_parameters_passed_the_check() {
+    let (_gw, check, _) = crate::turnstile().await;
+    for uri in [
+        "/api/users/carol;",
+        "/api/users/carol;jsessionid=1",
+        "/api/users/carol%3B",
+        "/api/users/carol%3bx",
+        "/api/users/x/..;/carol",
+        "/api;/users/carol",
+        "/api/users/.;/carol",
+    ] {
+        for name in ["x-forwarded-uri", "x-original-uri"] {
+            let reply = call(check, "", &[(name, uri)]).await;
+            assert_eq!(reply.status, 400, "{name}: {uri}");
+        }
+    }
+    // carol's counter is untouched: the whole burst is still hers.
+    let first = call(check, "", &[("x-forwarded-uri", "/api/users/carol")]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(header(&first, "x-ratelimit-remaining"), "2");
+}
+
 /// The original request is normalised exactly as the gateway normalises its own: dot segments,
 /// doubled slashes and encoded unreserved characters all meet the same counter.
 #[tokio::test]
