@@ -4,6 +4,8 @@
 //! generated configs, run against an in-test upstream, enforce what the annotations meant: beside
 //! a real nginx with the `limit_req` ingress-nginx writes, and on two replicas sharing a real Redis.
 //!
+//! A manifest's `NAME.args`, when present, holds more command-line arguments for it.
+//!
 //! After a deliberate change of the output, regenerate the goldens with
 //! `UPDATE_GOLDEN=1 cargo test --test import_ingress_nginx every_corpus` and review the diff.
 
@@ -74,7 +76,12 @@ fn every_corpus_manifest_imports_to_its_golden_policies_and_report() {
     let update = std::env::var_os("UPDATE_GOLDEN").is_some();
     let mut mismatches = Vec::new();
     for file in &files {
-        let (code, yaml, report) = import(&[&relative(file)]);
+        // `NAME.args`, when present: more arguments for that manifest (`--ingress-class nginx`).
+        let extra = std::fs::read_to_string(golden(file, "args")).unwrap_or_default();
+        let mut args = vec![relative(file)];
+        args.extend(extra.split_whitespace().map(str::to_string));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, yaml, report) = import(&args);
         assert_eq!(code, Some(0), "{}: {report}", file.display());
         for (ext, actual) in [("out.yaml", &yaml), ("report.txt", &report)] {
             let path = golden(file, ext);
@@ -133,6 +140,62 @@ fn the_report_names_the_ingress_and_the_annotation_of_what_is_not_mapped() {
     // Values that ask for what Turnstile does anyway are not reported.
     assert!(!report.contains("ssl-redirect=\"false\""), "{report}");
     assert!(!report.contains("backend-protocol=\"HTTP\""), "{report}");
+}
+
+/// `--ingress-class`: another controller's Ingresses and those with no class are skipped and
+/// named in the report; `--watch-ingress-without-class` takes the latter too; a class no Ingress
+/// has is an error that says what was skipped, and nothing is written.
+#[test]
+fn ingress_class_takes_only_that_class_and_reports_the_skipped() {
+    let input = format!("{CORPUS}/16-ingress-class.yaml");
+    let (code, yaml, report) = import(&[&input, "--ingress-class", "nginx"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.starts_with("turnstile import: 2 Ingresses -> 2 routes, 2 upstreams;"),
+        "{report}"
+    );
+    for skipped in [
+        "kube-system/dashboard: class traefik (spec.ingressClassName), not nginx: skipped",
+        "ops/internal: class nginx-internal (kubernetes.io/ingress.class), not nginx: skipped",
+        "ops/moved: class haproxy (spec.ingressClassName), not nginx: skipped",
+        "default/orphan: no class (neither spec.ingressClassName nor the kubernetes.io/ingress.class annotation): skipped",
+    ] {
+        assert!(report.contains(skipped), "no {skipped} in:\n{report}");
+    }
+    for host in [
+        "traefik.example.com",
+        "ops.example.com",
+        "moved.example.com",
+        "orphan.example.com",
+    ] {
+        assert!(!yaml.contains(host), "{host} imported:\n{yaml}");
+    }
+    let (code, yaml, report) = import(&[
+        &input,
+        "--ingress-class",
+        "nginx",
+        "--watch-ingress-without-class",
+    ]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(yaml.contains("host: orphan.example.com"), "{yaml}");
+    assert!(!report.contains("default/orphan"), "{report}");
+
+    let (code, stdout, stderr) = import(&[&input, "--ingress-class", "contour"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.contains("no networking.k8s.io/v1 Ingress of class `contour` in the input")
+            && stderr
+                .contains("web/shop: class nginx (spec.ingressClassName), not contour: skipped"),
+        "{stderr}"
+    );
+    // Without the filter every Ingress is imported, whatever its class.
+    let (code, _, report) = import(&[&input]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.starts_with("turnstile import: 6 Ingresses"),
+        "{report}"
+    );
 }
 
 #[test]

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::annotations::{self, PolicyOut};
-use super::manifest::{Backend, Ingress, Manifests};
+use super::emit;
+use super::manifest::{Backend, Ingress, Manifests, CLASS_ANNOTATION};
 use super::nginx::turnstile_size;
 use super::order::{fit, order, unique_names, Candidate};
 use super::Note;
@@ -50,7 +51,7 @@ pub enum PathOut {
     Prefix(String),
 }
 
-pub fn translate(manifests: &Manifests) -> Document {
+pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
     let mut doc = Document::default();
     let mut notes = Vec::new();
     let mut by_id: BTreeMap<(String, String), &Ingress> = BTreeMap::new();
@@ -67,6 +68,23 @@ pub fn translate(manifests: &Manifests) -> Document {
                 ),
             ));
         }
+    }
+    if let Some(wanted) = &options.ingress_class {
+        by_id.retain(|(ns, name), ingress| {
+            let subject = format!("{ns}/{name}");
+            match ingress.class() {
+                Some((class, _)) if class == *wanted => true,
+                Some((class, from)) => {
+                    notes.push(note(&subject, format!("class {} ({from}), not {wanted}: skipped (--ingress-class {wanted})", emit::scalar(&class))));
+                    false
+                }
+                None if options.without_class => true,
+                None => {
+                    notes.push(note(&subject, format!("no class (neither spec.ingressClassName nor the {CLASS_ANNOTATION} annotation): skipped, as ingress-nginx skips it unless started with --watch-ingress-without-class (add that flag to import it)")));
+                    false
+                }
+            }
+        });
     }
     doc.ingresses = by_id.len();
     let (old, other): (Vec<_>, Vec<_>) = manifests
