@@ -796,3 +796,26 @@ async fn backend_protocol_https_reaches_an_unverified_upstream_and_proxy_ssl_ver
         .await;
     assert_eq!(verified.status, 502, "{}", verified.text());
 }
+
+/// docs/migration.md shows the importer's output: every `yaml` block there is a verbatim excerpt of
+/// a corpus golden (which `every_golden_passes_check_and_loads` loads), so the page cannot drift
+/// from what the importer writes.
+#[test]
+fn the_yaml_shown_in_the_migration_guide_is_what_the_importer_writes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = std::fs::read_to_string(root.join("docs/migration.md")).expect("read the guide");
+    let goldens: Vec<String> = corpus()
+        .iter()
+        .map(|f| std::fs::read_to_string(golden(f, "out.yaml")).expect("read golden"))
+        .collect();
+    let mut blocks = 0;
+    for block in guide.split("```yaml\n").skip(1) {
+        let snippet = block.split("```").next().expect("a closed block");
+        blocks += 1;
+        assert!(
+            goldens.iter().any(|g| g.contains(snippet)),
+            "not in any tests/import/*.out.yaml:\n{snippet}"
+        );
+    }
+    assert!(blocks >= 3, "{blocks} yaml blocks in docs/migration.md");
+}
