@@ -312,3 +312,15 @@ fn rewrite_target_maps_the_exact_regex_shapes_and_reports_the_rest() {
     );
     assert_eq!(loads(&imported.yaml).routes.len(), 1);
 }
+
+#[test]
+fn a_rewrite_target_equal_to_the_path_rewrites_nothing_as_in_ingress_nginx() {
+    let text = ingress_with(
+        "nginx.ingress.kubernetes.io/rewrite-target: /",
+        "/",
+        "Prefix",
+    );
+    let imported = import(&[("m.yaml", &text)]);
+    assert!(!imported.yaml.contains("rewrite"), "{}", imported.yaml);
+    assert!(imported.notes.is_empty(), "{}", imported.report());
+}

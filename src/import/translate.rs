@@ -152,9 +152,11 @@ pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
                     "{} {kind} {written}",
                     host.as_deref().unwrap_or("(any host)")
                 );
+                // ingress-nginx rewrites only when the target differs from the path.
                 let rewritten = plan
                     .rewrite_target
                     .as_deref()
+                    .filter(|target| *target != written)
                     .map(|target| rewrite(&written, kind, target));
                 let (path, rewrite) = match rewritten {
                     Some(Ok((path, template))) => (path, Some(template)),
@@ -191,7 +193,8 @@ pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
                     Some(upstream),
                     &plan,
                 );
-                if rewrite.is_none() && plan.rewrite_target.is_some() {
+                if rewrite.is_none() && plan.rewrite_target.as_ref().is_some_and(|t| *t != written)
+                {
                     route.comments.push("rewrite-target not mapped (see the report): the path is forwarded unchanged".to_string());
                 }
                 route.rewrite = rewrite;
