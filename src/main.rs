@@ -59,6 +59,14 @@ enum Import {
         /// Write the policies file here instead of stdout.
         #[arg(long, short)]
         output: Option<PathBuf>,
+        /// Only the Ingresses of this class (`spec.ingressClassName`, else the
+        /// `kubernetes.io/ingress.class` annotation); the others are skipped and reported.
+        #[arg(long, value_name = "NAME")]
+        ingress_class: Option<String>,
+        /// With --ingress-class, also the Ingresses that name no class (skipped otherwise, as
+        /// ingress-nginx does without this flag).
+        #[arg(long, requires = "ingress_class")]
+        watch_ingress_without_class: bool,
     },
 }
 
@@ -86,8 +94,17 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Import(Import::IngressNginx { files, output }) => {
-            match import_ingress_nginx(&files, output.as_deref()) {
+        Command::Import(Import::IngressNginx {
+            files,
+            output,
+            ingress_class,
+            watch_ingress_without_class,
+        }) => {
+            let options = turnstile::import::Options {
+                ingress_class,
+                without_class: watch_ingress_without_class,
+            };
+            match import_ingress_nginx(&files, output.as_deref(), &options) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("turnstile import: {e:#}");
@@ -137,7 +154,11 @@ fn main() -> ExitCode {
 
 /// Reads the manifests, checks the generated config with the same loader as `check` (a failure
 /// there is a bug of the importer, never written out), then writes it and the report.
-fn import_ingress_nginx(files: &[PathBuf], output: Option<&Path>) -> anyhow::Result<()> {
+fn import_ingress_nginx(
+    files: &[PathBuf],
+    output: Option<&Path>,
+    options: &turnstile::import::Options,
+) -> anyhow::Result<()> {
     let mut inputs = Vec::with_capacity(files.len());
     for file in files {
         let text = if file.as_os_str() == "-" {
@@ -148,7 +169,7 @@ fn import_ingress_nginx(files: &[PathBuf], output: Option<&Path>) -> anyhow::Res
         };
         inputs.push((file.display().to_string(), text));
     }
-    let imported = turnstile::import::ingress_nginx(&inputs)?;
+    let imported = turnstile::import::ingress_nginx_with(&inputs, options)?;
     let name = output.unwrap_or(Path::new("policies.yaml"));
     config::parse(&imported.yaml, name).map_err(|e| {
         anyhow::anyhow!("the generated config does not pass check (an importer bug):\n{e}")

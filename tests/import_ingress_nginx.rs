@@ -4,6 +4,8 @@
 //! generated configs, run against an in-test upstream, enforce what the annotations meant: beside
 //! a real nginx with the `limit_req` ingress-nginx writes, and on two replicas sharing a real Redis.
 //!
+//! A manifest's `NAME.args`, when present, holds more command-line arguments for it.
+//!
 //! After a deliberate change of the output, regenerate the goldens with
 //! `UPDATE_GOLDEN=1 cargo test --test import_ingress_nginx every_corpus` and review the diff.
 
@@ -74,7 +76,12 @@ fn every_corpus_manifest_imports_to_its_golden_policies_and_report() {
     let update = std::env::var_os("UPDATE_GOLDEN").is_some();
     let mut mismatches = Vec::new();
     for file in &files {
-        let (code, yaml, report) = import(&[&relative(file)]);
+        // `NAME.args`, when present: more arguments for that manifest (`--ingress-class nginx`).
+        let extra = std::fs::read_to_string(golden(file, "args")).unwrap_or_default();
+        let mut args = vec![relative(file)];
+        args.extend(extra.split_whitespace().map(str::to_string));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, yaml, report) = import(&args);
         assert_eq!(code, Some(0), "{}: {report}", file.display());
         for (ext, actual) in [("out.yaml", &yaml), ("report.txt", &report)] {
             let path = golden(file, ext);
@@ -115,21 +122,80 @@ fn every_golden_passes_check_and_loads() {
 fn the_report_names_the_ingress_and_the_annotation_of_what_is_not_mapped() {
     let (_, _, report) = import(&[&format!("{CORPUS}/07-annotations-not-mapped.yaml")]);
     for annotation in [
-        "rewrite-target",
-        "use-regex",
         "force-ssl-redirect",
         "auth-type",
         "enable-cors",
         "whitelist-source-range",
-        "limit-connections",
         "configuration-snippet",
     ] {
         let line = format!("backoffice/legacy-admin: nginx.ingress.kubernetes.io/{annotation}=");
         assert!(report.contains(&line), "no {line} in:\n{report}");
     }
+    // Mapped: limit-connections (a concurrency policy), rewrite-target and the use-regex it implies
+    // (the route's rewrite).
+    for annotation in ["limit-connections", "rewrite-target", "use-regex"] {
+        let line = format!("backoffice/legacy-admin: nginx.ingress.kubernetes.io/{annotation}=");
+        assert!(!report.contains(&line), "{line} in:\n{report}");
+    }
     // Values that ask for what Turnstile does anyway are not reported.
     assert!(!report.contains("ssl-redirect=\"false\""), "{report}");
     assert!(!report.contains("backend-protocol=\"HTTP\""), "{report}");
+}
+
+/// `--ingress-class`: another controller's Ingresses and those with no class are skipped and
+/// named in the report; `--watch-ingress-without-class` takes the latter too; a class no Ingress
+/// has is an error that says what was skipped, and nothing is written.
+#[test]
+fn ingress_class_takes_only_that_class_and_reports_the_skipped() {
+    let input = format!("{CORPUS}/16-ingress-class.yaml");
+    let (code, yaml, report) = import(&[&input, "--ingress-class", "nginx"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.starts_with("turnstile import: 2 Ingresses -> 2 routes, 2 upstreams;"),
+        "{report}"
+    );
+    for skipped in [
+        "kube-system/dashboard: class traefik (spec.ingressClassName), not nginx: skipped",
+        "ops/internal: class nginx-internal (kubernetes.io/ingress.class), not nginx: skipped",
+        "ops/moved: class haproxy (spec.ingressClassName), not nginx: skipped",
+        "default/orphan: no class (neither spec.ingressClassName nor the kubernetes.io/ingress.class annotation): skipped",
+    ] {
+        assert!(report.contains(skipped), "no {skipped} in:\n{report}");
+    }
+    for host in [
+        "traefik.example.com",
+        "ops.example.com",
+        "moved.example.com",
+        "orphan.example.com",
+    ] {
+        assert!(!yaml.contains(host), "{host} imported:\n{yaml}");
+    }
+    let (code, yaml, report) = import(&[
+        &input,
+        "--ingress-class",
+        "nginx",
+        "--watch-ingress-without-class",
+    ]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(yaml.contains("host: orphan.example.com"), "{yaml}");
+    assert!(!report.contains("default/orphan"), "{report}");
+
+    let (code, stdout, stderr) = import(&[&input, "--ingress-class", "contour"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.contains("no networking.k8s.io/v1 Ingress of class `contour` in the input")
+            && stderr
+                .contains("web/shop: class nginx (spec.ingressClassName), not contour: skipped"),
+        "{stderr}"
+    );
+    // Without the filter every Ingress is imported, whatever its class.
+    let (code, _, report) = import(&[&input]);
+    assert_eq!(code, Some(0), "{report}");
+    assert!(
+        report.starts_with("turnstile import: 6 Ingresses"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -190,6 +256,11 @@ fn bad_input_is_a_clear_error_naming_the_file() {
 /// golden test pins the text), with every upstream pointed at `$UPSTREAM` and behind a trusted
 /// proxy on loopback, so a test can pick the client IP with `X-Forwarded-For`.
 fn runnable(name: &str) -> String {
+    runnable_with(name, |_| "http://$UPSTREAM".to_string())
+}
+
+/// [`runnable`] with each upstream's url replaced by `url(imported url)`.
+fn runnable_with(name: &str, url: impl Fn(&str) -> String) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(CORPUS)
         .join(format!("{name}.yaml"));
@@ -200,7 +271,9 @@ fn runnable(name: &str) -> String {
     let mut out = String::from("client_ip:\n  trusted_proxies: [127.0.0.1]\n");
     for line in yaml.lines() {
         match line.split_once("url: ") {
-            Some((indent, _)) => out.push_str(&format!("{indent}url: \"http://$UPSTREAM\"")),
+            Some((indent, imported)) => {
+                out.push_str(&format!("{indent}url: \"{}\"", url(imported)))
+            }
             None => out.push_str(line),
         }
         out.push('\n');
@@ -540,4 +613,209 @@ async fn imported_path_types_match_what_kubernetes_and_nginx_match() {
             "{path}"
         );
     }
+}
+
+/// The path the in-test upstream received (its JSON echo's `path`, with the query).
+fn echoed_path(reply: &support::Reply) -> String {
+    reply.json()["path"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no echo: {}", reply.text()))
+        .to_string()
+}
+
+/// `rewrite-target` with a capture group, and with a fixed target: what ingress-nginx writes for
+/// the two Ingresses of `15-rewrite-target` (a `location ~*` and a `rewrite ... break`, proxied to
+/// the same upstream) and the imported routes forward the same path for every request, and
+/// neither serves a path outside the pattern.
+#[tokio::test]
+async fn imported_rewrites_forward_the_paths_nginx_rewrite_target_forwards() {
+    let upstream = Upstream::start().await;
+    let nginx = Nginx::start(&format!(
+        "location ~* \"^/something(/|$)(.*)\" {{ rewrite \"(?i)/something(/|$)(.*)\" /$2 break; proxy_pass http://{up}; }}\n\
+         location ~* \"^/welcome\" {{ rewrite \"(?i)/welcome\" /index.html break; proxy_pass http://{up}; }}\n\
+         location / {{ return 404; }}",
+        up = upstream.addr
+    ));
+    let gw = TestGateway::with_upstream(&runnable("15-rewrite-target"), upstream.addr).await;
+    let c = Client::new();
+    let cases = [
+        ("rewrite.bar.com", "/something", Some("/")),
+        ("rewrite.bar.com", "/something/", Some("/")),
+        ("rewrite.bar.com", "/something/new", Some("/new")),
+        (
+            "rewrite.bar.com",
+            "/something/a/b?page=2",
+            Some("/a/b?page=2"),
+        ),
+        ("rewrite.bar.com", "/somethingelse", None),
+        ("www.bar.com", "/welcome", Some("/index.html")),
+        (
+            "www.bar.com",
+            "/welcome/tour?lang=fr",
+            Some("/index.html?lang=fr"),
+        ),
+        ("www.bar.com", "/welcomes", Some("/index.html")),
+    ];
+    for (host, path, want) in cases {
+        let headers = [("host", host)];
+        let from_nginx = c
+            .get_with(&format!("{}{path}", nginx.base_url()), &headers)
+            .await;
+        let from_turnstile = c.get_with(&gw.url(path), &headers).await;
+        match want {
+            Some(want) => {
+                assert_eq!(from_nginx.status, 200, "nginx {host}{path}");
+                assert_eq!(echoed_path(&from_nginx), want, "nginx {host}{path}");
+                assert_eq!(from_turnstile.status, 200, "turnstile {host}{path}");
+                assert_eq!(echoed_path(&from_turnstile), want, "turnstile {host}{path}");
+            }
+            None => {
+                assert_eq!(from_nginx.status, 404, "nginx {host}{path}");
+                assert_eq!(from_turnstile.status, 404, "turnstile {host}{path}");
+            }
+        }
+    }
+}
+
+/// `limit-connections: "3"`: beside nginx's `limit_conn` as ingress-nginx writes it (per client
+/// address, status set to 429 here to compare), three requests held at the upstream leave a fourth
+/// from the same client refused, another client served, the whitelist never limited; once they
+/// end, the client is served again.
+#[tokio::test]
+async fn limit_connections_3_refuses_the_fourth_request_in_flight_as_nginx_limit_conn_does() {
+    let upstream = Upstream::start().await;
+    let nginx = Nginx::start_with(
+        &format!(
+            "location / {{ limit_conn conn 3; proxy_pass http://{}; }}",
+            upstream.addr
+        ),
+        "limit_conn_zone $binary_remote_addr zone=conn:1m;\nlimit_conn_status 429;",
+    );
+    let gw = TestGateway::with_upstream(&runnable("13-limit-connections"), upstream.addr).await;
+    let c = Client::new();
+    let client = "198.51.100.70";
+    let held = [
+        ("host", "files.example.com"),
+        ("x-forwarded-for", client),
+        ("x-test-hold-head", "1"),
+    ];
+    for (door, base) in [("nginx", nginx.base_url()), ("turnstile", gw.url(""))] {
+        let before = upstream.requests();
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let (c, url) = (c.clone(), format!("{base}/releases/big.iso"));
+            tasks.push(tokio::spawn(
+                async move { c.get_with(&url, &held).await.status },
+            ));
+        }
+        upstream.wait_for_requests(before + 3).await;
+        let fourth = c
+            .get_with(
+                &format!("{base}/releases/other.iso"),
+                &[("host", "files.example.com"), ("x-forwarded-for", client)],
+            )
+            .await;
+        assert_eq!(fourth.status, 429, "{door}: {}", fourth.text());
+        upstream.release(3);
+        for task in tasks {
+            assert_eq!(task.await.expect("task"), 200, "{door}");
+        }
+        let again = c
+            .get_with(
+                &format!("{base}/releases/big.iso"),
+                &[("host", "files.example.com"), ("x-forwarded-for", client)],
+            )
+            .await;
+        assert_eq!(again.status, 200, "{door}: served once the three ended");
+    }
+
+    // Turnstile only (nginx here sees one address): another client is served, and the whitelist
+    // 10.8.0.0/16 is exempt however many it has in flight.
+    for (who, n) in [("198.51.100.71", 3), ("10.8.4.2", 6)] {
+        let before = upstream.requests();
+        let headers = [
+            ("host", "files.example.com"),
+            ("x-forwarded-for", who),
+            ("x-test-hold-head", "1"),
+        ];
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let (c, url) = (c.clone(), gw.url("/nightly/x"));
+            tasks.push(tokio::spawn(async move {
+                c.get_with(&url, &headers).await.status
+            }));
+        }
+        upstream.wait_for_requests(before + n).await;
+        upstream.release(n);
+        for task in tasks {
+            assert_eq!(task.await.expect("task"), 200, "{who}");
+        }
+    }
+}
+
+/// `backend-protocol: HTTPS` against a real nginx serving TLS with a certificate the gateway has
+/// no CA for (as a cluster-internal service's usually is): the imported upstream, like
+/// ingress-nginx without `proxy-ssl-verify`, reaches it; the one imported with
+/// `proxy-ssl-verify: "on"` verifies and refuses it (502).
+#[tokio::test]
+async fn backend_protocol_https_reaches_an_unverified_upstream_and_proxy_ssl_verify_verifies() {
+    use support::tls::{Pki, Usage};
+    let pki = Pki::new("Cluster-internal CA");
+    let (cert, key) = pki.leaf("dashboard", 3, Usage::Server);
+    let nginx = Nginx::start_ssl(&format!(
+        "ssl_certificate {};\nssl_certificate_key {};\nlocation / {{ return 200 \"tls ok $request_uri\\n\"; }}",
+        cert.display(),
+        key.display()
+    ));
+    let upstream = Upstream::start().await;
+    let tls = format!("https://localhost:{}", nginx.addr.port());
+    let yaml = runnable_with("14-backend-https", |imported| {
+        if imported.starts_with("https://") {
+            tls.clone()
+        } else {
+            "http://$UPSTREAM".to_string()
+        }
+    });
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let c = Client::new();
+    let reply = c
+        .get_with(&gw.url("/d/1"), &[("host", "dash.example.com")])
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.text(), "tls ok /d/1\n");
+    let plain = c
+        .get_with(&gw.url("/metrics"), &[("host", "dash.example.com")])
+        .await;
+    assert_eq!(
+        plain.status, 200,
+        "the plain-HTTP Ingress of the same Service"
+    );
+    assert_eq!(echoed_path(&plain), "/metrics");
+    let verified = c
+        .get_with(&gw.url("/"), &[("host", "vault.example.com")])
+        .await;
+    assert_eq!(verified.status, 502, "{}", verified.text());
+}
+
+/// docs/migration.md shows the importer's output: every `yaml` block there is a verbatim excerpt of
+/// a corpus golden (which `every_golden_passes_check_and_loads` loads), so the page cannot drift
+/// from what the importer writes.
+#[test]
+fn the_yaml_shown_in_the_migration_guide_is_what_the_importer_writes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = std::fs::read_to_string(root.join("docs/migration.md")).expect("read the guide");
+    let goldens: Vec<String> = corpus()
+        .iter()
+        .map(|f| std::fs::read_to_string(golden(f, "out.yaml")).expect("read golden"))
+        .collect();
+    let mut blocks = 0;
+    for block in guide.split("```yaml\n").skip(1) {
+        let snippet = block.split("```").next().expect("a closed block");
+        blocks += 1;
+        assert!(
+            goldens.iter().any(|g| g.contains(snippet)),
+            "not in any tests/import/*.out.yaml:\n{snippet}"
+        );
+    }
+    assert!(blocks >= 3, "{blocks} yaml blocks in docs/migration.md");
 }

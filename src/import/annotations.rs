@@ -29,6 +29,7 @@ pub struct PolicyOut {
 pub enum RuleOut {
     TokenBucket { rate: String, burst: u64 },
     SlidingWindow { limit: u64, window: String },
+    Concurrency { limit: u64 },
 }
 
 /// What the annotations of one Ingress mean for Turnstile.
@@ -41,6 +42,13 @@ pub struct Plan {
     pub body_size: Option<(u64, String)>,
     /// `canary: "true"`: the Ingress only splits traffic off another one.
     pub canary: bool,
+    /// `backend-protocol: HTTPS`: the upstreams are `https://`.
+    pub https: bool,
+    /// `proxy-ssl-verify: "on"`: ingress-nginx verifies the upstream's certificate (off by
+    /// default, then the upstreams get `tls_verify: false`).
+    pub verify: bool,
+    /// `rewrite-target`, as written.
+    pub rewrite_target: Option<String>,
     /// The short names of annotations not mapped, for the routes' comments.
     pub unmapped: Vec<String>,
     pub notes: Vec<Note>,
@@ -105,6 +113,20 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
             comment: format!("{short}: {n} x limit-burst-multiplier: {multiplier}, per client IP"),
         });
     }
+    if let Some(text) = get("limit-connections") {
+        match positive(text) {
+            Some(n) => plan.policies.push(PolicyOut {
+                name: "connections",
+                key: vec!["client_ip".to_string()],
+                rule: RuleOut::Concurrency { limit: n },
+                comment: format!("limit-connections: {n} requests in flight per client IP"),
+            }),
+            None => note(
+                &mut plan,
+                format!("{PREFIX}limit-connections={text:?}: not a positive integer; not mapped"),
+            ),
+        }
+    }
     let local = !plan.policies.is_empty();
 
     let mut allow = BTreeSet::new();
@@ -116,7 +138,7 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
             } else {
                 note(
                     &mut plan,
-                    format!("{PREFIX}{short}: no limit-rps or limit-rpm on this Ingress, so it has no effect; not mapped"),
+                    format!("{PREFIX}{short}: no limit-rps, limit-rpm or limit-connections on this Ingress, so it has no effect; not mapped"),
                 );
             }
         }
@@ -194,12 +216,19 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
         }
     }
     plan.canary = get("canary") == Some("true");
+    plan.https = get("backend-protocol").is_some_and(|p| p.eq_ignore_ascii_case("HTTPS"));
+    plan.verify = get("proxy-ssl-verify") == Some("on");
+    plan.rewrite_target = get("rewrite-target").map(str::to_string);
 
     for (short, value) in &ours {
         if handled(short) || equivalent(short, value) {
             continue;
         }
         if plan.canary && short.starts_with("canary") {
+            continue;
+        }
+        // rewrite-target reads the paths as regular expressions anyway: see translate::rewrite.
+        if plan.rewrite_target.is_some() && *short == "use-regex" {
             continue;
         }
         plan.unmapped.push(short.to_string());
@@ -228,6 +257,7 @@ fn handled(short: &str) -> bool {
         "limit-rps"
             | "limit-rpm"
             | "limit-burst-multiplier"
+            | "limit-connections"
             | "limit-whitelist"
             | "limit-allowlist"
             | "global-rate-limit"
@@ -235,6 +265,7 @@ fn handled(short: &str) -> bool {
             | "global-rate-limit-key"
             | "global-rate-limit-ignored-cidrs"
             | "proxy-body-size"
+            | "rewrite-target"
     )
 }
 
@@ -245,30 +276,37 @@ fn equivalent(short: &str, value: &str) -> bool {
         (
             "ssl-redirect" | "force-ssl-redirect" | "use-regex" | "enable-cors",
             "false"
-        ) | ("backend-protocol", "HTTP")
+        ) | ("backend-protocol", "HTTP" | "HTTPS" | "http" | "https")
+            | ("proxy-ssl-verify", "off")
     )
 }
 
 /// Why an annotation is not mapped, for the report.
 fn reason(short: &str) -> &'static str {
     match short {
-        "rewrite-target" | "app-root" | "x-forwarded-prefix" => {
-            "Turnstile forwards the request path unchanged; rewrite in the upstream"
+        "app-root" | "x-forwarded-prefix" => {
+            "Turnstile has no equivalent; the path is forwarded as rewritten by the route, if at all"
         }
         "use-regex" => {
             "nginx read these paths as regular expressions; Turnstile matched them literally"
         }
-        "ssl-redirect" | "force-ssl-redirect" | "ssl-passthrough" => {
-            "Turnstile does not terminate TLS; redirect to HTTPS in front of it"
+        "ssl-redirect" | "force-ssl-redirect" => {
+            "Turnstile does not answer redirects: plain HTTP is served, not redirected to HTTPS"
         }
-        "limit-connections" => {
-            "Turnstile has no concurrency limit yet; connections per client are not limited"
-        }
+        "ssl-passthrough" => "Turnstile terminates TLS itself (listen_tls); it does not pass TLS through",
         "limit-rate" | "limit-rate-after" => "Turnstile does not limit bandwidth",
         "whitelist-source-range" | "allowlist-source-range" | "denylist-source-range" => {
             "Turnstile does not deny by client IP: every client reaches these routes"
         }
-        "backend-protocol" => "Turnstile's upstreams are plain HTTP",
+        "backend-protocol" => {
+            "Turnstile's upstreams speak HTTP or HTTPS (HTTP/1.1); gRPC, FastCGI and AUTO_HTTP are not mapped"
+        }
+        "proxy-ssl-verify" => {
+            "the upstream's certificate is verified against the system's CAs; point the upstream's `ca` at the CA of proxy-ssl-secret"
+        }
+        s if s.starts_with("proxy-ssl-") => {
+            "the upstream's TLS settings come from a Kubernetes Secret; set `ca`, `client_cert` or `tls_verify` on the upstream by hand"
+        }
         "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => {
             "the upstream keeps Turnstile's timeouts (connect 1s, response head 30s); set them under upstreams"
         }

@@ -51,6 +51,13 @@ pub fn yaml(doc: &Document, sources: &[&str]) -> String {
             None => line(w, 2, &format!("{}:", scalar(name))),
         }
         line(w, 4, &format!("url: {}", scalar(&up.url)));
+        if up.no_verify {
+            line(
+                w,
+                4,
+                "tls_verify: false  # backend-protocol: HTTPS without proxy-ssl-verify: ingress-nginx does not verify",
+            );
+        }
     }
     w.push('\n');
     line(w, 0, "routes:");
@@ -74,6 +81,9 @@ pub fn yaml(doc: &Document, sources: &[&str]) -> String {
             Some(up) => line(w, 4, &format!("upstream: {}", scalar(up))),
             None => line(w, 4, "respond: { status: 404, body: \"not found\" }"),
         }
+        if let Some(template) = &r.rewrite {
+            line(w, 4, &format!("rewrite: {}", scalar(template)));
+        }
         if !r.exempt.is_empty() {
             line(w, 4, "exempt:");
             line(w, 6, &format!("client_ips: {}", flow(&r.exempt)));
@@ -92,6 +102,7 @@ pub fn yaml(doc: &Document, sources: &[&str]) -> String {
                         "sliding_window: {{ limit: {limit}, window: {} }}",
                         scalar(window)
                     ),
+                    RuleOut::Concurrency { limit } => format!("concurrency: {{ limit: {limit} }}"),
                 };
                 line(w, 8, &rule);
             }

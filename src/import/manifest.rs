@@ -37,6 +37,7 @@ pub struct Ingress {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngressSpec {
+    pub ingress_class_name: Option<String>,
     pub default_backend: Option<Backend>,
     #[serde(default)]
     pub rules: Vec<Rule>,
@@ -99,6 +100,24 @@ struct ServiceSpec {
 struct ServicePortSpec {
     name: Option<String>,
     port: u16,
+}
+
+/// The annotation that named an Ingress's class before `spec.ingressClassName`.
+pub const CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+
+impl Ingress {
+    /// The Ingress's class and where it is written, as ingress-nginx reads it:
+    /// `spec.ingressClassName` first, then the annotation; `None` without either.
+    pub fn class(&self) -> Option<(String, &'static str)> {
+        if let Some(name) = &self.spec.ingress_class_name {
+            return Some((name.clone(), "spec.ingressClassName"));
+        }
+        self.metadata
+            .annotations
+            .get(CLASS_ANNOTATION)
+            .and_then(annotation_text)
+            .map(|c| (c, CLASS_ANNOTATION))
+    }
 }
 
 /// Everything read from the input files.

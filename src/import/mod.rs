@@ -73,8 +73,28 @@ impl Imported {
     }
 }
 
-/// Translates `files` (name, text) of Kubernetes manifests for ingress-nginx.
+/// Which Ingresses to import.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--ingress-class NAME`: only Ingresses of this class (`spec.ingressClassName`, else the
+    /// `kubernetes.io/ingress.class` annotation); `None` imports every Ingress.
+    pub ingress_class: Option<String>,
+    /// `--watch-ingress-without-class`: with `ingress_class`, also the Ingresses that name no
+    /// class, as the ingress-nginx controller flag of that name (off by default, as there).
+    pub without_class: bool,
+}
+
+/// Translates `files` (name, text) of Kubernetes manifests for ingress-nginx, every Ingress.
 pub fn ingress_nginx(files: &[(String, String)]) -> Result<Imported, ImportError> {
+    ingress_nginx_with(files, &Options::default())
+}
+
+/// Translates `files` (name, text) of Kubernetes manifests for ingress-nginx, the Ingresses
+/// `options` select.
+pub fn ingress_nginx_with(
+    files: &[(String, String)],
+    options: &Options,
+) -> Result<Imported, ImportError> {
     let mut manifests = manifest::Manifests::default();
     for (name, text) in files {
         manifests.read(name, text)?;
@@ -84,7 +104,17 @@ pub fn ingress_nginx(files: &[(String, String)]) -> Result<Imported, ImportError
             message: "no networking.k8s.io/v1 Ingress in the input".to_string(),
         });
     }
-    let document = translate::translate(&manifests);
+    let document = translate::translate(&manifests, options);
+    if document.ingresses == 0 {
+        let class = options.ingress_class.as_deref().unwrap_or_default();
+        let report: Vec<String> = document.notes.iter().map(ToString::to_string).collect();
+        return Err(ImportError {
+            message: format!(
+                "no networking.k8s.io/v1 Ingress of class `{class}` in the input; the report:\n  {}",
+                report.join("\n  ")
+            ),
+        });
+    }
     let sources: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
     Ok(Imported {
         yaml: emit::yaml(&document, &sources),

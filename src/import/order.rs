@@ -75,6 +75,7 @@ pub fn order(mut candidates: Vec<Candidate>, notes: &mut Vec<Note>) -> Vec<Route
                 upstream: None,
                 exempt: Vec::new(),
                 policies: Vec::new(),
+                rewrite: None,
             });
         }
     }

@@ -194,3 +194,133 @@ fn a_small_proxy_body_size_never_lowers_the_default_of_the_other_ingresses() {
     let alone = import(&[("a.yaml", &small)]);
     assert_eq!(loads(&alone.yaml).server.max_body_size, 512 << 10);
 }
+
+fn ingress_with(annotations: &str, path: &str, kind: &str) -> String {
+    format!("{INGRESS}  annotations: {{ {annotations} }}\nspec:\n  rules:\n    - host: a.example.com\n      http:\n        paths:\n          - path: \"{path}\"\n            pathType: {kind}\n            backend: {{ service: {{ name: web, port: {{ number: 8443 }} }} }}\n")
+}
+
+#[test]
+fn limit_connections_becomes_a_concurrency_policy_per_client_ip() {
+    let text = ingress_with(
+        "nginx.ingress.kubernetes.io/limit-connections: \"7\"",
+        "/",
+        "Prefix",
+    );
+    let imported = import(&[("m.yaml", &text)]);
+    assert!(
+        imported.yaml.contains(
+            "      - name: connections\n        key: [client_ip]\n        concurrency: { limit: 7 }\n"
+        ),
+        "{}",
+        imported.yaml
+    );
+    loads(&imported.yaml);
+    assert!(
+        !imported.report().contains("limit-connections"),
+        "{}",
+        imported.report()
+    );
+}
+
+#[test]
+fn backend_protocol_https_becomes_an_https_upstream_verified_only_with_proxy_ssl_verify() {
+    let https = ingress_with(
+        "nginx.ingress.kubernetes.io/backend-protocol: HTTPS",
+        "/",
+        "Prefix",
+    );
+    let imported = import(&[("m.yaml", &https)]);
+    assert!(
+        imported.yaml.contains(
+            "  shop_web_8443_https:\n    url: https://web.shop.svc.cluster.local:8443\n    tls_verify: false"
+        ),
+        "{}",
+        imported.yaml
+    );
+    let snapshot = loads(&imported.yaml);
+    assert_eq!(snapshot.routes.len(), 1);
+    assert!(
+        !imported.report().contains("backend-protocol"),
+        "{}",
+        imported.report()
+    );
+
+    let verified = ingress_with(
+        "nginx.ingress.kubernetes.io/backend-protocol: HTTPS, nginx.ingress.kubernetes.io/proxy-ssl-verify: \"on\"",
+        "/",
+        "Prefix",
+    );
+    let imported = import(&[("m.yaml", &verified)]);
+    assert!(
+        imported
+            .yaml
+            .contains("    url: https://web.shop.svc.cluster.local:8443\n\nroutes:"),
+        "{}",
+        imported.yaml
+    );
+    assert!(!imported.yaml.contains("tls_verify"), "{}", imported.yaml);
+    loads(&imported.yaml);
+}
+
+#[test]
+fn rewrite_target_maps_the_exact_regex_shapes_and_reports_the_rest() {
+    use super::translate::{rewrite, PathOut};
+    assert_eq!(
+        rewrite("/something(/|$)(.*)", "ImplementationSpecific", "/$2"),
+        Ok((
+            PathOut::Pattern("/something/{*rest}".to_string()),
+            "/{*rest}".to_string()
+        ))
+    );
+    assert_eq!(
+        rewrite("/a/b(/|$)(.*)", "Prefix", "/v2/$2"),
+        Ok((
+            PathOut::Pattern("/a/b/{*rest}".to_string()),
+            "/v2/{*rest}".to_string()
+        ))
+    );
+    assert_eq!(
+        rewrite("/app", "Prefix", "/"),
+        Ok((PathOut::Prefix("/app".to_string()), "/".to_string()))
+    );
+    for (path, kind, target) in [
+        ("/something(/|$)(.*)", "ImplementationSpecific", "/$1"),
+        ("/v[0-9]+/(.*)", "ImplementationSpecific", "/$1"),
+        ("/api/(.*)", "Prefix", "/$1"),
+        ("/app", "Prefix", "/$1"),
+        ("/app", "Exact", "/"),
+        ("/a(/|$)(.*)", "Prefix", "http://elsewhere/$2"),
+        ("/a.b(/|$)(.*)", "Prefix", "/$2"),
+    ] {
+        assert!(
+            rewrite(path, kind, target).is_err(),
+            "{path} {kind} {target}"
+        );
+    }
+    let text = ingress_with(
+        "nginx.ingress.kubernetes.io/rewrite-target: /$2",
+        "/something(/|$)(.*)",
+        "ImplementationSpecific",
+    );
+    let imported = import(&[("m.yaml", &text)]);
+    assert!(
+        imported
+            .yaml
+            .contains("      path: \"/something/{*rest}\"\n    upstream: shop_web_8443\n    rewrite: \"/{*rest}\"\n"),
+        "{}",
+        imported.yaml
+    );
+    assert_eq!(loads(&imported.yaml).routes.len(), 1);
+}
+
+#[test]
+fn a_rewrite_target_equal_to_the_path_rewrites_nothing_as_in_ingress_nginx() {
+    let text = ingress_with(
+        "nginx.ingress.kubernetes.io/rewrite-target: /",
+        "/",
+        "Prefix",
+    );
+    let imported = import(&[("m.yaml", &text)]);
+    assert!(!imported.yaml.contains("rewrite"), "{}", imported.yaml);
+    assert!(imported.notes.is_empty(), "{}", imported.report());
+}

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::annotations::{self, PolicyOut};
-use super::manifest::{Backend, Ingress, Manifests};
+use super::emit;
+use super::manifest::{Backend, Ingress, Manifests, CLASS_ANNOTATION};
 use super::nginx::turnstile_size;
 use super::order::{fit, order, unique_names, Candidate};
 use super::Note;
@@ -23,6 +24,8 @@ pub struct Document {
 #[derive(Debug, Clone)]
 pub struct UpstreamOut {
     pub url: String,
+    /// `tls_verify: false` (an `https://` url from `backend-protocol: HTTPS`).
+    pub no_verify: bool,
     pub comment: Option<String>,
 }
 
@@ -36,6 +39,8 @@ pub struct RouteOut {
     pub upstream: Option<String>,
     pub exempt: Vec<String>,
     pub policies: Vec<PolicyOut>,
+    /// The route's `rewrite` template (from `rewrite-target`).
+    pub rewrite: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,7 +51,7 @@ pub enum PathOut {
     Prefix(String),
 }
 
-pub fn translate(manifests: &Manifests) -> Document {
+pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
     let mut doc = Document::default();
     let mut notes = Vec::new();
     let mut by_id: BTreeMap<(String, String), &Ingress> = BTreeMap::new();
@@ -63,6 +68,23 @@ pub fn translate(manifests: &Manifests) -> Document {
                 ),
             ));
         }
+    }
+    if let Some(wanted) = &options.ingress_class {
+        by_id.retain(|(ns, name), ingress| {
+            let subject = format!("{ns}/{name}");
+            match ingress.class() {
+                Some((class, _)) if class == *wanted => true,
+                Some((class, from)) => {
+                    notes.push(note(&subject, format!("class {} ({from}), not {wanted}: skipped (--ingress-class {wanted})", emit::scalar(&class))));
+                    false
+                }
+                None if options.without_class => true,
+                None => {
+                    notes.push(note(&subject, format!("no class (neither spec.ingressClassName nor the {CLASS_ANNOTATION} annotation): skipped, as ingress-nginx skips it unless started with --watch-ingress-without-class (add that flag to import it)")));
+                    false
+                }
+            }
+        });
     }
     doc.ingresses = by_id.len();
     let (old, other): (Vec<_>, Vec<_>) = manifests
@@ -91,7 +113,14 @@ pub fn translate(manifests: &Manifests) -> Document {
             continue;
         }
         if !ingress.spec.tls.is_empty() {
-            notes.push(note(&subject, "spec.tls: Turnstile does not terminate TLS; terminate it in front and list that proxy under client_ip.trusted_proxies".to_string()));
+            let secrets: Vec<String> = ingress
+                .spec
+                .tls
+                .iter()
+                .filter_map(|t| t.get("secretName").and_then(|s| s.as_str()))
+                .map(|s| format!("`{s}`"))
+                .collect();
+            notes.push(note(&subject, format!("spec.tls (Secret {}): not mapped: Turnstile terminates TLS on `listen_tls` with one certificate from files; mount the Secret and set listen_tls.cert and key (docs/tls.md)", if secrets.is_empty() { "none named".to_string() } else { secrets.join(", ") })));
         }
         match &plan.body_size {
             Some((bytes, text)) => sizes.push((subject.clone(), *bytes, text.clone())),
@@ -123,30 +152,54 @@ pub fn translate(manifests: &Manifests) -> Document {
                     "{} {kind} {written}",
                     host.as_deref().unwrap_or("(any host)")
                 );
-                let (path, why) = match path_match(&written, kind) {
-                    Ok(mapped) => mapped,
-                    Err(why) => {
-                        notes.push(note(&subject, format!("{shown}: {why}; not imported")));
-                        continue;
+                // ingress-nginx rewrites only when the target differs from the path.
+                let rewritten = plan
+                    .rewrite_target
+                    .as_deref()
+                    .filter(|target| *target != written)
+                    .map(|target| rewrite(&written, kind, target));
+                let (path, rewrite) = match rewritten {
+                    Some(Ok((path, template))) => (path, Some(template)),
+                    other => {
+                        if let Some(Err(why)) = other {
+                            notes.push(note(&subject, format!("{shown}: {}rewrite-target={:?}: {why}; not mapped, the path is forwarded unchanged", annotations::PREFIX, plan.rewrite_target.as_deref().unwrap_or_default())));
+                        }
+                        let (path, why) = match path_match(&written, kind) {
+                            Ok(mapped) => mapped,
+                            Err(why) => {
+                                notes.push(note(&subject, format!("{shown}: {why}; not imported")));
+                                continue;
+                            }
+                        };
+                        if let Some(why) = why {
+                            notes.push(note(&subject, format!("{shown}: {why}")));
+                        }
+                        (path, None)
                     }
                 };
-                if let Some(why) = why {
-                    notes.push(note(&subject, format!("{shown}: {why}")));
+                if rewrite.is_some() {
+                    notes.push(note(&subject, format!("{shown}: rewrite-target: ingress-nginx matches this path as a case-insensitive regular expression (`location ~*`); Turnstile matches it as written, case-sensitively")));
                 }
-                let Some((upstream, target)) =
-                    upstream(&p.backend, ns, manifests, &mut doc, &mut notes, &subject)
-                else {
+                let Some((upstream, target)) = upstream(
+                    &p.backend, ns, manifests, &mut doc, &mut notes, &subject, &plan,
+                ) else {
                     continue;
                 };
+                let mut route = route(
+                    format!("{ns}_{name}_{}", first + i),
+                    format!("{subject}: {shown} -> {target}"),
+                    host.clone(),
+                    path,
+                    Some(upstream),
+                    &plan,
+                );
+                if rewrite.is_none() && plan.rewrite_target.as_ref().is_some_and(|t| *t != written)
+                {
+                    route.comments.push("rewrite-target not mapped (see the report): the path is forwarded unchanged".to_string());
+                }
+                route.rewrite = rewrite;
                 candidates.push(Candidate {
-                    route: route(
-                        format!("{ns}_{name}_{}", first + i),
-                        format!("{subject}: {shown} -> {target}"),
-                        host.clone(),
-                        path,
-                        Some(upstream),
-                        &plan,
-                    ),
+                    route,
                     subject: subject.clone(),
                     shown: format!("{shown} -> {target}"),
                     exact: kind == "Exact",
@@ -156,9 +209,9 @@ pub fn translate(manifests: &Manifests) -> Document {
             }
         }
         if let Some(backend) = &ingress.spec.default_backend {
-            if let Some((upstream, target)) =
-                upstream(backend, ns, manifests, &mut doc, &mut notes, &subject)
-            {
+            if let Some((upstream, target)) = upstream(
+                backend, ns, manifests, &mut doc, &mut notes, &subject, &plan,
+            ) {
                 candidates.push(Candidate {
                     route: route(
                         format!("{ns}_{name}_default"),
@@ -220,7 +273,67 @@ fn route(
         upstream,
         exempt: plan.exempt.clone(),
         policies: plan.policies.clone(),
+        rewrite: None,
     }
+}
+
+/// A path of an Ingress with `rewrite-target`, as ingress-nginx reads it (`location ~* "^PATH"`,
+/// then `rewrite "(?i)PATH" TARGET break;`, which replaces the whole path), mapped to a Turnstile
+/// match and `rewrite` template only where the two select and forward the same paths (up to
+/// letter case, reported):
+///
+/// - a literal path `/a` and a target without `$`: `prefix: /a`, `rewrite: TARGET`;
+/// - `/a(/|$)(.*)` and a target using only `$2`: `path: /a/{*rest}`, `$2` as `{*rest}` (both the
+///   rest after `/a/`, empty for `/a` and `/a/`).
+///
+/// Any other regular expression is an error saying why.
+pub fn rewrite(path: &str, kind: &str, target: &str) -> Result<(PathOut, String), String> {
+    let literal = |text: &str| {
+        !text.is_empty()
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_'))
+    };
+    if kind == "Exact" {
+        return Err("an Exact path becomes a case-insensitive regular-expression prefix in ingress-nginx once rewrite-target is set, which no Exact match expresses".to_string());
+    }
+    let (before_captures, with_rest) = match target.find('$') {
+        None => (target, false),
+        Some(at) => (&target[..at], true),
+    };
+    let template = if with_rest {
+        let parts: Vec<&str> = target.split("$2").collect();
+        if parts.iter().any(|p| p.contains('$')) {
+            return Err(
+                "only `$2` (the rest after `PATH(/|$)`) has an exact Turnstile capture".to_string(),
+            );
+        }
+        parts.join("{*rest}")
+    } else {
+        target.to_string()
+    };
+    let target_ok = before_captures.starts_with('/')
+        && target.split("$2").all(|p| {
+            p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'~'))
+        });
+    if !target_ok {
+        return Err(
+            "the target must be a path of letters, digits, `/`, `-`, `_`, `.`, `~` and `$2`"
+                .to_string(),
+        );
+    }
+    if let Some(base) = path.strip_suffix("(/|$)(.*)") {
+        if literal(base) && base.starts_with('/') && !base.ends_with('/') {
+            return Ok((PathOut::Pattern(format!("{base}/{{*rest}}")), template));
+        }
+    } else if literal(path) && path.starts_with('/') {
+        if with_rest {
+            return Err("the path has no capture group for the target's `$`".to_string());
+        }
+        return Ok((PathOut::Prefix(path.to_string()), template));
+    }
+    Err("the path's regular expression has no exact Turnstile pattern (mapped: a literal path, or `/PREFIX(/|$)(.*)`)".to_string())
 }
 
 /// A Kubernetes path and pathType as a Turnstile match, with a note when not exact.
@@ -264,7 +377,9 @@ fn upstream(
     doc: &mut Document,
     notes: &mut Vec<Note>,
     subject: &str,
+    plan: &annotations::Plan,
 ) -> Option<(String, String)> {
+    let (https, verify) = (plan.https, plan.verify);
     let Some(service) = &backend.service else {
         notes.push(note(
             subject,
@@ -311,9 +426,15 @@ fn upstream(
             )
         }
     };
-    let name = fit(&format!("{ns}_{svc}_{label}"));
+    let (scheme, suffix) = match (https, verify) {
+        (false, _) => ("http", ""),
+        (true, false) => ("https", "_https"),
+        (true, true) => ("https", "_https_verified"),
+    };
+    let name = fit(&format!("{ns}_{svc}_{label}{suffix}"));
     doc.upstreams.entry(name.clone()).or_insert(UpstreamOut {
-        url: format!("http://{svc}.{ns}.svc.cluster.local:{number}"),
+        url: format!("{scheme}://{svc}.{ns}.svc.cluster.local:{number}"),
+        no_verify: https && !verify,
         comment,
     });
     Some((name, format!("{svc}:{label}")))
