@@ -185,7 +185,7 @@ async fn admit_with<'l>(
         route.failure_mode
     };
     let pushed_len = checks.len();
-    let verdict = state.engine.decide(checks, failure_mode).await;
+    let mut verdict = state.engine.decide(checks, failure_mode).await;
     // A shadow policy that would have refused consumed nothing: no lease to hold or release, no
     // response cost to charge.
     later.retain(|&(i, p)| {
@@ -195,7 +195,7 @@ async fn admit_with<'l>(
     let after = if later.is_empty() || !verdict.admits() {
         AfterAdmission::default()
     } else {
-        AfterAdmission::new(route, &verdict, &later)
+        AfterAdmission::new(route, &mut verdict, &later)
     };
     let policy_of = |i: usize| pushed.get(i).map(|&p| usize::from(p));
     // Limited: the engine's choice (an enforced refusal). Admitted: the enforced check with the

@@ -20,6 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus::{IntCounter, IntGauge};
 
 use crate::config::{ResponseCost, Route};
+use crate::limiter::leases::LocalSlots;
 use crate::limiter::{Check, Rule, Store, Verdict};
 use crate::proxy::body::{BoxError, ResponseBody};
 use crate::state::{AppState, RouteResources};
@@ -28,8 +29,14 @@ use crate::state::{AppState, RouteResources};
 /// the policies whose cost comes from the response.
 #[derive(Debug, Default)]
 pub struct AfterAdmission {
+    /// The lease the store granted.
     lease: Option<u64>,
-    /// (counter key, rule) of each concurrency check holding `lease`.
+    /// Admitted by the local fallback (the store could not decide): the lease id the store may
+    /// have taken anyway, released when the request ends.
+    unconfirmed: Option<u64>,
+    /// This instance's count of the concurrency keys (a shared store): held until the request ends.
+    local: Option<LocalSlots>,
+    /// (counter key, rule) of each concurrency check holding `lease` or `local`.
     leased: Vec<(String, Rule)>,
     /// (counter key, rule, policy index in the route) of each cost from the response.
     charges: Vec<(String, Rule, usize)>,
@@ -38,9 +45,11 @@ pub struct AfterAdmission {
 impl AfterAdmission {
     /// From an admitting `verdict`: `later` pairs the index each check was pushed at with its
     /// policy's index in `route`.
-    pub(crate) fn new(route: &Route, verdict: &Verdict<'_>, later: &[(usize, usize)]) -> Self {
+    pub(crate) fn new(route: &Route, verdict: &mut Verdict<'_>, later: &[(usize, usize)]) -> Self {
         let mut after = AfterAdmission {
             lease: verdict.lease(),
+            unconfirmed: verdict.unconfirmed_lease(),
+            local: verdict.take_local(),
             ..AfterAdmission::default()
         };
         for &(i, j) in later {
@@ -54,7 +63,7 @@ impl AfterAdmission {
             };
             let key = verdict.key(i).to_string();
             if matches!(rule, Rule::Concurrency(_)) {
-                if after.lease.is_some() {
+                if after.lease.is_some() || after.local.is_some() {
                     after.leased.push((key, rule));
                 }
             } else if policy.response_cost.is_some() {
@@ -64,19 +73,27 @@ impl AfterAdmission {
         after
     }
 
-    /// The guard of this request's lease, counted in `in_flight` until it is released.
+    /// The guard of this request's lease (from the store, or the local fallback's slots),
+    /// counted in `in_flight` until it is released.
     pub fn lease(&mut self, state: &Arc<AppState>, in_flight: &IntGauge) -> Option<LeaseGuard> {
-        let lease = self.lease?;
         if self.leased.is_empty() {
             return None;
         }
+        let local = self.local.take();
+        // Renewed only when the store granted it; a fallback's slot is this instance's alone,
+        // and the lease the store may have taken anyway is released, never renewed.
+        let (lease, renewing) = match (self.lease, &local) {
+            (Some(lease), _) => (lease, Some(renew_while_held(state, &self.leased, lease))),
+            (None, Some(_)) => (self.unconfirmed.unwrap_or(0), None),
+            (None, None) => return None,
+        };
         in_flight.inc();
-        let leased = std::mem::take(&mut self.leased);
         Some(LeaseGuard {
-            renewing: Some(renew_while_held(state, &leased, lease)),
+            renewing,
             state: state.clone(),
             lease,
-            leased,
+            leased: std::mem::take(&mut self.leased),
+            local,
             in_flight: in_flight.clone(),
             released: false,
         })
@@ -186,8 +203,11 @@ fn checks<'a, T>(due: &'a [(String, Rule, u64, T)]) -> Vec<Check<'a>> {
 #[derive(Debug)]
 pub struct LeaseGuard {
     state: Arc<AppState>,
+    /// The store's lease id to release (0: none).
     lease: u64,
     leased: Vec<(String, Rule)>,
+    /// This instance's count of the keys, given back on release.
+    local: Option<LocalSlots>,
     in_flight: IntGauge,
     released: bool,
     /// The task renewing the lease while the request runs.
@@ -204,8 +224,12 @@ impl LeaseGuard {
         if let Some(renewing) = self.renewing.take() {
             renewing.abort();
         }
+        drop(self.local.take());
         let leased = std::mem::take(&mut self.leased);
         let lease = self.lease;
+        if lease == 0 {
+            return;
+        }
         let to_checks = |leased: &[(String, Rule)]| -> Vec<(String, Rule, u64, ())> {
             leased.iter().map(|(k, r)| (k.clone(), *r, 1, ())).collect()
         };

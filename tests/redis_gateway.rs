@@ -541,3 +541,113 @@ fn signal(redis: &RedisServer, sig: &str) {
         .is_ok_and(|s| s.success());
     assert!(ok, "kill {sig} {pid}");
 }
+
+/// The concurrency tests below: a limit of 5, 100 slow requests at once.
+const CC_LIMIT: usize = 5;
+const CC_REQUESTS: usize = 100;
+
+/// A gateway on `redis` with the store's defaults (pool, `timeout`, `failure_mode: open`) and one
+/// route, `api`, proxying to `upstream` under a concurrency limit of [`CC_LIMIT`].
+async fn concurrency_gateway(redis: &RedisServer, upstream: &support::Upstream) -> GatewayProcess {
+    let config = format!(
+        "store:\n  type: redis\n  url: {}\n  key_prefix: \"it:\"\n\
+         upstreams:\n  up: {{ url: \"http://{}\" }}\nroutes:\n  - name: api\n    upstream: up\n    \
+         policies:\n      - name: shared\n        key: [method]\n        \
+         concurrency: {{ limit: {CC_LIMIT} }}\n",
+        redis.url(),
+        upstream.addr,
+    );
+    let gw = GatewayProcess::spawn_with_workers(&config, 2).await;
+    wait_ready(&gw, 200, READY).await;
+    gw
+}
+
+/// `n` requests at once, each held `hold_ms` by the upstream; the status of each.
+async fn slow_burst(gw: &GatewayProcess, n: usize, hold_ms: u64) -> Vec<u16> {
+    let client = Client::new();
+    let hold = hold_ms.to_string();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, url, hold) = (client.clone(), gw.url("/slow"), hold.clone());
+            tokio::spawn(async move {
+                client
+                    .get_with(&url, &[("x-test-sleep-ms", hold.as_str())])
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.expect("request task"));
+    }
+    statuses
+}
+
+/// Regression (issue 34): a route failing open admitted every request whose decision timed out,
+/// with no lease, so a slow Redis let 36 requests in flight past a limit of 5. With the store's
+/// defaults (`timeout: 50ms`, `failure_mode: open`), 100 slow requests at once put exactly the
+/// limit in flight at the upstream while Redis is healthy, and still never more than the limit
+/// (one instance: at most `limit` per instance) while `DEBUG SLEEP` keeps Redis from answering:
+/// the requests then fall back to the instance's own count, as `failed_open`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slowed_redis_failing_open_keeps_a_concurrency_limit_per_instance() {
+    let redis = RedisServer::start_with(support::redis::RedisOptions {
+        args: vec!["--enable-debug-command".into(), "yes".into()],
+        ..Default::default()
+    });
+    let upstream = support::Upstream::start().await;
+    let gw = concurrency_gateway(&redis, &upstream).await;
+    let before = upstream.requests();
+
+    let statuses = slow_burst(&gw, CC_REQUESTS, 400).await;
+    assert_eq!(
+        upstream.peak_in_flight(),
+        CC_LIMIT,
+        "Redis healthy: in flight at the upstream; {statuses:?}"
+    );
+    assert_eq!(count(&statuses, 200) + count(&statuses, 429), CC_REQUESTS);
+    assert_eq!(upstream.requests() - before, count(&statuses, 200));
+
+    // Redis answers nothing for 3 s (longer than the burst and its 1 s holds); the burst starts
+    // once the sleep has begun.
+    let sleeper = {
+        let port = redis.port.to_string();
+        std::thread::spawn(move || {
+            std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port, "DEBUG", "SLEEP", "3"])
+                .output()
+                .map(|o| o.status.success())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent = Instant::now();
+    let statuses = slow_burst(&gw, CC_REQUESTS, 1000).await;
+    let took = sent.elapsed();
+    let failed_open = decided(&gw, "api", "failed_open").await;
+    assert!(
+        sleeper.join().expect("sleeper").expect("redis-cli"),
+        "DEBUG SLEEP failed"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "the burst outlasted the stall: {took:?}"
+    );
+    assert_eq!(
+        upstream.peak_in_flight(),
+        CC_LIMIT,
+        "Redis slowed: in flight at the upstream; {statuses:?}"
+    );
+    assert!(count(&statuses, 200) >= CC_LIMIT, "{statuses:?}");
+    assert_eq!(
+        count(&statuses, 200) + count(&statuses, 429),
+        CC_REQUESTS,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        failed_open,
+        count(&statuses, 200) as f64,
+        "every request admitted during the stall failed open"
+    );
+    assert!(store_errors(&gw, "timeout").await >= 1.0);
+}

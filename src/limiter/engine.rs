@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::deny_cache::{DenyCache, DEFAULT_CAPACITY as DENY_CAPACITY};
+use super::leases::{LocalInFlight, LocalSlots, RETRY_AFTER_US};
 use super::{Check, Clock, Decision, Outcome, Rule, Store, StoreError};
 use crate::metrics::{DecisionLabel, Metrics, PolicyMetrics};
 use crate::rls::metrics::RuleMetrics;
@@ -191,6 +192,11 @@ pub struct Verdict<'a> {
     error: Option<StoreError>,
     /// The lease id the concurrency checks took (0: none asked for).
     lease: u64,
+    /// This instance's count of the request's concurrency keys (shared stores only): the lease
+    /// the store granted, or the slot the fallback granted when it could not decide.
+    local: Option<LocalSlots>,
+    /// Decided by the local fallback (`Engine::fall_back`), not by the store.
+    fallback: bool,
 }
 
 impl<'a> Verdict<'a> {
@@ -229,6 +235,24 @@ impl<'a> Verdict<'a> {
     /// concurrency check, or nothing taken). Give it back with [`Engine::release`].
     pub fn lease(&self) -> Option<u64> {
         (self.lease != 0 && self.kind == Kind::Allowed).then_some(self.lease)
+    }
+
+    /// Failed open by the local fallback: the lease id the store may have taken anyway (its call
+    /// timed out or its connection failed after it may have run), to be released when the
+    /// request ends. `None` when nothing can have reached the store.
+    pub fn unconfirmed_lease(&self) -> Option<u64> {
+        let sent = matches!(
+            self.error,
+            Some(StoreError::Timeout(_) | StoreError::Connection(_))
+        );
+        (self.lease != 0 && self.fallback && self.kind == Kind::FailedOpen && sent)
+            .then_some(self.lease)
+    }
+
+    /// This instance's count of the request's concurrency keys, to hold until the request ends
+    /// (dropping it gives the slots back).
+    pub fn take_local(&mut self) -> Option<LocalSlots> {
+        self.local.take()
     }
 
     /// The store's error, when it failed.
@@ -293,6 +317,10 @@ pub struct Engine {
     /// collide (53 bits, which Lua numbers hold exactly).
     lease_seed: u64,
     lease_seq: AtomicU64,
+    /// A shared store's requests in flight on this instance, per concurrency key: what a
+    /// concurrency policy falls back to when the store cannot decide. `None` in process, where
+    /// the store always decides.
+    local: Option<Arc<LocalInFlight>>,
 }
 
 /// How often the deny cache drops expired entries, so an idle cache costs one atomic load again.
@@ -325,13 +353,14 @@ impl Engine {
             rules: AtomicU64::new(0),
             decision_seconds: metrics.decision_duration(name),
             errors,
-            store,
             top_limited: TopLimited::new(clock.clone(), DEFAULT_CAPACITY, DEFAULT_PERIOD_US),
             clock,
             last_logged_us: AtomicU64::new(0),
             logged: AtomicU64::new(0),
             lease_seed: random_seed(),
             lease_seq: AtomicU64::new(0),
+            local: (!matches!(store, Store::Memory(_))).then(Arc::default),
+            store,
         }
     }
 
@@ -398,6 +427,8 @@ impl Engine {
                 decision: Decision::from_outcomes(super::Outcomes::new()),
                 error: None,
                 lease: 0,
+                local: None,
+                fallback: false,
             };
         }
         // One reading: the counters' time, the deny cache's, and the start of the decision's
@@ -427,6 +458,8 @@ impl Engine {
                     decision,
                     error: None,
                     lease: 0,
+                    local: None,
+                    fallback: false,
                 };
                 self.count(&verdict);
                 return verdict;
@@ -454,19 +487,35 @@ impl Engine {
             result
         };
         let verdict = match result {
-            Ok(decision) => Verdict {
-                kind: if decision.allowed {
-                    Kind::Allowed
-                } else {
-                    Kind::Limited
-                },
-                checks,
-                decision,
-                error: None,
-                lease,
-            },
+            Ok(decision) => {
+                let local = match &self.local {
+                    Some(table) if lease != 0 && decision.allowed => Some(granted(table, &checks)),
+                    _ => None,
+                };
+                Verdict {
+                    kind: if decision.allowed {
+                        Kind::Allowed
+                    } else {
+                        Kind::Limited
+                    },
+                    checks,
+                    decision,
+                    error: None,
+                    lease,
+                    local,
+                    fallback: false,
+                }
+            }
             Err(error) => {
                 self.store_failed(&error, failure_mode);
+                match &self.local {
+                    Some(table) if lease != 0 && failure_mode == FailureMode::Open => {
+                        let verdict = fall_back(table, checks, error, lease);
+                        self.count(&verdict);
+                        return verdict;
+                    }
+                    _ => {}
+                }
                 Verdict {
                     kind: match failure_mode {
                         FailureMode::Open => Kind::FailedOpen,
@@ -477,6 +526,8 @@ impl Engine {
                     decision: Decision::from_outcomes(super::Outcomes::new()),
                     error: Some(error),
                     lease: 0,
+                    local: None,
+                    fallback: false,
                 }
             }
         };
@@ -584,7 +635,10 @@ impl Engine {
                     },
                     Some(o),
                 ) => {
-                    if item.shadow && !o.allowed {
+                    if verdict.fallback && !matches!(item.rule, Rule::Concurrency(_)) {
+                        // The store did not decide it; the local fallback refused the request.
+                        metrics.record(DecisionLabel::FailedOpen);
+                    } else if item.shadow && !o.allowed {
                         // Would have refused; consumed nothing, rejected nothing.
                         metrics.record(DecisionLabel::Shadow);
                     } else if verdict.decision.allowed || o.allowed {
@@ -605,6 +659,94 @@ impl Engine {
                 (Tally::Descriptor(_), None) => {}
             }
         }
+    }
+}
+
+/// Whether `item` counts against its concurrency key on this instance: an enforced concurrency
+/// check of a request (a shadow one never refuses, so it is never counted locally).
+fn counted_locally(item: &Item<'_>) -> Option<u64> {
+    match item.rule {
+        Rule::Concurrency(cc) if !item.all_shadow && item.total_cost > 0 => Some(cc.limit),
+        _ => None,
+    }
+}
+
+/// The store granted the request's leases: this instance counts them, whatever its count, so the
+/// fallback sees them if the store stops deciding while they are held.
+fn granted(table: &Arc<LocalInFlight>, checks: &Checks<'_>) -> LocalSlots {
+    let mut slots = LocalSlots::new(table.clone());
+    for (i, item) in checks.items.iter().enumerate() {
+        if item.leader == i && counted_locally(item).is_some() {
+            slots.take(&item.key, None);
+        }
+    }
+    slots
+}
+
+/// The store could not decide a request with concurrency checks on a route failing open: each
+/// enforced concurrency key admits only while this instance has fewer than `limit` requests in
+/// flight on it (its own leases from the store included), so a concurrency policy is never
+/// unlimited. Admitted: failed open, holding the local slots. Refused: limited by the first key
+/// at its limit, with a concurrency refusal's outcome (`Retry-After: 1`); the request's other
+/// checks, which the store did not decide, have placeholder outcomes that allow.
+fn fall_back<'a>(
+    table: &Arc<LocalInFlight>,
+    checks: Checks<'a>,
+    error: StoreError,
+    lease: u64,
+) -> Verdict<'a> {
+    let mut slots = LocalSlots::new(table.clone());
+    let refused = checks.items.iter().enumerate().find_map(|(i, item)| {
+        let limit = counted_locally(item).filter(|_| item.leader == i)?;
+        (!slots.take(&item.key, Some(limit))).then_some(item.check)
+    });
+    let Some(refused) = refused else {
+        return Verdict {
+            kind: Kind::FailedOpen,
+            checks,
+            decision: Decision::from_outcomes(super::Outcomes::new()),
+            error: Some(error),
+            lease,
+            local: Some(slots),
+            fallback: true,
+        };
+    };
+    drop(slots);
+    let mut outcomes = super::Outcomes::with_capacity(checks.distinct);
+    for (i, item) in checks.items.iter().enumerate() {
+        if item.leader != i {
+            continue;
+        }
+        let limit = item.rule.limit();
+        outcomes.push(if item.check == refused {
+            Outcome {
+                allowed: false,
+                limit,
+                remaining: 0,
+                reset_us: 0,
+                retry_after_us: RETRY_AFTER_US,
+            }
+        } else {
+            Outcome {
+                allowed: true,
+                limit,
+                remaining: limit,
+                reset_us: 0,
+                retry_after_us: 0,
+            }
+        });
+    }
+    Verdict {
+        kind: Kind::Limited,
+        checks,
+        decision: Decision {
+            allowed: false,
+            outcomes,
+        },
+        error: None,
+        lease: 0,
+        local: None,
+        fallback: true,
     }
 }
 

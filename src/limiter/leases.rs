@@ -6,6 +6,10 @@
 //! Expiry is what bounds a crash: a lease nobody releases stops counting after its TTL.
 //! `docs/algorithms.md` ("Concurrency") is the normative text.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+
 use super::{Concurrency, Outcome};
 
 /// How long a refused request is told to wait (`Retry-After: 1`): a lease is released when some
@@ -105,6 +109,116 @@ impl Leases {
     }
 }
 
+/// Shards of [`LocalInFlight`]: a lock covers one sixteenth of the keys.
+const SHARDS: usize = 16;
+
+/// This instance's own requests in flight per concurrency key, on a shared store: those holding a
+/// lease from the store and those admitted by the fallback while the store could not decide
+/// (`docs/algorithms.md`, "Concurrency", "The store fails"). The fallback admits only while this
+/// count is below the limit, so one instance never has more than `limit` in flight on its own.
+/// A key's entry exists only while it has requests in flight.
+#[derive(Debug)]
+pub struct LocalInFlight {
+    hasher: RandomState,
+    shards: [Mutex<hashbrown::HashMap<Box<str>, u64>>; SHARDS],
+}
+
+impl Default for LocalInFlight {
+    fn default() -> Self {
+        LocalInFlight {
+            hasher: RandomState::new(),
+            shards: std::array::from_fn(|_| Mutex::default()),
+        }
+    }
+}
+
+impl LocalInFlight {
+    fn shard(&self, key: &str) -> &Mutex<hashbrown::HashMap<Box<str>, u64>> {
+        let i = self.hasher.hash_one(key) as usize % SHARDS;
+        &self.shards[i]
+    }
+
+    /// Counts one more request in flight on `key`: always for a lease the store granted
+    /// (`limit: None`), only below `limit` for the fallback. Whether it was counted.
+    pub fn take(&self, key: &str, limit: Option<u64>) -> bool {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        let held = shard.get(key).copied().unwrap_or(0);
+        if limit.is_some_and(|limit| held >= limit) {
+            return false;
+        }
+        match shard.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                shard.insert(key.into(), 1);
+            }
+        }
+        true
+    }
+
+    /// One request on `key` ended; the entry goes with its last one.
+    pub fn give_back(&self, key: &str) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = shard.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                shard.remove(key);
+            }
+        }
+    }
+
+    /// Requests in flight on `key` now.
+    pub fn held(&self, key: &str) -> u64 {
+        let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+        shard.get(key).copied().unwrap_or(0)
+    }
+
+    /// Keys with requests in flight.
+    pub fn keys(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+}
+
+/// Slots counted in a [`LocalInFlight`], given back when dropped (a request's end, its client
+/// gone, an error after admission: whatever drops it).
+#[derive(Debug)]
+pub struct LocalSlots {
+    table: Arc<LocalInFlight>,
+    keys: smallvec::SmallVec<[Box<str>; 1]>,
+}
+
+impl LocalSlots {
+    pub fn new(table: Arc<LocalInFlight>) -> Self {
+        LocalSlots {
+            table,
+            keys: smallvec::SmallVec::new(),
+        }
+    }
+
+    /// [`LocalInFlight::take`], remembered for the drop when counted.
+    pub fn take(&mut self, key: &str, limit: Option<u64>) -> bool {
+        let taken = self.table.take(key, limit);
+        if taken {
+            self.keys.push(key.into());
+        }
+        taken
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+impl Drop for LocalSlots {
+    fn drop(&mut self) {
+        for key in &self.keys {
+            self.table.give_back(key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +246,23 @@ mod tests {
         l.release(1);
         assert_eq!(l.held(5), 1);
         assert!(l.eval(&RULE, 5, 1).allowed);
+    }
+
+    #[test]
+    fn local_slots_count_to_the_limit_and_come_back_when_dropped() {
+        let table = Arc::new(LocalInFlight::default());
+        let mut granted = LocalSlots::new(table.clone());
+        // Leases the store granted count whatever the local count.
+        assert!(granted.take("k", None));
+        assert!(granted.take("k", None));
+        let mut fallback = LocalSlots::new(table.clone());
+        assert!(fallback.take("k", Some(3)));
+        assert!(!fallback.take("k", Some(3)), "a fourth past a limit of 3");
+        assert_eq!(table.held("k"), 3);
+        drop(granted);
+        assert_eq!(table.held("k"), 1);
+        drop(fallback);
+        assert_eq!((table.held("k"), table.keys()), (0, 0));
     }
 
     #[test]

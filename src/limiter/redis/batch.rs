@@ -36,8 +36,11 @@ use crate::limiter::Decision;
 
 /// Decisions in one script call at most (the script runs about 5 µs a decision, blocking Redis).
 pub const MAX_BATCH: usize = 64;
-/// Script calls in flight at once (fred pipelines them on the pool's connections).
-const MAX_IN_FLIGHT: usize = 2;
+/// Script calls in flight at once (fred pipelines them on the pool's connections). Under a burst
+/// the first calls each carry one decision and their replies are read as late as the busy
+/// runtime gets to them (tens of ms in a loaded debug build); with only two, the rest of the burst
+/// waited that long for a free call before it was even sent, and timed out together (issue 34).
+const MAX_IN_FLIGHT: usize = 8;
 
 /// One request's decision, written once into one buffer: its arguments as
 /// [`super::wire::pack`] writes them (`now`, the number of checks, then six per check), then its
@@ -83,7 +86,16 @@ async fn drain<F: Future<Output = ()>>(
 ) {
     // The calls in flight are polled by this task itself: a task spawned per call would copy
     // the call's future (kilobytes) several times on its way in, for every batch.
-    let mut slots: [_; MAX_IN_FLIGHT] = [pin!(None), pin!(None)];
+    let mut slots: [_; MAX_IN_FLIGHT] = [
+        pin!(None),
+        pin!(None),
+        pin!(None),
+        pin!(None),
+        pin!(None),
+        pin!(None),
+        pin!(None),
+        pin!(None),
+    ];
     // Decisions taken off the queue to be timed, oldest first, waiting for a free call.
     let mut held: VecDeque<Job> = VecDeque::new();
     // Armed while every call is taken: the calls in flight may be stalled past their deadlines,
