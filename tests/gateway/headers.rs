@@ -553,7 +553,7 @@ fn the_docs_config_snippets_for_these_defences_load() {
     let hardening = std::fs::read_to_string(crate::support::tools::repo_path("docs/hardening.md"))
         .expect("docs/hardening.md");
     let mut snippets = 0;
-    for section in hardening.split("\n## ").filter(|s| {
+    for section in hardening.split("\n### ").filter(|s| {
         s.starts_with("Header names with underscores")
             || s.starts_with("Forwarding fields pass only from trusted proxies")
     }) {
