@@ -239,3 +239,24 @@ fn the_image_default_config_has_the_lines_the_dockerfile_rewrites() {
     assert!(dockerfile.contains(r"-e 's/^admin_listen: 127\.0\.0\.1:/admin_listen: 0.0.0.0:/'"));
     assert!(dockerfile.contains(r#"CMD ["/usr/local/bin/turnstile", "healthcheck""#));
 }
+
+/// README's reference config (its first `yaml` block) loads as written: every line a user copies
+/// from it is valid, and a repeated key (two `url:` under one upstream) is an error. The files it
+/// names (its TLS certificate) are the user's own, so only their absence may be reported.
+#[test]
+fn the_readme_reference_config_loads() {
+    let readme = std::fs::read_to_string(repo_path("README.md")).expect("README.md");
+    let block = readme
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("a yaml block in README.md");
+    assert!(block.contains("routes:"), "the reference config:\n{block}");
+    if let Err(errors) = turnstile::config::parse(block, std::path::Path::new("README.md")) {
+        let text = errors.to_string();
+        assert!(
+            text.lines().all(|line| line.contains("cannot read `")),
+            "README.md's reference config:\n{text}"
+        );
+    }
+}
