@@ -8,7 +8,7 @@
 # Usage: bench/callgrind.sh [--cache] [turnstile|nginx] [SECONDS] [CONNECTIONS]
 # --cache also simulates the caches and prints first-level instruction-cache misses per request
 # (I1mr): the cost of a hot path spread over more code than the cache holds, which instruction
-# counts do not show (docs/benchmarks.md, issue 14's eighth pass).
+# counts do not show (docs/benchmarks.md).
 # CALLGRIND_TEMPLATE=turnstile-flood-memory.yaml.tmpl counts a flood (every request a 429) instead;
 # a template with "redis" in its name (turnstile-redis.yaml.tmpl, turnstile-flood-redis.yaml.tmpl)
 # gets a throwaway redis-server on a free port (CALLGRIND_REDIS_POOL connections, default 4). Only

@@ -4,7 +4,7 @@
 # each store, one worker placed like the memory section's 1-worker rows. Rows:
 #   turnstile-flood-memory   429s from the in-process store
 #   turnstile-flood-redis    429s from the Redis store (the deny cache answers all but the first)
-# Target (issue 14): turnstile-flood-redis >= 0.9x turnstile-flood-memory.
+# Target: turnstile-flood-redis >= 0.9x turnstile-flood-memory.
 
 section_flood_setup() {
     if [[ -z "${REDIS_PORT:-}" ]]; then

@@ -7,8 +7,7 @@
 #      store. Loopback only, every load bounded in time, every server stopped by PID;
 #   3. the optimised build (rustc -Cprofile-use) from the merged profile.
 # LLVM then keeps the hot path together and moves what the loads never ran out of its way: fewer
-# instructions and far fewer instruction-cache misses per request (docs/benchmarks.md, issue 14's
-# eighth pass). Code the loads never ran (TLS, HTTP/2 from clients, the admin API, forward-auth)
+# instructions and far fewer instruction-cache misses per request (docs/benchmarks.md). Code the loads never ran (TLS, HTTP/2 from clients, the admin API, forward-auth)
 # is laid out as cold: correct, and possibly slower than in a plain build.
 #
 # Usage: bench/pgo.sh [--seconds N]      (default 3 per load)

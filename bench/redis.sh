@@ -16,9 +16,9 @@
 #   turnstile-decisions-cluster        the same on a 3-master Redis Cluster (no replicas, the
 #                                      three masters on the load CPU like the single Redis)
 #   turnstile-decisions-cluster-multi  two policies in two slots: two concurrent calls
-# Targets (issue 3): turnstile-redis >= 1.0x nginx-lua and >= 0.5x nginx-proxy;
+# Targets: turnstile-redis >= 1.5x nginx-lua and >= 0.6x nginx-proxy;
 # turnstile-decisions >= 0.7x redis-benchmark-evalsha. The cluster rows have no target: they show
-# what sharding costs one client worker (issue 11).
+# what sharding costs one client worker.
 
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 REDIS_CLI=${REDIS_CLI:-redis-cli}
@@ -27,7 +27,7 @@ REDIS_POOL=${BENCH_REDIS_POOL:-4}
 REDIS_BENCH_REQUESTS=${BENCH_REDIS_REQUESTS:-1000000}
 DECISIONS_BIN=${DECISIONS_BIN:-}
 # 0 skips the rows beside the HTTP comparison (redis-benchmark, examples/redis_decisions, cluster):
-# the issue's table needs only the HTTP rows.
+# the HTTP rows alone are enough for the proxy comparisons.
 REDIS_EXTRAS=${BENCH_REDIS_EXTRAS:-1}
 
 # start_redis: a throwaway redis-server on a free port, no persistence. Sets REDIS_PORT and SHA.

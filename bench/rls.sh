@@ -1,8 +1,8 @@
-# bench/run.sh section "rls": issue 14's fourth row, Turnstile's Envoy rate limit service against
+# bench/run.sh section "rls": Turnstile's Envoy rate limit service against
 # Kuadrant's Limitador, in decisions per CPU-second of the server (target >= 2x). Sourced by run.sh.
 #
 # Needs a built limitador-server in LIMITADOR_BIN; without one the row is printed as NOT MEASURED
-# and nothing runs. docs/benchmarks.md ("Envoy RLS against Limitador") says how it was built.
+# and nothing runs. docs/benchmarks.md says how to build one.
 #
 # Every round, for each store (memory, then Redis: the same fresh redis-server, FLUSHALL before each
 # server starts) and each thread count, Turnstile and Limitador run one after the other (which goes

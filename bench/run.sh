@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Turnstile benchmark: in one run on this machine, the same fast upstream measured direct, behind
 # NGINX as a plain reverse proxy, and behind Turnstile, with wrk. Prints req/s, p50, p99 and the
-# Turnstile/NGINX ratios against issue 14's targets (memory >= 1.0x NGINX with p99 <= 1.0x; Redis
+# Turnstile/NGINX ratios against their targets (memory >= 1.0x NGINX with p99 <= 1.0x; Redis
 # >= 1.5x NGINX + ngx_lua and >= 0.6x NGINX; a flood on Redis >= 0.9x the same flood on memory).
 #
 # Usage: bench/run.sh [--only SECTION[,SECTION]] [--rounds N] [--duration SECS] [--warmup SECS]
@@ -23,8 +23,8 @@
 # has that core to itself and wrk shares CPU $BENCH_CPU_LOAD with the upstream; with
 # servers-together the upstream shares the proxy's core and wrk has the other one. The "direct" row
 # uses the same placement. 2-worker rows (2 NGINX workers vs 2 tokio workers) pin neither proxy
-# nor wrk (the upstream stays where the layout put it). --layout unpinned pins nothing at all (the
-# issue's own layout); --layout both runs the whole benchmark twice, proxy-alone then unpinned.
+# nor wrk (the upstream stays where the layout put it). --layout unpinned pins nothing at
+# all; --layout both runs the whole benchmark twice, proxy-alone then unpinned.
 set -euo pipefail
 ORIGINAL_ARGS=("$@")
 
@@ -475,7 +475,7 @@ add_comparison() {
 section_memory_setup() {
     local w
     for w in $WORKERS_LIST; do
-        # The issue's target is against one NGINX worker; the 2-worker row is for information.
+        # The target is against one NGINX worker; the 2-worker row is for information.
         if [[ "$w" == 1 ]]; then
             add_comparison "Turnstile memory / NGINX proxy, 1 worker (target)" \
                 turnstile-memory-w1 nginx-proxy-w1 1.0 1.0
