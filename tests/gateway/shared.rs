@@ -157,3 +157,30 @@ crate::store_matrix!(
     a_shadow_route_counts_on_the_shared_counter_without_refusing,
     a_reload_keeps_the_shared_counters,
 );
+
+/// The example of docs/algorithms.md's "Shared policies" loads, and its two routes use one counter
+/// key for the shared policy and their own for the other.
+#[test]
+fn the_documented_example_loads_and_shares_one_counter() {
+    let page = std::fs::read_to_string(crate::support::tools::repo_path("docs/algorithms.md"))
+        .expect("docs/algorithms.md");
+    let section = page
+        .split("\n## ")
+        .find(|s| s.starts_with("Shared policies"))
+        .expect("a Shared policies section");
+    let blocks: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .collect();
+    assert_eq!(blocks.len(), 1);
+    let snapshot = turnstile::config::parse(blocks[0], std::path::Path::new("docs/algorithms.md"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = |route: usize| snapshot.routes[route].policies[0].key_prefix().to_owned();
+    assert_eq!(prefix(0), "shared/per_consumer:");
+    assert_eq!(prefix(1), prefix(0));
+    assert_eq!(
+        snapshot.routes[0].policies[1].key_prefix(),
+        "orders:orders_writes:"
+    );
+}
