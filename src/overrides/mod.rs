@@ -324,18 +324,24 @@ pub fn load_file(
     }
     let mut seen = HashMap::new();
     for (i, o) in list.iter().enumerate() {
-        let counter = match resolve(routes, o) {
-            Ok((policy, _)) => o.counter_key_of(policy),
+        let (counter, shared) = match resolve(routes, o) {
+            Ok((policy, _)) => (o.counter_key_of(policy), policy.shared),
             Err(e) => {
                 errors.push(at(format!("[{i}].{}", e.field), e.message));
-                o.counter_key()
+                (o.counter_key(), false)
             }
         };
         if let Some(first) = seen.insert(counter, i) {
-            errors.push(at(
-                format!("[{i}].key"),
-                format!("overrides[{first}] already sets this key"),
-            ));
+            let message = if shared {
+                format!(
+                    "overrides[{first}] already sets this key of shared policy `{}` (its \
+                     routes count on one counter; name it through one of them)",
+                    o.policy
+                )
+            } else {
+                format!("overrides[{first}] already sets this key")
+            };
+            errors.push(at(format!("[{i}].key"), message));
         }
     }
     if errors.is_empty() {

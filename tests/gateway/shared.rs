@@ -109,6 +109,32 @@ async fn an_override_of_a_shared_key_applies_on_every_route(store: TestStore) {
     );
 }
 
+/// The overrides file names a shared policy through any of its routes, and applies to the one
+/// counter; a second entry for the same counter through another route is an error at its line.
+async fn the_overrides_file_sets_a_shared_key_once_through_any_route(store: TestStore) {
+    let yaml = format!("overrides: overrides.yaml\n{YAML}");
+    let file = "- { route: a, policy: per_user, key: acme, limit: 6 }\n";
+    let gw = TestGateway::with_files(&store.config(&yaml), &[("overrides.yaml", file)]).await;
+    assert_eq!(statuses(&gw, "/a", "acme", 3).await, [200, 200, 200]);
+    assert_eq!(statuses(&gw, "/b", "acme", 4).await, [200, 200, 200, 429]);
+
+    let path = gw.config_path.with_file_name("overrides.yaml");
+    let twice = format!("{file}- {{ route: b, policy: per_user, key: acme, limit: 9 }}\n");
+    std::fs::write(&path, twice).expect("write");
+    let err = gw
+        .reload_with(&store.config(&yaml))
+        .await
+        .expect_err("the same counter twice")
+        .to_string();
+    assert!(
+        err.contains(
+            "overrides.yaml:2:38: [1].key: overrides[0] already sets this key of shared policy \
+             `per_user`"
+        ),
+        "{err}"
+    );
+}
+
 /// A route in `mode: shadow` counts on the shared counter and never refuses; an enforcing route
 /// sharing it refuses once the shared limit is reached.
 async fn a_shadow_route_counts_on_the_shared_counter_without_refusing(store: TestStore) {
@@ -154,6 +180,7 @@ crate::store_matrix!(
     two_routes_admit_exactly_the_shared_limit_in_total,
     a_refusal_by_another_policy_consumes_nothing_from_the_shared_one,
     an_override_of_a_shared_key_applies_on_every_route,
+    the_overrides_file_sets_a_shared_key_once_through_any_route,
     a_shadow_route_counts_on_the_shared_counter_without_refusing,
     a_reload_keeps_the_shared_counters,
 );
