@@ -74,6 +74,42 @@ async fn two_routes_admit_exactly_the_shared_limit_in_total(store: TestStore) {
     };
     assert_eq!(decisions("a", "allowed"), 3.0);
     assert_eq!(decisions("b", "allowed"), 7.0);
+    assert_eq!(decisions("b", "limited"), 4.0);
+    assert_eq!(decisions("a", "limited"), 1.0);
+
+    // `/debug/top-limited` lists a limited key once per route, with the same key value (the
+    // counter key without `shared/per_user:`).
+    let (status, body) = gw.admin_get("/debug/top-limited?n=10").await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let mut keys: Vec<(String, String, String, u64)> = report["current"]["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| {
+            let text = |f: &str| k[f].as_str().unwrap_or_default().to_owned();
+            (
+                text("route"),
+                text("policy"),
+                text("key"),
+                k["count"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    keys.sort_by(|x, y| (&x.0, x.3).cmp(&(&y.0, y.3)));
+    let routes: Vec<(&str, &str, u64)> = keys
+        .iter()
+        .map(|(r, p, _, n)| (r.as_str(), p.as_str(), *n))
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            ("a", "per_user", 1),
+            ("b", "per_user", 1),
+            ("b", "per_user", 3)
+        ]
+    );
+    assert_eq!(keys[0].2, keys[1].2, "bob's key, limited on `a` and on `b`");
 }
 
 async fn a_refusal_by_another_policy_consumes_nothing_from_the_shared_one(store: TestStore) {
