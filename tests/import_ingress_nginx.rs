@@ -342,7 +342,12 @@ async fn limit_rps_5_with_multiplier_3_admits_exactly_15_at_once_and_never_limit
     // allow for refill during it, measured.
     let headers = [("host", host), ("x-forwarded-for", "198.51.100.20")];
     let (admitted, rejected) = back_to_back(&c, &gw.url("/cart"), &headers, 15, 5.0).await;
-    assert_eq!(rejected.json()["policy"], "rps", "{}", rejected.text());
+    assert_eq!(
+        rejected.json()["policy"],
+        "shop_storefront_rps",
+        "{}",
+        rejected.text()
+    );
     eprintln!("turnstile, limit-rps 5 x 3: {admitted} admitted back to back, then 429");
 
     // limit-whitelist: 10.0.0.0/8 and 192.168.12.7 are exempt, however much they send.
@@ -751,6 +756,62 @@ async fn limit_connections_3_refuses_the_fourth_request_in_flight_as_nginx_limit
             assert_eq!(task.await.expect("task"), 200, "{who}");
         }
     }
+}
+
+/// One `limit_conn` zone per Ingress in ingress-nginx: the two paths of `files/downloads` share a
+/// client's 3 requests in flight, in nginx (two locations, one zone) and in the imported config
+/// (one shared policy), so 2 held on one path and 1 on the other leave none for either.
+#[tokio::test]
+async fn the_paths_of_one_ingress_share_its_limit_as_nginx_does() {
+    let upstream = Upstream::start().await;
+    let nginx = Nginx::start_with(
+        &format!(
+            "location /releases {{ limit_conn conn 3; proxy_pass http://{0}; }}\n\
+             location /nightly {{ limit_conn conn 3; proxy_pass http://{0}; }}",
+            upstream.addr
+        ),
+        "limit_conn_zone $binary_remote_addr zone=conn:1m;\nlimit_conn_status 429;",
+    );
+    let gw = TestGateway::with_upstream(&runnable("13-limit-connections"), upstream.addr).await;
+    let c = Client::new();
+    let client = [
+        ("host", "files.example.com"),
+        ("x-forwarded-for", "198.51.100.80"),
+    ];
+    let held = [client[0], client[1], ("x-test-hold-head", "1")];
+    for (door, base) in [("nginx", nginx.base_url()), ("turnstile", gw.url(""))] {
+        let before = upstream.requests();
+        let mut tasks = Vec::new();
+        for path in ["/releases/a.iso", "/releases/b.iso", "/nightly/c.iso"] {
+            let (c, url) = (c.clone(), format!("{base}{path}"));
+            tasks.push(tokio::spawn(
+                async move { c.get_with(&url, &held).await.status },
+            ));
+        }
+        upstream.wait_for_requests(before + 3).await;
+        for path in ["/nightly/d.iso", "/releases/e.iso"] {
+            let fourth = c.get_with(&format!("{base}{path}"), &client).await;
+            assert_eq!(fourth.status, 429, "{door} {path}: {}", fourth.text());
+        }
+        upstream.release(3);
+        for task in tasks {
+            assert_eq!(task.await.expect("task"), 200, "{door}");
+        }
+        let again = c.get_with(&format!("{base}/nightly/d.iso"), &client).await;
+        assert_eq!(again.status, 200, "{door}: served once the three ended");
+    }
+    assert_eq!(
+        gw.metric(
+            "turnstile_decisions_total",
+            &[
+                ("route", "files_downloads_1"),
+                ("policy", "files_downloads_connections"),
+                ("decision", "limited"),
+            ],
+        )
+        .await,
+        1.0
+    );
 }
 
 /// `backend-protocol: HTTPS` against a real nginx serving TLS with a certificate the gateway has

@@ -139,6 +139,7 @@ pub fn compile(
         }
     }
 
+    shared_policies(e, &raw.routes);
     server.read_fields = read_fields(&routes);
     if server.headers_with_underscores != Underscores::Allow {
         unreachable_underscore_fields(e, &routes);
@@ -1284,8 +1285,49 @@ fn policy(
         return None;
     }
     let mut policy = Policy::new(route, &raw.name, key, rule?, cost);
+    if raw.shared == Some(true) {
+        policy.share();
+    }
     inflight::finish(e, path, raw, &mut policy);
     Some(policy)
+}
+
+/// Every shared policy of one name must be defined the same wherever it appears: its routes count
+/// on one counter, which has one limit. A difference is an error at the first field that differs,
+/// in each place after the first.
+fn shared_policies(e: &mut Errors, routes: &[RawRoute]) {
+    let mut first: HashMap<&str, (usize, usize, &RawPolicy)> = HashMap::new();
+    for (i, route) in routes.iter().enumerate() {
+        for (j, p) in route.policies.iter().enumerate() {
+            if p.shared != Some(true) {
+                continue;
+            }
+            let Some(&(fi, fj, f)) = first.get(p.name.as_str()) else {
+                first.insert(&p.name, (i, j, p));
+                continue;
+            };
+            let differs = [
+                ("key", p.key != f.key),
+                ("token_bucket", p.token_bucket != f.token_bucket),
+                ("sliding_window", p.sliding_window != f.sliding_window),
+                ("quota", p.quota != f.quota),
+                ("concurrency", p.concurrency != f.concurrency),
+                ("cost", p.cost != f.cost),
+                ("mode", p.mode != f.mode),
+            ];
+            if let Some((field, _)) = differs.iter().find(|(_, d)| *d) {
+                e.add(
+                    format!("routes[{i}].policies[{j}].{field}"),
+                    format!(
+                        "shared policy `{}` has another `{field}` in route `{}` \
+                         (routes[{fi}].policies[{fj}]): the routes that share it count on one \
+                         counter, so each must define it the same",
+                        p.name, routes[fi].name
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// A calendar quota: `{limit, per: day | week | month, time_zone}`.

@@ -249,7 +249,7 @@ fn default_status() -> u16 {
     200
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPolicy {
     pub name: String,
@@ -264,10 +264,13 @@ pub struct RawPolicy {
     pub cost: Option<RawCost>,
     /// `enforce` (default) or `shadow`: decides and counts, never rejects.
     pub mode: Option<String>,
+    /// `true`: one counter for every route that has a shared policy of this name (defined the
+    /// same in each), instead of one per route.
+    pub shared: Option<bool>,
 }
 
 /// `concurrency: {limit, lease_ttl, refuse_with}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConcurrency {
     pub limit: u64,
@@ -278,7 +281,7 @@ pub struct RawConcurrency {
 }
 
 /// `cost:` either a fixed number of units or the cost the upstream reports in a response header.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(untagged)]
 pub enum RawCost {
     Fixed(u64),
@@ -286,7 +289,7 @@ pub enum RawCost {
 }
 
 /// `cost: {response_header: x-usage-tokens, fallback: 1, min_cost: 1, max_cost: N}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawResponseCost {
     pub response_header: String,
@@ -298,14 +301,14 @@ pub struct RawResponseCost {
     pub max_cost: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTokenBucket {
     pub rate: String,
     pub burst: u64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawSlidingWindow {
     pub limit: u64,
@@ -313,7 +316,7 @@ pub struct RawSlidingWindow {
     pub buckets: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawQuota {
     pub limit: u64,

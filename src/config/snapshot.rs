@@ -123,7 +123,10 @@ pub struct Policy {
     /// `mode: shadow` (the policy's or its route's): decided and counted (`decision="shadow"`
     /// when it would have refused), never rejecting; invisible in the rate-limit headers.
     pub shadow: bool,
-    /// `route:policy:`, the start of every counter key of this policy.
+    /// `shared: true`: one counter per key value for every route that has this policy.
+    pub shared: bool,
+    /// `route:policy:`, the start of every counter key of this policy; `shared/policy:` for a
+    /// shared one (a route name never has a `/`), the same from every route that shares it.
     key_prefix: String,
     /// `cost: {response_header: ...}`: `cost` is taken at admission, the rest after the response.
     pub response_cost: Option<ResponseCost>,
@@ -197,13 +200,20 @@ impl Policy {
             rule,
             cost,
             shadow: false,
+            shared: false,
             key_prefix: format!("{route}:{name}:"),
             response_cost: None,
             refuse_with: StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
-    /// `route:policy:`: stripped from a counter key, what is left are the request's values
+    /// Makes this policy's counters the ones every route with a shared policy of its name uses.
+    pub fn share(&mut self) {
+        self.shared = true;
+        self.key_prefix = format!("shared/{}:", self.name);
+    }
+
+    /// `route:policy:` (`shared/policy:`): stripped from a counter key, what is left are the request's values
     /// (`user42`, `10.0.0.7|GET`), what an operator recognises in `/debug/top-limited`.
     pub fn key_prefix(&self) -> &str {
         &self.key_prefix

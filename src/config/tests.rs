@@ -610,3 +610,64 @@ fn forward_auth_proxy_names_a_known_proxy_at_its_line() {
         assert_eq!(proxy, CheckProxy::parse(name), "{name}");
     }
 }
+
+/// Two routes `a` and `b`, each with one policy: `a`'s is `first`, `b`'s is `second` (flow maps).
+fn two_routes(first: &str, second: &str) -> String {
+    format!(
+        "{BASE}  - name: a\n    upstream: api\n    policies:\n      - {first}\n  - name: b\n    upstream: api\n    match: {{ prefix: /b }}\n    policies:\n      - {second}\n"
+    )
+}
+
+#[test]
+fn a_shared_policy_defined_differently_is_an_error_at_the_field() {
+    let one =
+        "{ name: p, shared: true, key: [client_ip], sliding_window: { limit: 5, window: 1h } }";
+    let snapshot =
+        parse(&two_routes(one, one), Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (
+        &snapshot.routes[0].policies[0],
+        &snapshot.routes[1].policies[0],
+    );
+    assert!(a.shared && b.shared);
+    assert_eq!((a.key_prefix(), b.key_prefix()), ("shared/p:", "shared/p:"));
+
+    let limit =
+        "{ name: p, shared: true, key: [client_ip], sliding_window: { limit: 6, window: 1h } }";
+    assert_eq!(
+        errors(&two_routes(one, limit)),
+        [
+            "p.yaml:13:68: routes[1].policies[0].sliding_window: shared policy `p` has another \
+          `sliding_window` in route `a` (routes[0].policies[0]): the routes that share it count \
+          on one counter, so each must define it the same"
+        ]
+    );
+    let key = "{ name: p, shared: true, key: [method], sliding_window: { limit: 5, window: 1h } }";
+    let e = errors(&two_routes(one, key));
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("p.yaml:13:39: routes[1].policies[0].key: "),
+        "{e:?}"
+    );
+    let algorithm =
+        "{ name: p, shared: true, key: [client_ip], token_bucket: { rate: 5/h, burst: 5 } }";
+    let e = errors(&two_routes(one, algorithm));
+    assert!(
+        e[0].starts_with("p.yaml:13:66: routes[1].policies[0].token_bucket: "),
+        "{e:?}"
+    );
+    let cost = "{ name: p, shared: true, key: [client_ip], cost: 2, sliding_window: { limit: 5, window: 1h } }";
+    let e = errors(&two_routes(one, cost));
+    assert!(
+        e[0].starts_with("p.yaml:13:58: routes[1].policies[0].cost: "),
+        "{e:?}"
+    );
+
+    // Not shared, the same name is another counter on each route, with its own numbers.
+    let own = |limit| {
+        format!("{{ name: p, key: [client_ip], sliding_window: {{ limit: {limit}, window: 1h }} }}")
+    };
+    let snapshot =
+        parse(&two_routes(&own(5), &own(6)), Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(snapshot.routes[1].policies[0].key_prefix(), "b:p:");
+    assert!(!snapshot.routes[1].policies[0].shared);
+}

@@ -23,6 +23,9 @@ pub struct PolicyOut {
     pub rule: RuleOut,
     /// Which annotations it came from.
     pub comment: String,
+    /// The name of the one counter every route of the Ingress shares (`shared: true`), as
+    /// ingress-nginx's one zone per Ingress; set by the translation.
+    pub shared: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +114,7 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
                 burst: n.saturating_mul(multiplier),
             },
             comment: format!("{short}: {n} x limit-burst-multiplier: {multiplier}, per client IP"),
+            shared: None,
         });
     }
     if let Some(text) = get("limit-connections") {
@@ -120,6 +124,7 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
                 key: vec!["client_ip".to_string()],
                 rule: RuleOut::Concurrency { limit: n },
                 comment: format!("limit-connections: {n} requests in flight per client IP"),
+                shared: None,
             }),
             None => note(
                 &mut plan,
@@ -165,6 +170,7 @@ pub fn plan(ingress: &Ingress, subject: &str) -> Plan {
                                 "global-rate-limit: {limit} per global-rate-limit-window: {}, key {key_text}",
                                 window_text(window.as_str(), get("global-rate-limit-window"))
                             ),
+                            shared: None,
                         });
                     }
                     Err(why) => note(

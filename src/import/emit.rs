@@ -92,7 +92,14 @@ pub fn yaml(doc: &Document, sources: &[&str]) -> String {
             line(w, 4, "policies:");
             for p in &r.policies {
                 line(w, 6, &format!("# {}", comment(&p.comment)));
-                line(w, 6, &format!("- name: {}", scalar(p.name)));
+                line(
+                    w,
+                    6,
+                    &format!("- name: {}", scalar(p.shared.as_deref().unwrap_or(p.name))),
+                );
+                if p.shared.is_some() {
+                    line(w, 8, "shared: true");
+                }
                 line(w, 8, &format!("key: {}", flow(&p.key)));
                 let rule = match &p.rule {
                     RuleOut::TokenBucket { rate, burst } => {

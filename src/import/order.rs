@@ -85,8 +85,27 @@ pub fn order(mut candidates: Vec<Candidate>, notes: &mut Vec<Note>) -> Vec<Route
 /// A Turnstile name (1-64 letters, digits, `_`, `-`) for `text`: other characters become `-`;
 /// a longer name is cut and ends with a digest of the whole, so it stays unique and stable.
 pub fn fit(text: &str) -> String {
-    let clean: String = text
-        .chars()
+    let clean = clean(text);
+    if (1..=64).contains(&clean.len()) {
+        return clean;
+    }
+    with_digest(text)
+}
+
+/// `text` cleaned as [`fit`] cleans it, cut to 47 characters, then `_` and 16 hex digits of its
+/// SHA-256: a name that no other text gives.
+pub fn with_digest(text: &str) -> String {
+    let clean = clean(text);
+    let digest: String = Sha256::digest(text.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}_{digest}", &clean[..47.min(clean.len())])
+}
+
+/// Every character a name may not have replaced by `-`.
+fn clean(text: &str) -> String {
+    text.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
                 c
@@ -94,15 +113,7 @@ pub fn fit(text: &str) -> String {
                 '-'
             }
         })
-        .collect();
-    if (1..=64).contains(&clean.len()) {
-        return clean;
-    }
-    let digest: String = Sha256::digest(text.as_bytes())[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{}_{digest}", &clean[..47.min(clean.len())])
+        .collect()
 }
 
 /// Route names cut or cleaned by [`fit`] could meet; a repeated name gets a digest suffix.

@@ -209,7 +209,7 @@ fn limit_connections_becomes_a_concurrency_policy_per_client_ip() {
     let imported = import(&[("m.yaml", &text)]);
     assert!(
         imported.yaml.contains(
-            "      - name: connections\n        key: [client_ip]\n        concurrency: { limit: 7 }\n"
+            "      - name: shop_web_connections\n        shared: true\n        key: [client_ip]\n        concurrency: { limit: 7 }\n"
         ),
         "{}",
         imported.yaml
@@ -323,4 +323,44 @@ fn a_rewrite_target_equal_to_the_path_rewrites_nothing_as_in_ingress_nginx() {
     let imported = import(&[("m.yaml", &text)]);
     assert!(!imported.yaml.contains("rewrite"), "{}", imported.yaml);
     assert!(imported.notes.is_empty(), "{}", imported.report());
+}
+
+/// Each Ingress has its own shared budget, also when two Ingress names clean to one policy name
+/// (`a.b` and `a-b`): the later in namespace/name order (`a.b`) gets a digest, so neither shares
+/// the other's counter.
+#[test]
+fn every_ingress_shares_its_own_budget_across_its_paths() {
+    let two = |name: &str, rps: u32, host: &str| {
+        format!("apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  annotations: {{ nginx.ingress.kubernetes.io/limit-rps: \"{rps}\" }}\nspec:\n  rules:\n    - host: {host}\n      http:\n        paths:\n          - {{ path: /x, pathType: Prefix, backend: {{ service: {{ name: web, port: {{ number: 80 }} }} }} }}\n          - {{ path: /y, pathType: Prefix, backend: {{ service: {{ name: web, port: {{ number: 80 }} }} }} }}\n")
+    };
+    let text = format!(
+        "{}---\n{}",
+        two("a.b", 5, "one.example"),
+        two("a-b", 7, "two.example")
+    );
+    let imported = import(&[("m.yaml", &text)]);
+    let snapshot = loads(&imported.yaml);
+    let prefixes: Vec<(&str, &str)> = snapshot
+        .routes
+        .iter()
+        .map(|r| (&*r.name, r.policies[0].key_prefix()))
+        .collect();
+    let digest = super::order::with_digest("shop_a.b_rps");
+    let shared = format!("shared/{digest}:");
+    assert_eq!(
+        prefixes,
+        [
+            ("shop_a-b_0", shared.as_str()),
+            ("shop_a-b_1", shared.as_str()),
+            ("shop_a-b_0-2", "shared/shop_a-b_rps:"),
+            ("shop_a-b_1-3", "shared/shop_a-b_rps:"),
+        ],
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        !imported.report().contains("share"),
+        "{}",
+        imported.report()
+    );
 }

@@ -7,7 +7,7 @@ use super::annotations::{self, PolicyOut};
 use super::emit;
 use super::manifest::{Backend, Ingress, Manifests, CLASS_ANNOTATION};
 use super::nginx::turnstile_size;
-use super::order::{fit, order, unique_names, Candidate};
+use super::order::{fit, order, unique_names, with_digest, Candidate};
 use super::Note;
 
 /// The config document to write.
@@ -103,12 +103,25 @@ pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
     }
 
     let mut candidates = Vec::new();
+    let mut shared_names: BTreeMap<String, String> = BTreeMap::new();
     let mut sizes = Vec::new();
     let mut without_size = Vec::new();
     for ((ns, name), ingress) in &by_id {
         let subject = format!("{ns}/{name}");
-        let plan = annotations::plan(ingress, &subject);
+        let mut plan = annotations::plan(ingress, &subject);
         notes.extend(plan.notes.iter().cloned());
+        // One zone per Ingress in ingress-nginx: every path of it counts on one shared policy,
+        // named after the Ingress (and unique, should two Ingresses' names clean to one).
+        for policy in &mut plan.policies {
+            let text = format!("{ns}_{name}_{}", policy.name);
+            let mut shared = fit(&text);
+            if shared_names.get(&shared).is_some_and(|s| *s != subject) {
+                shared = with_digest(&text);
+            }
+            shared_names.insert(shared.clone(), subject.clone());
+            policy.shared = Some(shared);
+            policy.comment.push_str(", one budget per Ingress");
+        }
         if plan.canary {
             continue;
         }
@@ -126,7 +139,6 @@ pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
             Some((bytes, text)) => sizes.push((subject.clone(), *bytes, text.clone())),
             None => without_size.push(subject.clone()),
         }
-        let before = candidates.len();
         let mut index = 0;
         for rule in &ingress.spec.rules {
             let host = rule.host.clone().filter(|h| !h.is_empty());
@@ -228,9 +240,6 @@ pub fn translate(manifests: &Manifests, options: &super::Options) -> Document {
                     default_backend: true,
                 });
             }
-        }
-        if candidates.len() - before > 1 && !plan.policies.is_empty() {
-            notes.push(note(&subject, format!("{} routes share one limit in ingress-nginx (one zone per Ingress); in Turnstile each route counts on its own, so a client may use the limit once per route", candidates.len() - before)));
         }
     }
 

@@ -90,9 +90,16 @@ impl Override {
         }
     }
 
-    /// The counter key this override applies to: `route:policy:key`.
+    /// `route:policy:key`: what names this override (in the API and in Redis's copy).
     pub fn counter_key(&self) -> String {
         format!("{}:{}:{}", self.route, self.policy, self.key)
+    }
+
+    /// The counter key this override applies to, of `policy` (the one it [`resolve`]s to):
+    /// `route:policy:key`, or `shared/policy:key` for a shared policy, whichever of its routes
+    /// the override names.
+    pub fn counter_key_of(&self, policy: &Policy) -> String {
+        format!("{}{}", policy.key_prefix(), self.key)
     }
 }
 
@@ -317,14 +324,24 @@ pub fn load_file(
     }
     let mut seen = HashMap::new();
     for (i, o) in list.iter().enumerate() {
-        if let Err(e) = resolve(routes, o) {
-            errors.push(at(format!("[{i}].{}", e.field), e.message));
-        }
-        if let Some(first) = seen.insert(o.counter_key(), i) {
-            errors.push(at(
-                format!("[{i}].key"),
-                format!("overrides[{first}] already sets this key"),
-            ));
+        let (counter, shared) = match resolve(routes, o) {
+            Ok((policy, _)) => (o.counter_key_of(policy), policy.shared),
+            Err(e) => {
+                errors.push(at(format!("[{i}].{}", e.field), e.message));
+                (o.counter_key(), false)
+            }
+        };
+        if let Some(first) = seen.insert(counter, i) {
+            let message = if shared {
+                format!(
+                    "overrides[{first}] already sets this key of shared policy `{}` (its \
+                     routes count on one counter; name it through one of them)",
+                    o.policy
+                )
+            } else {
+                format!("overrides[{first}] already sets this key")
+            };
+            errors.push(at(format!("[{i}].key"), message));
         }
     }
     if errors.is_empty() {
@@ -402,8 +419,8 @@ impl Overrides {
         let api = self.api();
         for o in config.overrides.iter().chain(api.values()) {
             match resolve(&config.routes, o) {
-                Ok((_, rule)) => {
-                    rules.insert(o.counter_key().into_boxed_str(), rule);
+                Ok((policy, rule)) => {
+                    rules.insert(o.counter_key_of(policy).into_boxed_str(), rule);
                 }
                 Err(e) => tracing::debug!(
                     route = %o.route, policy = %o.policy, field = e.field, error = %e.message,

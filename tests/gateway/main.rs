@@ -41,6 +41,7 @@ mod responses;
 mod rewrite;
 mod routing;
 mod shadow;
+mod shared;
 mod slowloris;
 mod targets;
 mod tls;
