@@ -52,6 +52,11 @@ pub(super) fn redirected(e: &FredError) -> bool {
     e.details() == REDIRECTED
 }
 
+/// Whether a node's own answer is a redirection (`MOVED` or `ASK`) to follow.
+pub(super) fn is_redirection(e: &FredError) -> bool {
+    redirection(e.details()).is_some()
+}
+
 /// One connection per Cluster node that a redirection named, made on first use and kept.
 pub(super) struct Nodes {
     /// The Cluster's client config (credentials), its server replaced per node.
@@ -157,9 +162,25 @@ pub(super) async fn follow<R: FromValue>(
         .and_then(|routing| routing.get_server(slot).cloned())
         .ok_or_else(|| StoreError::Connection(format!("no known owner of slot {slot}")))?;
     let reply = script(lua, &nodes.client(owner).await?, false, call).await;
+    redirect(shared, nodes, lua, call, reply).await
+}
+
+/// Follows the redirection that `reply` (the slot's owner's answer) may be: `ASK` to the
+/// importing node, `MOVED` to the new owner (the topology is then read again); any other reply
+/// is returned as it is.
+pub(super) async fn redirect<R: FromValue>(
+    shared: &Shared,
+    nodes: &Nodes,
+    lua: Script<'_>,
+    call: &impl Fn() -> (Vec<Key>, Vec<Value>),
+    reply: Result<R, FredError>,
+) -> Result<R, StoreError> {
     let reply = match reply.as_ref().err().and_then(|e| redirection(e.details())) {
         Some((Redirection::Ask, to)) => script(lua, &nodes.client(to).await?, true, call).await,
         Some((Redirection::Moved, to)) => {
+            if let Some(shards) = &shared.shards {
+                shards.mark_stale();
+            }
             for client in shared.pool.clients() {
                 let client = client.clone();
                 tokio::spawn(async move { client.sync_cluster().await });

@@ -14,6 +14,10 @@ use super::Shared;
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
 /// How often the background probe checks reachability and the script cache.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// The least time between two reads of a Cluster's topology asked for by calls.
+const REREAD_EVERY: Duration = Duration::from_millis(100);
+/// The least time a check may take (a short store timeout must not fail every check).
+const MIN_CHECK: Duration = Duration::from_millis(250);
 
 /// Keeps `ready` current and the script loaded, until the store is dropped. Logs transitions only,
 /// and says nothing while the first connection is still within [`super::STARTUP_WAIT`]: a store
@@ -24,8 +28,32 @@ pub(super) async fn probe(store: Weak<Shared>) {
     // The state last logged: the first settled probe always logs, so startup with Redis down is
     // visible.
     let mut logged = None;
+    // A Cluster's topology is read again soon after a call asks for it (`cluster.rs`).
+    let wake = store
+        .upgrade()
+        .and_then(|shared| shared.shards.as_ref().map(|shards| shards.wake.clone()));
     loop {
-        tick.tick().await;
+        let woken = match &wake {
+            Some(wake) => tokio::select! {
+                _ = tick.tick() => false,
+                () = wake.notified() => true,
+            },
+            None => {
+                tick.tick().await;
+                false
+            }
+        };
+        if woken {
+            if let Some(shared) = store.upgrade() {
+                if let Some(shards) = &shared.shards {
+                    let limit = shared.timeout.max(MIN_CHECK);
+                    let _ = super::cluster::refresh(shards, &shared.pool, limit).await;
+                }
+            }
+            // A failing master asks on every failure: at most one read per `REREAD_EVERY`.
+            tokio::time::sleep(REREAD_EVERY).await;
+            continue;
+        }
         let Some(shared) = store.upgrade() else {
             return;
         };
@@ -46,7 +74,12 @@ pub(super) async fn probe(store: Weak<Shared>) {
 /// (`cluster_state:ok`: no shard without a master). Updates `ready` (and closes the breaker when
 /// Redis is back, rather than after the next request probe).
 pub(super) async fn check(shared: &Shared) -> bool {
-    let limit = shared.timeout.max(Duration::from_millis(250));
+    let limit = shared.timeout.max(MIN_CHECK);
+    if let Some(shards) = &shared.shards {
+        // Each master's connections follow the topology: read it before anything else, and
+        // bounded on its own, so a stalled clustered client cannot keep it from changing.
+        let _ = super::cluster::refresh(shards, &shared.pool, limit).await;
+    }
     let answers = async {
         script_cached(shared).await?;
         if shared.cluster {
@@ -55,7 +88,9 @@ pub(super) async fn check(shared: &Shared) -> bool {
         }
         Ok::<_, FredError>(true)
     };
-    let reachable = shared.pool.clients().iter().any(|c| c.is_connected())
+    let known = shared.shards.as_ref().is_none_or(|shards| shards.known());
+    let reachable = known
+        && shared.pool.clients().iter().any(|c| c.is_connected())
         && matches!(tokio::time::timeout(limit, answers).await, Ok(Ok(true)));
     if !reachable {
         shared.lost_state();

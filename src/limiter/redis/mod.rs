@@ -60,7 +60,11 @@ struct Shared {
     cluster: bool,
     /// Redis Cluster: connections to single nodes, to follow redirections (`ask.rs`).
     nodes: Option<ask::Nodes>,
+    /// Redis Cluster: each master's connections and breaker; every script call goes to its
+    /// slot's master there (`cluster.rs`).
+    shards: Option<cluster::Shards>,
     timeout: Duration,
+    /// One server or Sentinel's master; a Cluster has one per master instead (`cluster.rs`).
     breaker: Breaker,
     /// Set by the background probe: Redis answered and holds the script.
     ready: AtomicBool,
@@ -187,8 +191,15 @@ impl RedisStore {
                 max_command_attempts: 1,
                 ..connection.clone()
             };
-            ask::Nodes::new(config.clone(), single, performance.clone())
+            (
+                ask::Nodes::new(config.clone(), single.clone(), performance.clone()),
+                cluster::Shards::new(config.clone(), single, performance.clone(), pool_size),
+            )
         });
+        let (nodes, shards) = match nodes {
+            Some((nodes, shards)) => (Some(nodes), Some(shards)),
+            None => (None, None),
+        };
         let pool = Builder::from_config(config)
             .set_connection_config(connection)
             .set_performance_config(performance)
@@ -208,6 +219,7 @@ impl RedisStore {
             key_prefix: key_prefix.to_string(),
             cluster: target.is_cluster(),
             nodes,
+            shards,
             timeout,
             breaker: Breaker::default(),
             ready: AtomicBool::new(false),
@@ -335,16 +347,17 @@ impl RedisStore {
             return Ok(Decision::from_outcomes(super::Outcomes::new()));
         }
         let shared = &self.shared;
+        if shared.cluster {
+            // A breaker per master, in each call (`cluster.rs`). Boxed: inline, its per-slot
+            // calls would make every single-server decision's future kilobytes larger.
+            return Box::pin(cluster::check(self, checks, lease)).await;
+        }
         let admission = shared.breaker.admit(shared.now_ms());
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
         let result = if !shared.pool.clients().iter().any(|c| c.is_connected()) {
             Err(StoreError::Connection("not connected".to_string()))
-        } else if shared.cluster {
-            // Boxed: inline, its per-slot calls would make every single-server decision's future
-            // kilobytes larger.
-            Box::pin(cluster::check(self, checks, lease)).await
         } else {
             self.evaluate(checks, lease).await
         };
@@ -434,6 +447,9 @@ impl Shared {
     ) -> Result<R, StoreError> {
         let started = Instant::now();
         let budget = budget.min(self.timeout);
+        if let Some(shards) = &self.shards {
+            return cluster::run(self, shards, budget, call).await;
+        }
         let first = match self.sha.get() {
             Some(sha) => {
                 let (keys, args) = call();
@@ -568,6 +584,9 @@ impl Drop for Shared {
             let _guard = runtime.enter();
             if let Some(nodes) = &self.nodes {
                 nodes.quit();
+            }
+            if let Some(shards) = &self.shards {
+                shards.quit();
             }
             runtime.spawn(async move {
                 let _ = pool.quit().await;
