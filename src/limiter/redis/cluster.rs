@@ -528,3 +528,83 @@ async fn refund(store: &RedisStore, checks: &[Check<'_>], keys: &[String], consu
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `CLUSTER SLOTS` as Redis answers it: per range, its bounds and its master.
+    fn topology(ranges: &[(i64, i64, i64)]) -> ClusterRouting {
+        let ranges = ranges
+            .iter()
+            .map(|&(start, end, port)| {
+                let master = vec![
+                    Value::from("127.0.0.1"),
+                    Value::Integer(port),
+                    Value::from(format!("node-{port}")),
+                ];
+                Value::Array(vec![
+                    Value::Integer(start),
+                    Value::Integer(end),
+                    Value::Array(master),
+                ])
+            })
+            .collect();
+        ClusterRouting::from_cluster_slots(Value::Array(ranges), "127.0.0.1").expect("slots")
+    }
+
+    fn shards() -> Shards {
+        let config = Config::default();
+        Shards::new(
+            config,
+            ConnectionConfig::default(),
+            PerformanceConfig::default(),
+            1,
+        )
+    }
+
+    /// Each slot routes to its own master; a failover replaces only the failed master, whose
+    /// successor starts with a closed breaker, and the masters that stay keep theirs.
+    #[tokio::test]
+    async fn a_failover_replaces_only_the_failed_masters_shard() {
+        let shards = shards();
+        assert!(shards.route(0).is_none() && !shards.known());
+        let before = topology(&[(0, 5460, 1), (5461, 10922, 2), (10923, 16383, 3)]);
+        assert!(shards.update(&before).expect("update"));
+        assert!(!shards.update(&before).expect("update"), "unchanged");
+        let port = |slot| shards.route(slot).map(|s| s.server.port);
+        assert_eq!(
+            (port(0), port(5461), port(16383)),
+            (Some(1), Some(2), Some(3))
+        );
+
+        let healthy = shards.route(0).expect("a master");
+        let dead = shards.route(5461).expect("a master");
+        for _ in 0..crate::limiter::breaker::FAILURES_TO_OPEN {
+            dead.breaker.failure(0, false);
+        }
+        assert!(dead.breaker.is_open() && !healthy.breaker.is_open());
+        assert_eq!(healthy.breaker.admit(0), Admission::Pass, "per master");
+
+        let after = topology(&[(0, 5460, 1), (5461, 10922, 4), (10923, 16383, 3)]);
+        assert!(shards.update(&after).expect("update"));
+        let promoted = shards.route(5461).expect("a master");
+        assert_eq!(promoted.server.port, 4);
+        assert!(!promoted.breaker.is_open(), "a fresh breaker");
+        assert!(Arc::ptr_eq(&healthy, &shards.route(0).expect("a master")));
+        assert_eq!(shards.masters().len(), 3);
+        shards.quit();
+    }
+
+    /// Slots that no master serves route nowhere.
+    #[tokio::test]
+    async fn an_uncovered_slot_has_no_master() {
+        let shards = shards();
+        shards
+            .update(&topology(&[(0, 99, 1), (200, 16383, 2)]))
+            .expect("update");
+        assert!(shards.route(150).is_none());
+        assert_eq!(shards.route(99).map(|s| s.server.port), Some(1));
+        shards.quit();
+    }
+}
