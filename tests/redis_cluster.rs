@@ -577,6 +577,23 @@ async fn a_master_killed_under_load_costs_the_other_shards_nothing() {
             }));
         }
     }
+    // /readyz, polled meanwhile (503 while a shard has no master), for the record.
+    let readiness = {
+        let (client, url, stop) = (client.clone(), gw.admin_url("/readyz"), stop.clone());
+        tokio::spawn(async move {
+            let (mut polled, mut unready) = (0usize, 0usize);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && load_started.elapsed() < LOAD_LIMIT
+            {
+                polled += 1;
+                if client.get(&url).await.status != 200 {
+                    unready += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (polled, unready)
+        })
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let victim_port = cluster.nodes[victim].port;
     let pid = cluster.nodes[victim].pid().expect("the victim runs");
@@ -613,6 +630,8 @@ async fn a_master_killed_under_load_costs_the_other_shards_nothing() {
             doomed_failed += failed;
         }
     }
+    let (polled, unready) = readiness.await.expect("readiness poller");
+    eprintln!("/readyz: {unready} of {polled} polls answered 503");
     eprintln!(
         "per-shard failover: promoted after {promoted:?}, killed shard deciding again after \
          {recovered:?}; healthy shards: {healthy_decided} decided, {healthy_failed} failed, \

@@ -71,27 +71,28 @@ pub(super) async fn probe(store: Weak<Shared>) {
 }
 
 /// One readiness check: connected, the script cached, and on a Cluster every slot served
-/// (`cluster_state:ok`: no shard without a master). Updates `ready` (and closes the breaker when
-/// Redis is back, rather than after the next request probe).
+/// (`cluster_state:ok`: no shard without a master, when Redis requires full coverage). Updates
+/// `ready` (and closes the breaker when Redis is back, rather than after the next request probe).
 pub(super) async fn check(shared: &Shared) -> bool {
     let limit = shared.timeout.max(MIN_CHECK);
-    if let Some(shards) = &shared.shards {
-        // Each master's connections follow the topology: read it before anything else, and
-        // bounded on its own, so a stalled clustered client cannot keep it from changing.
-        let _ = super::cluster::refresh(shards, &shared.pool, limit).await;
-    }
-    let answers = async {
-        script_cached(shared).await?;
-        if shared.cluster {
-            let info: String = shared.pool.next_connected().cluster_info().await?;
-            return Ok(info.contains("cluster_state:ok"));
+    let reachable = match &shared.shards {
+        Some(shards) => {
+            // Each master's connections follow the topology: read it first, bounded on its own.
+            let _ = super::cluster::refresh(shards, &shared.pool, limit).await;
+            matches!(
+                tokio::time::timeout(limit, cluster_answers(shared, shards)).await,
+                Ok(Ok(true))
+            )
         }
-        Ok::<_, FredError>(true)
+        None => {
+            let answers = async {
+                script_cached(shared).await?;
+                Ok::<_, FredError>(true)
+            };
+            shared.pool.clients().iter().any(|c| c.is_connected())
+                && matches!(tokio::time::timeout(limit, answers).await, Ok(Ok(true)))
+        }
     };
-    let known = shared.shards.as_ref().is_none_or(|shards| shards.known());
-    let reachable = known
-        && shared.pool.clients().iter().any(|c| c.is_connected())
-        && matches!(tokio::time::timeout(limit, answers).await, Ok(Ok(true)));
     if !reachable {
         shared.lost_state();
     }
@@ -100,6 +101,31 @@ pub(super) async fn check(shared: &Shared) -> bool {
     }
     shared.ready.store(reachable, Ordering::Relaxed);
     reachable
+}
+
+/// A Cluster is ready when every master it names is connected (a shard without a master is not
+/// ready, though the others decide), the script's SHA is known (loaded on one master the first
+/// time; another master lacking it answers `NOSCRIPT`, then `EVAL` caches it there) and a master
+/// says `cluster_state:ok`. Asked on the masters' own connections: fred's clustered client stalls
+/// while it re-syncs after one master's death.
+async fn cluster_answers(
+    shared: &Shared,
+    shards: &super::cluster::Shards,
+) -> Result<bool, FredError> {
+    let masters = shards.masters();
+    if masters.is_empty() || !masters.iter().all(|shard| shard.connected()) {
+        return Ok(false);
+    }
+    let Some(shard) = masters.iter().find(|shard| !shard.breaker.is_open()) else {
+        return Ok(false);
+    };
+    let client = shard.pool.next();
+    if shared.sha.get().is_none() {
+        let sha: fred::bytes_utils::Str = client.script_load(super::DECIDE_LUA).await?;
+        shared.sha.get_or_init(|| sha);
+    }
+    let info: String = client.cluster_info().await?;
+    Ok(info.contains("cluster_state:ok"))
 }
 
 /// Logs why connections fail (refused, wrong password, TLS), at most once per
