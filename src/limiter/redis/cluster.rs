@@ -321,8 +321,11 @@ pub(super) async fn run<R: FromValue>(
         )))
     };
     match &result {
-        // The store answered: a multi-key call mid-migration, not an outage.
-        Err(StoreError::Connection(m)) if m.starts_with("TRYAGAIN") => {}
+        // The master answered, at once: a multi-key call mid-migration, or the Cluster refusing
+        // every command while another shard has no master (full coverage required). Not this
+        // master's outage: skipping it would outlast the refusal by a cool-down.
+        Err(StoreError::Connection(m))
+            if m.starts_with("TRYAGAIN") || m.starts_with("CLUSTERDOWN") => {}
         Err(StoreError::Timeout(_) | StoreError::Connection(_)) => {
             shared.lost_state();
             shards.mark_stale();
