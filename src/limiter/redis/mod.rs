@@ -7,7 +7,8 @@
 //! (or the file named by `SSL_CERT_FILE`).
 //!
 //! Failure is bounded and cheap: a decision gives up after `timeout`, a disconnected pool fails at
-//! once, and after repeated failures a [`Breaker`] skips Redis for a cool-down. The gateway starts
+//! once, and after repeated failures a [`Breaker`] skips Redis for a cool-down (on a Cluster, one
+//! breaker per master, skipping only that master's slots: `cluster.rs`). The gateway starts
 //! with Redis down; a background probe keeps [`RedisStore::is_ready`] current and reloads the
 //! script after a restart (a `NOSCRIPT` answer also reloads it and retries once). On a Cluster,
 //! the store follows `MOVED` and `ASK` itself (`ask.rs`).
@@ -87,7 +88,7 @@ impl std::fmt::Debug for RedisStore {
             .field("key_prefix", &self.shared.key_prefix)
             .field("timeout", &self.shared.timeout)
             .field("ready", &self.shared.ready.load(Ordering::Relaxed))
-            .field("circuit_open", &self.shared.breaker.is_open())
+            .field("circuit_open", &self.circuit_open())
             .finish()
     }
 }
@@ -236,6 +237,14 @@ impl RedisStore {
     /// See [`crate::limiter::Store::epoch`].
     pub fn epoch(&self) -> u64 {
         self.shared.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Whether the breaker skips Redis: on a Cluster, any master's.
+    fn circuit_open(&self) -> bool {
+        match &self.shared.shards {
+            Some(shards) => shards.masters().iter().any(|m| m.breaker.is_open()),
+            None => self.shared.breaker.is_open(),
+        }
     }
 
     /// Whether Redis answered the last probe and holds the script (for `/readyz`).
