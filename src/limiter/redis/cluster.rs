@@ -290,6 +290,21 @@ pub(super) async fn run<R: FromValue>(
     budget: Duration,
     call: impl Fn() -> (Vec<Key>, Vec<Value>),
 ) -> Result<R, StoreError> {
+    let lua = ask::Script {
+        sha: shared.sha.get(),
+        text: DECIDE_LUA,
+    };
+    run_script(shared, shards, budget, lua, call).await
+}
+
+/// [`run`] of any script: `EVAL` of its text when `lua` has no SHA (the overrides' scripts).
+pub(super) async fn run_script<R: FromValue>(
+    shared: &Shared,
+    shards: &Shards,
+    budget: Duration,
+    lua: ask::Script<'_>,
+    call: impl Fn() -> (Vec<Key>, Vec<Value>),
+) -> Result<R, StoreError> {
     let started = Instant::now();
     let (keys, args) = call();
     let slot = keys
@@ -310,7 +325,7 @@ pub(super) async fn run<R: FromValue>(
         // Boxed: the redirection and `NOSCRIPT` paths would make every call's future larger.
         Box::pin(tokio::time::timeout(
             budget,
-            call_on(shared, &shard, budget, started, keys, args, &call),
+            call_on(shared, &shard, lua, budget, started, (keys, args), &call),
         ))
         .await
         .unwrap_or(Err(StoreError::Timeout(shared.timeout)))
@@ -349,17 +364,17 @@ pub(super) async fn run<R: FromValue>(
 async fn call_on<R: FromValue>(
     shared: &Shared,
     shard: &Shard,
+    lua: ask::Script<'_>,
     budget: Duration,
     started: Instant,
-    keys: Vec<Key>,
-    args: Vec<Value>,
+    (keys, args): (Vec<Key>, Vec<Value>),
     call: &impl Fn() -> (Vec<Key>, Vec<Value>),
 ) -> Result<R, StoreError> {
     let options = Options {
         timeout: Some(budget),
         ..Options::default()
     };
-    let reply = match shared.sha.get() {
+    let reply = match lua.sha {
         Some(sha) => {
             let reply = shard
                 .pool
@@ -388,16 +403,12 @@ async fn call_on<R: FromValue>(
             shard
                 .pool
                 .with_options(&options)
-                .eval::<R, _, _, _>(DECIDE_LUA, keys, args)
+                .eval::<R, _, _, _>(lua.text, keys, args)
                 .await
         }
     };
     match (reply, &shared.nodes) {
         (Err(e), Some(nodes)) if ask::is_redirection(&e) => {
-            let lua = ask::Script {
-                sha: shared.sha.get(),
-                text: DECIDE_LUA,
-            };
             ask::redirect(shared, nodes, lua, call, Err(e)).await
         }
         (reply, _) => reply.map_err(|e| shared.classify(e)),

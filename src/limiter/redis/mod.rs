@@ -518,13 +518,19 @@ impl Shared {
     }
 
     /// `EVAL` of a script other than the decision's (the overrides), following a Cluster's
-    /// redirections like [`Shared::run`], at most `timeout` in all.
+    /// redirections like [`Shared::run`] (on the slot's master, under its breaker), at most
+    /// `timeout` in all.
     async fn eval<R: FromValue>(
         &self,
         text: &'static str,
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, StoreError> {
+        if let Some(shards) = &self.shards {
+            let lua = ask::Script { sha: None, text };
+            let call = || (keys.clone(), args.clone());
+            return Box::pin(cluster::run_script(self, shards, self.timeout, lua, call)).await;
+        }
         let started = Instant::now();
         let reply = self.pool.eval(text, keys.clone(), args.clone()).await;
         match (reply, &self.nodes) {
