@@ -4,7 +4,8 @@
 //! gateways.
 //!
 //! The cluster is the heavy fixture: it is started once, and the scenarios run in sequence in one
-//! test (the failover last, since it changes the topology).
+//! test (the failover last, since it changes the topology). The per-shard failover under load
+//! has a cluster of its own, so it runs beside them.
 
 mod support;
 
