@@ -59,7 +59,8 @@ struct Shared {
     key_prefix: String,
     /// Redis Cluster: a request whose counters span slots takes one call per slot (`cluster.rs`).
     cluster: bool,
-    /// Redis Cluster: connections to single nodes, to follow redirections (`ask.rs`).
+    /// Redis Cluster: connections to importing and new owner nodes, to follow `ASK` and `MOVED`
+    /// (`ask.rs`).
     nodes: Option<ask::Nodes>,
     /// Redis Cluster: each master's connections and breaker; every script call goes to its
     /// slot's master there (`cluster.rs`).
@@ -166,8 +167,8 @@ impl RedisStore {
             // `MOVED` too: allow a chain of redirections, still within `timeout`. A retry after a
             // broken connection can then consume twice: fewer admissions, never more.
             max_command_attempts: if target.is_cluster() { 3 } else { 1 },
-            // fred 10.1 follows `ASK` wrongly (`ask.rs`): follow no redirection in fred, whose
-            // `MOVED` still refreshes the topology first; the store follows both itself.
+            // fred 10.1 follows `ASK` wrongly (`ask.rs`): follow no redirection in fred; the
+            // store's calls go to each master on its own connections and follow both.
             max_redirections: 0,
             // A stalled server (SIGSTOP, a full network buffer) looks connected; drop it.
             unresponsive: UnresponsiveConfig {
@@ -499,22 +500,7 @@ impl Shared {
                 }
             }
         };
-        match (reply, &self.nodes) {
-            (Err(e), Some(nodes)) if ask::redirected(&e) => {
-                let left = self.timeout.saturating_sub(started.elapsed());
-                let lua = ask::Script {
-                    sha: self.sha.get(),
-                    text: DECIDE_LUA,
-                };
-                Box::pin(tokio::time::timeout(
-                    left,
-                    ask::follow(self, nodes, lua, &call),
-                ))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(self.timeout)))
-            }
-            (reply, _) => reply.map_err(|e| self.classify(e)),
-        }
+        reply.map_err(|e| self.classify(e))
     }
 
     /// `EVAL` of a script other than the decision's (the overrides), following a Cluster's
@@ -531,22 +517,8 @@ impl Shared {
             let call = || (keys.clone(), args.clone());
             return Box::pin(cluster::run_script(self, shards, self.timeout, lua, call)).await;
         }
-        let started = Instant::now();
-        let reply = self.pool.eval(text, keys.clone(), args.clone()).await;
-        match (reply, &self.nodes) {
-            (Err(e), Some(nodes)) if ask::redirected(&e) => {
-                let left = self.timeout.saturating_sub(started.elapsed());
-                let lua = ask::Script { sha: None, text };
-                let call = || (keys.clone(), args.clone());
-                Box::pin(tokio::time::timeout(
-                    left,
-                    ask::follow(self, nodes, lua, &call),
-                ))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(self.timeout)))
-            }
-            (reply, _) => reply.map_err(|e| self.classify(e)),
-        }
+        let reply = self.pool.eval(text, keys, args).await;
+        reply.map_err(|e| self.classify(e))
     }
 
     /// Which kind of failure a fred error is: only unavailability trips the breaker.
