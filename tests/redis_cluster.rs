@@ -4,7 +4,8 @@
 //! gateways.
 //!
 //! The cluster is the heavy fixture: it is started once, and the scenarios run in sequence in one
-//! test (the failover last, since it changes the topology).
+//! test (the failover last, since it changes the topology). The per-shard failover under load
+//! has a cluster of its own, so it runs beside them.
 
 mod support;
 
@@ -489,6 +490,165 @@ async fn killing_a_master_fails_over_and_limiting_resumes(
             "burst 50 after the failover, x-run {run}: {statuses:?}"
         );
     }
+}
+
+/// A breaker per shard: one master SIGKILLed under load costs the requests whose counters live on
+/// the other shards nothing. A fleet of workers decides on keys spread over all three masters
+/// (`failure_mode: closed`, so a decision that fails is a 503) from before the kill until the
+/// replica is promoted; the keys on healthy shards must all be decided (200), the killed shard's
+/// keys fail under their failure mode and are decided again after the promotion. Its own cluster:
+/// it changes the topology, and runs beside `a_fleet_on_a_redis_cluster`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_under_load_costs_the_other_shards_nothing() {
+    const WORKERS_PER_KEY: usize = 2;
+    const LOAD_LIMIT: Duration = Duration::from_secs(30);
+    const MAX_REQUESTS: usize = 200_000;
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start);
+    // Redis itself refuses every command (`CLUSTERDOWN`) on every master while any slot has no
+    // master, unless the Cluster is told to serve partial coverage (docs/redis.md).
+    for node in &cluster.nodes {
+        node.cli(&["config", "set", "cluster-require-full-coverage", "no"]);
+    }
+    let bucket = "token_bucket: { rate: 1000/s, burst: 1000000 }";
+    let yaml = store(&cluster, "300ms")
+        + "routes:\n"
+        + &route("fresh", &policy("shared", "header:x-run", bucket));
+    let gw = GatewayProcess::spawn_with_workers(&yaml, 2).await;
+    wait_ready(&gw, 200, READY).await;
+    let client = Client::new();
+    let url = gw.url("/fresh");
+    let first = client.get_with(&url, &[("x-run", "probe")]).await.status;
+    assert_eq!(first, 200, "log:\n{}", gw.log());
+    let probe = key_with(&cluster, &["{fresh:shared", "probe"]);
+
+    // Two keys on each master (computed slots, each master asked which slots it serves).
+    let masters = tokio::task::block_in_place(|| {
+        let mut by_master: Vec<(usize, Vec<String>)> = Vec::new();
+        for i in 0..200 {
+            let value = format!("k{i}");
+            let key = probe.replace("probe", &value);
+            assert_eq!(
+                fred::util::redis_keyslot(key.as_bytes()),
+                cluster.slot(&key)
+            );
+            let master = cluster.master_of(&key);
+            match by_master.iter_mut().find(|(m, _)| *m == master) {
+                Some((_, values)) if values.len() < 2 => values.push(value),
+                Some(_) => {}
+                None => by_master.push((master, vec![value])),
+            }
+            if by_master.len() == 3 && by_master.iter().all(|(_, v)| v.len() == 2) {
+                break;
+            }
+        }
+        by_master
+    });
+    assert_eq!(masters.len(), 3, "keys on every master: {masters:?}");
+    let (victim, doomed) = masters[0].clone();
+    let healthy: Vec<String> = masters[1..].iter().flat_map(|(_, v)| v.clone()).collect();
+    for value in doomed.iter().chain(&healthy) {
+        assert_eq!(client.get_with(&url, &[("x-run", value)]).await.status, 200);
+    }
+
+    // The load: workers deciding in a loop on every key, until told to stop (bounded in time
+    // and count). Each reports, per key, (decided, failed, slowest).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let load_started = Instant::now();
+    let mut workers = Vec::new();
+    for value in doomed.iter().chain(&healthy) {
+        for _ in 0..WORKERS_PER_KEY {
+            let (client, url, value) = (client.clone(), url.clone(), value.clone());
+            let (stop, sent) = (stop.clone(), sent.clone());
+            workers.push(tokio::spawn(async move {
+                let (mut decided, mut failed, mut slowest) = (0usize, 0usize, Duration::ZERO);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && load_started.elapsed() < LOAD_LIMIT
+                    && sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < MAX_REQUESTS
+                {
+                    let at = Instant::now();
+                    let status = client.get_with(&url, &[("x-run", &value)]).await.status;
+                    slowest = slowest.max(at.elapsed());
+                    match status {
+                        200 => decided += 1,
+                        _ => failed += 1,
+                    }
+                }
+                (value, decided, failed, slowest)
+            }));
+        }
+    }
+    // /readyz, polled meanwhile (503 while a shard has no master), for the record.
+    let readiness = {
+        let (client, url, stop) = (client.clone(), gw.admin_url("/readyz"), stop.clone());
+        tokio::spawn(async move {
+            let (mut polled, mut unready) = (0usize, 0usize);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                && load_started.elapsed() < LOAD_LIMIT
+            {
+                polled += 1;
+                if client.get(&url).await.status != 200 {
+                    unready += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (polled, unready)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let victim_port = cluster.nodes[victim].port;
+    let pid = cluster.nodes[victim].pid().expect("the victim runs");
+    cluster.nodes[victim].kill();
+    let killed = Instant::now();
+    eprintln!("SIGKILLed master :{victim_port} (pid {pid}) under load");
+    tokio::task::block_in_place(|| cluster.wait_healthy(Duration::from_secs(30)));
+    let promoted = killed.elapsed();
+    // The killed shard's keys are decided again after the promotion (bounded).
+    let deadline = Instant::now() + READY;
+    for value in &doomed {
+        while client.get_with(&url, &[("x-run", value)]).await.status != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "the killed shard's key {value} was never decided again; log:\n{}",
+                gw.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let recovered = killed.elapsed();
+    // A little more load on the healed cluster, then stop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut healthy_decided, mut healthy_failed, mut doomed_failed) = (0, 0, 0);
+    let mut slowest = Duration::ZERO;
+    for worker in workers {
+        let (value, decided, failed, slow) = worker.await.expect("worker");
+        if healthy.contains(&value) {
+            healthy_decided += decided;
+            healthy_failed += failed;
+            slowest = slowest.max(slow);
+        } else {
+            doomed_failed += failed;
+        }
+    }
+    let (polled, unready) = readiness.await.expect("readiness poller");
+    eprintln!("/readyz: {unready} of {polled} polls answered 503");
+    eprintln!(
+        "per-shard failover: promoted after {promoted:?}, killed shard deciding again after \
+         {recovered:?}; healthy shards: {healthy_decided} decided, {healthy_failed} failed, \
+         slowest {slowest:?}; killed shard: {doomed_failed} failed"
+    );
+    assert!(
+        doomed_failed > 0,
+        "the load reached the killed shard during its outage"
+    );
+    assert!(healthy_decided > 100, "the load ran: {healthy_decided}");
+    assert_eq!(
+        healthy_failed,
+        0,
+        "decisions on healthy shards failed during another shard's failover; log:\n{}",
+        gw.log()
+    );
 }
 
 /// The script's refund entry gives back exactly what one call consumed, for each kind of counter

@@ -5,6 +5,9 @@
 //! at once for [`COOL_DOWN`]. Then one request at a time is let through as a probe; its success
 //! closes the breaker, its failure opens it for another cool-down.
 //!
+//! One server and Sentinel's master have one breaker; a Redis Cluster has one per master
+//! (`redis/cluster.rs`), so a dead master's failures skip only the calls of its own slots.
+//!
 //! Lock-free: three atomics, read on every request. Time is passed in (milliseconds on a monotonic
 //! clock) so the state machine is tested without sleeping.
 

@@ -4,15 +4,13 @@
 //! straight off a connection that other commands are pipelined on, then writes the command to the
 //! slot's old owner again, which answers `ASK` again; its clustered client was then left unable to
 //! decide for 40 s and more (`tests/redis_cluster.rs`). So the store's clustered pool follows no
-//! redirection (`max_redirections: 0`): on `MOVED` fred still refreshes its topology before it
-//! fails the command, on `ASK` it fails it at once, both as "Too many redirections". The store then
-//! takes the call to the slot's owner itself, on a plain connection to that one node, where a
-//! redirection comes back as an answer to read:
+//! redirection (`max_redirections: 0`), and the store's calls go to each slot's master on that
+//! master's own connections (`cluster.rs`), where a redirection comes back as an answer to read:
 //!
-//! - a reply: done (the key had not moved yet, or the topology was refreshed after `MOVED`);
+//! - a reply: done (the key had not moved yet);
 //! - `ASK slot host:port` (the key has moved to the importing node): `ASKING` and the call,
 //!   pipelined on one connection to the importing node, which then serves that one call;
-//! - `MOVED slot host:port`: the call once to the new owner, and the pool refreshes its topology;
+//! - `MOVED slot host:port`: the call once to the new owner, and the topology is read again;
 //! - `TRYAGAIN` (a call whose keys the migration has split between the two nodes): a failure at
 //!   once, so the route's `failure_mode` applies.
 //!
@@ -30,13 +28,9 @@ use fred::prelude::{
 };
 use fred::types::config::Server;
 use fred::types::{ClientState, ClusterHash, CustomCommand};
-use fred::util::redis_keyslot;
 
 use super::{parse_node, Shared};
 use crate::limiter::StoreError;
-
-/// fred's answer when a command met a redirection and may follow none.
-const REDIRECTED: &str = "Too many redirections.";
 
 /// Reconnection attempts of a node connection before it gives up (and is made again on next use).
 const RECONNECTS: u32 = 3;
@@ -47,9 +41,9 @@ const GIVE_UP: Duration = Duration::from_secs(10);
 /// Node connections kept at most (a Cluster has a few masters; this only bounds a bad topology).
 const MAX_NODES: usize = 32;
 
-/// Whether fred gave up on a call because the Cluster redirected it.
-pub(super) fn redirected(e: &FredError) -> bool {
-    e.details() == REDIRECTED
+/// Whether a node's own answer is a redirection (`MOVED` or `ASK`) to follow.
+pub(super) fn is_redirection(e: &FredError) -> bool {
+    redirection(e.details()).is_some()
 }
 
 /// One connection per Cluster node that a redirection named, made on first use and kept.
@@ -137,29 +131,22 @@ pub(super) struct Script<'a> {
     pub text: &'static str,
 }
 
-/// Runs the call of `lua` after fred gave up on a redirection (see the module docs). Not bounded
-/// here: the caller's timeout is.
-pub(super) async fn follow<R: FromValue>(
+/// Follows the redirection that `reply` (the slot's owner's answer) may be: `ASK` to the
+/// importing node, `MOVED` to the new owner (the topology is then read again); any other reply
+/// is returned as it is.
+pub(super) async fn redirect<R: FromValue>(
     shared: &Shared,
     nodes: &Nodes,
     lua: Script<'_>,
     call: &impl Fn() -> (Vec<Key>, Vec<Value>),
+    reply: Result<R, FredError>,
 ) -> Result<R, StoreError> {
-    let (keys, _) = call();
-    let slot = keys
-        .first()
-        .map(|k| redis_keyslot(k.as_bytes()))
-        .ok_or_else(|| StoreError::Script("a call without keys".to_string()))?;
-    let owner = shared
-        .pool
-        .next()
-        .cached_cluster_state()
-        .and_then(|routing| routing.get_server(slot).cloned())
-        .ok_or_else(|| StoreError::Connection(format!("no known owner of slot {slot}")))?;
-    let reply = script(lua, &nodes.client(owner).await?, false, call).await;
     let reply = match reply.as_ref().err().and_then(|e| redirection(e.details())) {
         Some((Redirection::Ask, to)) => script(lua, &nodes.client(to).await?, true, call).await,
         Some((Redirection::Moved, to)) => {
+            if let Some(shards) = &shared.shards {
+                shards.mark_stale();
+            }
             for client in shared.pool.clients() {
                 let client = client.clone();
                 tokio::spawn(async move { client.sync_cluster().await });

@@ -7,7 +7,8 @@
 //! (or the file named by `SSL_CERT_FILE`).
 //!
 //! Failure is bounded and cheap: a decision gives up after `timeout`, a disconnected pool fails at
-//! once, and after repeated failures a [`Breaker`] skips Redis for a cool-down. The gateway starts
+//! once, and after repeated failures a [`Breaker`] skips Redis for a cool-down (on a Cluster, one
+//! breaker per master, skipping only that master's slots: `cluster.rs`). The gateway starts
 //! with Redis down; a background probe keeps [`RedisStore::is_ready`] current and reloads the
 //! script after a restart (a `NOSCRIPT` answer also reloads it and retries once). On a Cluster,
 //! the store follows `MOVED` and `ASK` itself (`ask.rs`).
@@ -58,9 +59,14 @@ struct Shared {
     key_prefix: String,
     /// Redis Cluster: a request whose counters span slots takes one call per slot (`cluster.rs`).
     cluster: bool,
-    /// Redis Cluster: connections to single nodes, to follow redirections (`ask.rs`).
+    /// Redis Cluster: connections to importing and new owner nodes, to follow `ASK` and `MOVED`
+    /// (`ask.rs`).
     nodes: Option<ask::Nodes>,
+    /// Redis Cluster: each master's connections and breaker; every script call goes to its
+    /// slot's master there (`cluster.rs`).
+    shards: Option<cluster::Shards>,
     timeout: Duration,
+    /// One server or Sentinel's master; a Cluster has one per master instead (`cluster.rs`).
     breaker: Breaker,
     /// Set by the background probe: Redis answered and holds the script.
     ready: AtomicBool,
@@ -83,7 +89,7 @@ impl std::fmt::Debug for RedisStore {
             .field("key_prefix", &self.shared.key_prefix)
             .field("timeout", &self.shared.timeout)
             .field("ready", &self.shared.ready.load(Ordering::Relaxed))
-            .field("circuit_open", &self.shared.breaker.is_open())
+            .field("circuit_open", &self.circuit_open())
             .finish()
     }
 }
@@ -161,8 +167,8 @@ impl RedisStore {
             // `MOVED` too: allow a chain of redirections, still within `timeout`. A retry after a
             // broken connection can then consume twice: fewer admissions, never more.
             max_command_attempts: if target.is_cluster() { 3 } else { 1 },
-            // fred 10.1 follows `ASK` wrongly (`ask.rs`): follow no redirection in fred, whose
-            // `MOVED` still refreshes the topology first; the store follows both itself.
+            // fred 10.1 follows `ASK` wrongly (`ask.rs`): follow no redirection in fred; the
+            // store's calls go to each master on its own connections and follow both.
             max_redirections: 0,
             // A stalled server (SIGSTOP, a full network buffer) looks connected; drop it.
             unresponsive: UnresponsiveConfig {
@@ -187,8 +193,15 @@ impl RedisStore {
                 max_command_attempts: 1,
                 ..connection.clone()
             };
-            ask::Nodes::new(config.clone(), single, performance.clone())
+            (
+                ask::Nodes::new(config.clone(), single.clone(), performance.clone()),
+                cluster::Shards::new(config.clone(), single, performance.clone(), pool_size),
+            )
         });
+        let (nodes, shards) = match nodes {
+            Some((nodes, shards)) => (Some(nodes), Some(shards)),
+            None => (None, None),
+        };
         let pool = Builder::from_config(config)
             .set_connection_config(connection)
             .set_performance_config(performance)
@@ -208,6 +221,7 @@ impl RedisStore {
             key_prefix: key_prefix.to_string(),
             cluster: target.is_cluster(),
             nodes,
+            shards,
             timeout,
             breaker: Breaker::default(),
             ready: AtomicBool::new(false),
@@ -224,6 +238,14 @@ impl RedisStore {
     /// See [`crate::limiter::Store::epoch`].
     pub fn epoch(&self) -> u64 {
         self.shared.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Whether the breaker skips Redis: on a Cluster, any master's.
+    fn circuit_open(&self) -> bool {
+        match &self.shared.shards {
+            Some(shards) => shards.masters().iter().any(|m| m.breaker.is_open()),
+            None => self.shared.breaker.is_open(),
+        }
     }
 
     /// Whether Redis answered the last probe and holds the script (for `/readyz`).
@@ -335,16 +357,17 @@ impl RedisStore {
             return Ok(Decision::from_outcomes(super::Outcomes::new()));
         }
         let shared = &self.shared;
+        if shared.cluster {
+            // A breaker per master, in each call (`cluster.rs`). Boxed: inline, its per-slot
+            // calls would make every single-server decision's future kilobytes larger.
+            return Box::pin(cluster::check(self, checks, lease)).await;
+        }
         let admission = shared.breaker.admit(shared.now_ms());
         if admission == Admission::Skip {
             return Err(StoreError::CircuitOpen);
         }
         let result = if !shared.pool.clients().iter().any(|c| c.is_connected()) {
             Err(StoreError::Connection("not connected".to_string()))
-        } else if shared.cluster {
-            // Boxed: inline, its per-slot calls would make every single-server decision's future
-            // kilobytes larger.
-            Box::pin(cluster::check(self, checks, lease)).await
         } else {
             self.evaluate(checks, lease).await
         };
@@ -434,6 +457,9 @@ impl Shared {
     ) -> Result<R, StoreError> {
         let started = Instant::now();
         let budget = budget.min(self.timeout);
+        if let Some(shards) = &self.shards {
+            return cluster::run(self, shards, budget, call).await;
+        }
         let first = match self.sha.get() {
             Some(sha) => {
                 let (keys, args) = call();
@@ -474,48 +500,25 @@ impl Shared {
                 }
             }
         };
-        match (reply, &self.nodes) {
-            (Err(e), Some(nodes)) if ask::redirected(&e) => {
-                let left = self.timeout.saturating_sub(started.elapsed());
-                let lua = ask::Script {
-                    sha: self.sha.get(),
-                    text: DECIDE_LUA,
-                };
-                Box::pin(tokio::time::timeout(
-                    left,
-                    ask::follow(self, nodes, lua, &call),
-                ))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(self.timeout)))
-            }
-            (reply, _) => reply.map_err(|e| self.classify(e)),
-        }
+        reply.map_err(|e| self.classify(e))
     }
 
     /// `EVAL` of a script other than the decision's (the overrides), following a Cluster's
-    /// redirections like [`Shared::run`], at most `timeout` in all.
+    /// redirections like [`Shared::run`] (on the slot's master, under its breaker), at most
+    /// `timeout` in all.
     async fn eval<R: FromValue>(
         &self,
         text: &'static str,
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, StoreError> {
-        let started = Instant::now();
-        let reply = self.pool.eval(text, keys.clone(), args.clone()).await;
-        match (reply, &self.nodes) {
-            (Err(e), Some(nodes)) if ask::redirected(&e) => {
-                let left = self.timeout.saturating_sub(started.elapsed());
-                let lua = ask::Script { sha: None, text };
-                let call = || (keys.clone(), args.clone());
-                Box::pin(tokio::time::timeout(
-                    left,
-                    ask::follow(self, nodes, lua, &call),
-                ))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(self.timeout)))
-            }
-            (reply, _) => reply.map_err(|e| self.classify(e)),
+        if let Some(shards) = &self.shards {
+            let lua = ask::Script { sha: None, text };
+            let call = || (keys.clone(), args.clone());
+            return Box::pin(cluster::run_script(self, shards, self.timeout, lua, call)).await;
         }
+        let reply = self.pool.eval(text, keys, args).await;
+        reply.map_err(|e| self.classify(e))
     }
 
     /// Which kind of failure a fred error is: only unavailability trips the breaker.
@@ -568,6 +571,9 @@ impl Drop for Shared {
             let _guard = runtime.enter();
             if let Some(nodes) = &self.nodes {
                 nodes.quit();
+            }
+            if let Some(shards) = &self.shards {
+                shards.quit();
             }
             runtime.spawn(async move {
                 let _ = pool.quit().await;
