@@ -288,7 +288,12 @@ fn upstream_failed<'l>(
         }
         ForwardError::BodyTooLarge => Refusal::BodyTooLarge(max_body),
         ForwardError::BodyReadTimeout => Refusal::BodyReadTimeout,
-        ForwardError::PoolTimeout => Refusal::UpstreamBusy(&route.name),
+        ForwardError::PoolTimeout => {
+            resources
+                .metrics
+                .record_upstream_error(UpstreamErrorKind::Busy);
+            Refusal::UpstreamBusy(&route.name)
+        }
         ForwardError::BadBody => Refusal::BadRequest("malformed request body".to_string()),
     }
 }

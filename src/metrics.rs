@@ -262,6 +262,7 @@ struct RouteSeries {
     duration: Histogram,
     upstream_connect: IntCounter,
     upstream_timeout: IntCounter,
+    upstream_busy: IntCounter,
     upstream_other: IntCounter,
     exempt: IntCounter,
     /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
@@ -274,6 +275,8 @@ struct RouteSeries {
 pub enum UpstreamErrorKind {
     Connect,
     Timeout,
+    /// Every connection the upstream may have stayed busy for its `pool_timeout` (503).
+    Busy,
     Other,
 }
 
@@ -294,6 +297,7 @@ impl RouteMetrics {
                 duration: m.request_duration.with_label_values(&[route]),
                 upstream_connect: upstream("connect"),
                 upstream_timeout: upstream("timeout"),
+                upstream_busy: upstream("busy"),
                 upstream_other: upstream("other"),
                 exempt: m.exempt.with_label_values(&[route]),
                 jwt: ["valid", "invalid", "missing"]
@@ -351,6 +355,7 @@ impl RouteMetrics {
         match kind {
             UpstreamErrorKind::Connect => &series.upstream_connect,
             UpstreamErrorKind::Timeout => &series.upstream_timeout,
+            UpstreamErrorKind::Busy => &series.upstream_busy,
             UpstreamErrorKind::Other => &series.upstream_other,
         }
         .inc();

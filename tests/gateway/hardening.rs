@@ -510,6 +510,68 @@ async fn a_request_waiting_longer_than_pool_timeout_gets_503() {
     assert_eq!(upstream.requests(), 1);
 }
 
+/// Regression: a `pool_timeout` 503 was counted in no `turnstile_upstream_errors_total` series,
+/// so an upstream short of connections paged no one.
+#[tokio::test]
+async fn pool_timeout_503s_are_counted_as_upstream_errors() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(
+        &forward_all(
+            "  {}",
+            "    timeout: 20s\n    max_connections: 1\n    pool_timeout: 200ms",
+        ),
+        upstream.addr,
+    )
+    .await;
+    let url = gw.url("/");
+    let held = tokio::spawn(async move {
+        Client::new()
+            .get_with(&url, &[("x-test-hold-head", "1")])
+            .await
+            .status
+    });
+    upstream.wait_for_requests(1).await;
+    for _ in 0..2 {
+        assert_eq!(Client::new().get(&gw.url("/")).await.status, 503);
+    }
+    upstream.release(1);
+    assert_eq!(held.await.unwrap(), 200);
+    let metrics = gw.metrics().await;
+    let errors = |kind| {
+        metric(
+            &metrics,
+            "turnstile_upstream_errors_total",
+            &[("route", "all"), ("kind", kind)],
+        )
+    };
+    assert_eq!(errors("busy"), Some(2.0));
+    assert_eq!(errors("timeout"), Some(0.0));
+    assert_eq!(errors("connect"), Some(0.0));
+    assert_eq!(errors("other"), Some(0.0));
+    let target = upstream.addr.to_string();
+    let attempts = |outcome| {
+        metric(
+            &metrics,
+            "turnstile_upstream_requests_total",
+            &[
+                ("upstream", "up"),
+                ("target", &target),
+                ("outcome", outcome),
+            ],
+        )
+    };
+    assert_eq!(attempts("busy"), Some(2.0));
+    assert_eq!(attempts("ok"), Some(1.0));
+    assert_eq!(
+        metric(
+            &metrics,
+            "turnstile_requests_total",
+            &[("route", "all"), ("code", "5xx")]
+        ),
+        Some(2.0)
+    );
+}
+
 /// Opens an h2c connection to `addr`; the connection is driven by a task whose handle is
 /// returned (it ends when the server closes the connection).
 async fn h2_connect(
