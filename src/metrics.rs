@@ -43,6 +43,8 @@ pub struct Families {
     upstream_requests: IntCounterVec,
     upstream_ejections: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
+    open_connections: IntGaugeVec,
+    goaways: IntCounterVec,
 }
 
 /// How one attempt on an upstream target ended, as counted by
@@ -482,6 +484,27 @@ impl Metrics {
                     .unwrap_or_else(|e| panic!("metric {name}: {e}"));
                 g
             },
+            open_connections: {
+                let name = "turnstile_open_connections";
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        name,
+                        "Connections open, per listener: `public` (the gateway, TLS included) or \
+                         `forward_auth` (the HTTP check listener).",
+                    ),
+                    &["listener"],
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                registry
+                    .register(Box::new(g.clone()))
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                g
+            },
+            goaways: counter(
+                "turnstile_connection_goaways_total",
+                "Client connections shut down for abuse, by reason.",
+                &["reason"],
+            ),
             quota_units: counter(
                 "turnstile_quota_used_units_total",
                 "Units admitted requests charged to calendar quota policies, all keys together.",
@@ -514,6 +537,16 @@ impl Metrics {
             by_result: CheckResult::ALL
                 .map(|r| self.door_checks.with_label_values(&[door, r.as_str()])),
         }
+    }
+
+    /// The open-connections gauge of one listener (`public`, `forward_auth`), exported from now.
+    pub fn open_connections(&self, listener: &str) -> IntGauge {
+        self.open_connections.with_label_values(&[listener])
+    }
+
+    /// Connections shut down for abuse, for one reason (`cancelled_streams`, `rapid_reset`).
+    pub fn goaways(&self, reason: &str) -> IntCounter {
+        self.goaways.with_label_values(&[reason])
     }
 
     /// The decision counters of (`route`, `policy`), exported once registered or used.

@@ -76,7 +76,7 @@ impl ExtAuthz {
             .forward_auth
             .as_ref()
             .map_or(StatusCode::TOO_MANY_REQUESTS, |f| f.deny_status);
-        let checked = admission::check(&self.state, &live, &mut original, peer).await;
+        let (checked, _) = admission::check(&self.state, &live, &mut original, peer).await;
         self.metrics.record(result_of(&checked));
         match checked {
             Checked::NoRoute => ok(HeaderMap::new()),

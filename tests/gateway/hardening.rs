@@ -248,7 +248,11 @@ async fn a_websocket_tunnel_counts_against_server_max_connections() {
     .await;
     let first = open_tunnel(&gw, "a").await.expect("first tunnel");
     let _second = open_tunnel(&gw, "b").await.expect("second tunnel");
-    assert_eq!(gw.metric("turnstile_open_connections", &[]).await, 2.0);
+    assert_eq!(
+        gw.metric("turnstile_open_connections", &[("listener", "public")])
+            .await,
+        2.0
+    );
     // A third connection is not served while both tunnels are open.
     let url = gw.url("/");
     let waiting = tokio::spawn(async move { Client::new().get(&url).await.status });
@@ -345,7 +349,11 @@ async fn max_connections_serves_exactly_that_many_at_once() {
     assert_eq!(upstream.requests(), MAX);
     let metrics = gw.metrics().await;
     assert_eq!(
-        metric(&metrics, "turnstile_open_connections", &[]),
+        metric(
+            &metrics,
+            "turnstile_open_connections",
+            &[("listener", "public")]
+        ),
         Some(MAX as f64)
     );
     // As the first ones finish and close, the waiting ones are served.
