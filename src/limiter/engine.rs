@@ -349,6 +349,9 @@ impl Engine {
         capacity: usize,
     ) -> Self {
         let name = store.name();
+        if let Store::Memory(memory) = &store {
+            memory.register_metrics(metrics);
+        }
         let errors = ["timeout", "connection", "script", "circuit_open"]
             .map(|kind| metrics.store_error(name, kind));
         Engine {
