@@ -32,6 +32,7 @@ pub struct Families {
     decision_duration: HistogramVec,
     store_errors: IntCounterVec,
     upstream_errors: IntCounterVec,
+    body_timeouts: IntCounterVec,
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
     jwt_tokens: IntCounterVec,
@@ -266,10 +267,31 @@ struct RouteSeries {
     upstream_timeout: IntCounter,
     upstream_busy: IntCounter,
     upstream_other: IntCounter,
+    /// Request bodies cut off: idle (`body_read_timeout`), too slow (`min_body_rate`).
+    body_timeouts: [IntCounter; 2],
     exempt: IntCounter,
     /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
     jwt: [IntCounter; 3],
     in_flight: IntGauge,
+}
+
+/// Why a request body was cut off (408), as counted by
+/// `turnstile_request_body_timeouts_total{route, reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyTimeout {
+    /// Nothing for `server.body_read_timeout`.
+    Idle,
+    /// Slower than `server.min_body_rate`.
+    TooSlow,
+}
+
+impl BodyTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyTimeout::Idle => "idle",
+            BodyTimeout::TooSlow => "too_slow",
+        }
+    }
 }
 
 /// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
@@ -301,6 +323,8 @@ impl RouteMetrics {
                 upstream_timeout: upstream("timeout"),
                 upstream_busy: upstream("busy"),
                 upstream_other: upstream("other"),
+                body_timeouts: [BodyTimeout::Idle, BodyTimeout::TooSlow]
+                    .map(|r| m.body_timeouts.with_label_values(&[route, r.as_str()])),
                 exempt: m.exempt.with_label_values(&[route]),
                 jwt: ["valid", "invalid", "missing"]
                     .map(|r| m.jwt_tokens.with_label_values(&[route, r])),
@@ -350,6 +374,11 @@ impl RouteMetrics {
             Err(crate::jwt::Rejected::Missing) => 2,
         };
         self.series().jwt[i].inc();
+    }
+
+    /// A request body cut off, answered 408 (the upstream request aborted).
+    pub fn record_body_timeout(&self, reason: BodyTimeout) {
+        self.series().body_timeouts[reason as usize].inc();
     }
 
     pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
@@ -419,6 +448,12 @@ impl Metrics {
                 "turnstile_upstream_errors_total",
                 "Requests the upstream did not answer.",
                 &["route", "kind"],
+            ),
+            body_timeouts: counter(
+                "turnstile_request_body_timeouts_total",
+                "Request bodies cut off (408): `idle` (nothing for body_read_timeout) or \
+                 `too_slow` (slower than min_body_rate).",
+                &["route", "reason"],
             ),
             config_reloads: counter(
                 "turnstile_config_reloads_total",
