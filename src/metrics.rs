@@ -524,8 +524,8 @@ impl Metrics {
                 let g = IntGaugeVec::new(
                     Opts::new(
                         name,
-                        "Connections open, per listener: `public` (the gateway, TLS included) or \
-                         `forward_auth` (the HTTP check listener).",
+                        "Connections open, per listener: `public` (the gateway, TLS included), \
+                         `forward_auth` (the HTTP check listener) or `ext_authz` (the gRPC one).",
                     ),
                     &["listener"],
                 )
@@ -574,7 +574,8 @@ impl Metrics {
         }
     }
 
-    /// The open-connections gauge of one listener (`public`, `forward_auth`), exported from now.
+    /// The open-connections gauge of one listener (`public`, `forward_auth`, `ext_authz`),
+    /// exported from now.
     pub fn open_connections(&self, listener: &str) -> IntGauge {
         self.open_connections.with_label_values(&[listener])
     }

@@ -351,6 +351,8 @@ routes:
 
 /// Envoy ext_authz called directly: OK with the headers for the upstream (overwriting the
 /// client's), then a denied response with 429, `Retry-After`, `X-RateLimit-*` and the JSON body.
+/// Its connection is counted in `turnstile_open_connections{listener="ext_authz"}` while open, and
+/// each answer in `turnstile_requests_total` by the status it carries (regression: neither was).
 #[tokio::test]
 async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() {
     use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
@@ -362,7 +364,7 @@ async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() 
     use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
     use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
 
-    let (_gw, _, grpc) = crate::turnstile().await;
+    let (gw, _, grpc) = crate::turnstile().await;
     let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect");
@@ -429,6 +431,18 @@ async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() 
     let body: serde_json::Value = serde_json::from_str(&denied.body).expect("JSON");
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(body["route"], "users");
+
+    wait_for_open(&gw, "ext_authz", 1.0).await;
+    for (code, n) in [("2xx", 3.0), ("429", 1.0), ("4xx", 0.0)] {
+        let labels = [("route", "users"), ("code", code)];
+        assert_eq!(
+            gw.metric("turnstile_requests_total", &labels).await,
+            n,
+            "{code}"
+        );
+    }
+    drop(client);
+    wait_for_open(&gw, "ext_authz", 0.0).await;
 }
 
 /// `exempt:` applies to the door as to the gateway: an exempt request is admitted without
