@@ -13,6 +13,7 @@ use crate::config::Route;
 use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
 use crate::limiter::{Checks, FailureMode, Kind, Outcome, Rule, Tally};
+use crate::metrics::RouteMetrics;
 use crate::normalize;
 use crate::respond::headers::MAX_POLICIES;
 use crate::respond::{Limits, Refusal};
@@ -249,24 +250,32 @@ pub enum Checked<'l> {
 }
 
 /// Canonicalizes `req`, routes it and admits it, as the gateway does, with `peer` as the
-/// connection's address for `client_ip.trusted_proxies`. The body is never read.
+/// connection's address for `client_ip.trusted_proxies`. The body is never read. Also returns
+/// the request counters the answer belongs to: its route's, or `unmatched`.
 pub async fn check<'l, B>(
     state: &AppState,
     live: &'l Live,
     req: &mut Request<B>,
     peer: IpAddr,
-) -> Checked<'l> {
+) -> (Checked<'l>, &'l RouteMetrics) {
+    let unmatched = &live.unmatched;
     if let Err(e) = normalize::canonicalize(req, live.config.server.paths) {
-        return Checked::Refused(Refusal::BadRequest(e.to_string()));
+        return (
+            Checked::Refused(Refusal::BadRequest(e.to_string())),
+            unmatched,
+        );
     }
     // A door cannot drop a field from what its proxy forwards: unless they are allowed, a field
     // named with an underscore refuses the check (`docs/hardening.md`).
     if live.config.server.headers_with_underscores != crate::proxy::headers::Underscores::Allow
         && crate::proxy::headers::has_underscore_name(req.headers())
     {
-        return Checked::Refused(Refusal::BadRequest(
-            "a header name contains an underscore".to_string(),
-        ));
+        return (
+            Checked::Refused(Refusal::BadRequest(
+                "a header name contains an underscore".to_string(),
+            )),
+            unmatched,
+        );
     }
     let head = RequestHead {
         method: req.method(),
@@ -275,7 +284,7 @@ pub async fn check<'l, B>(
         headers: req.headers(),
     };
     let Found::Route(index, params) = route_for(live, &head) else {
-        return Checked::NoRoute;
+        return (Checked::NoRoute, unmatched);
     };
     let route = &live.config.routes[index];
     let view = RequestView {
@@ -291,8 +300,10 @@ pub async fn check<'l, B>(
             .client_ip(peer.to_canonical(), req.headers()),
         client_prefix: live.config.client_prefix,
     };
-    match admit(state, route, &live.routes[index], &view).await {
+    let resources = &live.routes[index];
+    let checked = match admit(state, route, resources, &view).await {
         Ok(admitted) => Checked::Admitted(route, admitted),
         Err(refusal) => Checked::Refused(refusal),
-    }
+    };
+    (checked, &resources.metrics)
 }

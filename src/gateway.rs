@@ -19,7 +19,7 @@ use http::{Request, Response};
 use crate::admission;
 use crate::config::{Action, Route};
 use crate::keys::RequestView;
-use crate::metrics::UpstreamErrorKind;
+use crate::metrics::{BodyTimeout, UpstreamErrorKind};
 use crate::normalize;
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::{self, ClientSide, ForwardError};
@@ -287,8 +287,20 @@ fn upstream_failed<'l>(
             Refusal::UpstreamUnreachable(&route.name)
         }
         ForwardError::BodyTooLarge => Refusal::BodyTooLarge(max_body),
-        ForwardError::BodyReadTimeout => Refusal::BodyReadTimeout,
-        ForwardError::PoolTimeout => Refusal::UpstreamBusy(&route.name),
+        ForwardError::BodyReadTimeout => {
+            resources.metrics.record_body_timeout(BodyTimeout::Idle);
+            Refusal::BodyReadTimeout
+        }
+        ForwardError::BodyTooSlow => {
+            resources.metrics.record_body_timeout(BodyTimeout::TooSlow);
+            Refusal::BodyReadTimeout
+        }
+        ForwardError::PoolTimeout => {
+            resources
+                .metrics
+                .record_upstream_error(UpstreamErrorKind::Busy);
+            Refusal::UpstreamBusy(&route.name)
+        }
         ForwardError::BadBody => Refusal::BadRequest("malformed request body".to_string()),
     }
 }

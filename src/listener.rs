@@ -28,7 +28,7 @@ use http::{Request, Response};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{IntCounter, IntGauge};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -61,44 +61,12 @@ struct ListenerMetrics {
 }
 
 impl ListenerMetrics {
-    /// Counters that are kept but not exported.
-    fn unregistered() -> Self {
-        let gauge = |name: &str| IntGauge::new(name, "unexported").ok();
-        let counter = |name: &str| IntCounter::new(name, "unexported").ok();
-        match (
-            gauge("open"),
-            counter("goaway_cancelled"),
-            counter("goaway_resets"),
-        ) {
-            (Some(open), Some(goaway_cancelled), Some(goaway_resets)) => ListenerMetrics {
-                open,
-                goaway_cancelled,
-                goaway_resets,
-            },
-            _ => unreachable!("static metric names are valid"),
-        }
-    }
-
-    fn register(metrics: &Metrics) -> Self {
-        let open = IntGauge::new(
-            "turnstile_open_connections",
-            "Connections open on the public listener.",
-        )
-        .unwrap_or_else(|e| panic!("metric turnstile_open_connections: {e}"));
-        let goaways = IntCounterVec::new(
-            Opts::new(
-                "turnstile_connection_goaways_total",
-                "Client connections shut down for abuse, by reason.",
-            ),
-            &["reason"],
-        )
-        .unwrap_or_else(|e| panic!("metric turnstile_connection_goaways_total: {e}"));
-        metrics.register(Box::new(open.clone()));
-        metrics.register(Box::new(goaways.clone()));
+    /// The series of `listener` (`public`, `forward_auth`); the goaway counters are shared.
+    fn register(metrics: &Metrics, listener: &str) -> Self {
         ListenerMetrics {
-            open,
-            goaway_cancelled: goaways.with_label_values(&["cancelled_streams"]),
-            goaway_resets: goaways.with_label_values(&["rapid_reset"]),
+            open: metrics.open_connections(listener),
+            goaway_cancelled: metrics.goaways("cancelled_streams"),
+            goaway_resets: metrics.goaways("rapid_reset"),
         }
     }
 }
@@ -151,14 +119,14 @@ impl Drop for Finished {
 }
 
 /// The public listener, and the TLS one when configured: the inline gateway. Both count in
-/// `turnstile_open_connections`.
+/// `turnstile_open_connections{listener="public"}`.
 pub(crate) async fn serve_public(
     listener: TcpListener,
     tls: Option<(TcpListener, Arc<ServerTls>)>,
     state: Arc<AppState>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let metrics = ListenerMetrics::register(&state.metrics);
+    let metrics = ListenerMetrics::register(&state.metrics, "public");
     let app = state.clone();
     let handler = move |peer, req| crate::gateway::handle(app.clone(), peer, req);
     let tls_task = tls.map(|(listener, tls)| {
@@ -182,8 +150,8 @@ pub(crate) async fn serve_public(
     }
 }
 
-/// The forward-auth check listener: the same bounds and drain as the public one, its own
-/// connection counters (not exported: `turnstile_open_connections` is the public listener's).
+/// The forward-auth check listener: the same bounds and drain as the public one, its connections
+/// in `turnstile_open_connections{listener="forward_auth"}`.
 pub(crate) async fn serve_check<H, F>(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -193,7 +161,7 @@ pub(crate) async fn serve_check<H, F>(
     H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
-    let metrics = ListenerMetrics::unregistered();
+    let metrics = ListenerMetrics::register(&state.metrics, "forward_auth");
     serve_http(listener, None, state, shutdown, metrics, handler).await;
 }
 

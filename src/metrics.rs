@@ -32,6 +32,7 @@ pub struct Families {
     decision_duration: HistogramVec,
     store_errors: IntCounterVec,
     upstream_errors: IntCounterVec,
+    body_timeouts: IntCounterVec,
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
     jwt_tokens: IntCounterVec,
@@ -43,6 +44,8 @@ pub struct Families {
     upstream_requests: IntCounterVec,
     upstream_ejections: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
+    open_connections: IntGaugeVec,
+    goaways: IntCounterVec,
 }
 
 /// How one attempt on an upstream target ended, as counted by
@@ -262,11 +265,33 @@ struct RouteSeries {
     duration: Histogram,
     upstream_connect: IntCounter,
     upstream_timeout: IntCounter,
+    upstream_busy: IntCounter,
     upstream_other: IntCounter,
+    /// Request bodies cut off: idle (`body_read_timeout`), too slow (`min_body_rate`).
+    body_timeouts: [IntCounter; 2],
     exempt: IntCounter,
     /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
     jwt: [IntCounter; 3],
     in_flight: IntGauge,
+}
+
+/// Why a request body was cut off (408), as counted by
+/// `turnstile_request_body_timeouts_total{route, reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyTimeout {
+    /// Nothing for `server.body_read_timeout`.
+    Idle,
+    /// Slower than `server.min_body_rate`.
+    TooSlow,
+}
+
+impl BodyTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyTimeout::Idle => "idle",
+            BodyTimeout::TooSlow => "too_slow",
+        }
+    }
 }
 
 /// Why a request to the upstream failed, as counted by `turnstile_upstream_errors_total`.
@@ -274,6 +299,8 @@ struct RouteSeries {
 pub enum UpstreamErrorKind {
     Connect,
     Timeout,
+    /// Every connection the upstream may have stayed busy for its `pool_timeout` (503).
+    Busy,
     Other,
 }
 
@@ -294,7 +321,10 @@ impl RouteMetrics {
                 duration: m.request_duration.with_label_values(&[route]),
                 upstream_connect: upstream("connect"),
                 upstream_timeout: upstream("timeout"),
+                upstream_busy: upstream("busy"),
                 upstream_other: upstream("other"),
+                body_timeouts: [BodyTimeout::Idle, BodyTimeout::TooSlow]
+                    .map(|r| m.body_timeouts.with_label_values(&[route, r.as_str()])),
                 exempt: m.exempt.with_label_values(&[route]),
                 jwt: ["valid", "invalid", "missing"]
                     .map(|r| m.jwt_tokens.with_label_values(&[route, r])),
@@ -346,11 +376,17 @@ impl RouteMetrics {
         self.series().jwt[i].inc();
     }
 
+    /// A request body cut off, answered 408 (the upstream request aborted).
+    pub fn record_body_timeout(&self, reason: BodyTimeout) {
+        self.series().body_timeouts[reason as usize].inc();
+    }
+
     pub fn record_upstream_error(&self, kind: UpstreamErrorKind) {
         let series = self.series();
         match kind {
             UpstreamErrorKind::Connect => &series.upstream_connect,
             UpstreamErrorKind::Timeout => &series.upstream_timeout,
+            UpstreamErrorKind::Busy => &series.upstream_busy,
             UpstreamErrorKind::Other => &series.upstream_other,
         }
         .inc();
@@ -412,6 +448,12 @@ impl Metrics {
                 "turnstile_upstream_errors_total",
                 "Requests the upstream did not answer.",
                 &["route", "kind"],
+            ),
+            body_timeouts: counter(
+                "turnstile_request_body_timeouts_total",
+                "Request bodies cut off (408): `idle` (nothing for body_read_timeout) or \
+                 `too_slow` (slower than min_body_rate).",
+                &["route", "reason"],
             ),
             config_reloads: counter(
                 "turnstile_config_reloads_total",
@@ -477,6 +519,27 @@ impl Metrics {
                     .unwrap_or_else(|e| panic!("metric {name}: {e}"));
                 g
             },
+            open_connections: {
+                let name = "turnstile_open_connections";
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        name,
+                        "Connections open, per listener: `public` (the gateway, TLS included), \
+                         `forward_auth` (the HTTP check listener) or `ext_authz` (the gRPC one).",
+                    ),
+                    &["listener"],
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                registry
+                    .register(Box::new(g.clone()))
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                g
+            },
+            goaways: counter(
+                "turnstile_connection_goaways_total",
+                "Client connections shut down for abuse, by reason.",
+                &["reason"],
+            ),
             quota_units: counter(
                 "turnstile_quota_used_units_total",
                 "Units admitted requests charged to calendar quota policies, all keys together.",
@@ -509,6 +572,17 @@ impl Metrics {
             by_result: CheckResult::ALL
                 .map(|r| self.door_checks.with_label_values(&[door, r.as_str()])),
         }
+    }
+
+    /// The open-connections gauge of one listener (`public`, `forward_auth`, `ext_authz`),
+    /// exported from now.
+    pub fn open_connections(&self, listener: &str) -> IntGauge {
+        self.open_connections.with_label_values(&[listener])
+    }
+
+    /// Connections shut down for abuse, for one reason (`cancelled_streams`, `rapid_reset`).
+    pub fn goaways(&self, reason: &str) -> IntCounter {
+        self.goaways.with_label_values(&[reason])
     }
 
     /// The decision counters of (`route`, `policy`), exported once registered or used.

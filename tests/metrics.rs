@@ -304,3 +304,54 @@ async fn regression_metrics_exported_every_configured_route_at_zero() {
     assert!(used.0.len() < 30_000, "/metrics is {} bytes", used.0.len());
     gw.shutdown().await;
 }
+
+/// Regression: the memory store exported neither how many counters it held nor how many checks
+/// its overflow sketch decided. A store of 4 keys, every counter in use: 4 keys, and each new key
+/// after them decided in the sketch (refused or not, it counts once per check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_keys_and_overflow_checks_are_exported() {
+    let gw = TestGateway::start(
+        r#"
+store: { type: memory, max_keys: 4 }
+routes:
+  - name: users
+    match:
+      path: /u/{user}
+    respond: { status: 200, body: "ok" }
+    policies:
+      - name: per_user
+        key: [path:user]
+        token_bucket: { rate: 1/h, burst: 5 }
+"#,
+    )
+    .await;
+    let m = scrape(&gw).await;
+    assert_eq!(m.must("turnstile_memory_store_keys", &[]), 0.0);
+    assert_eq!(m.must("turnstile_memory_store_max_keys", &[]), 4.0);
+    assert_eq!(
+        m.must("turnstile_memory_store_overflow_checks_total", &[]),
+        0.0
+    );
+    // Four users fill the store; a second request of one of them adds no counter.
+    for user in ["a", "b", "c", "d", "a"] {
+        assert_eq!(gw.get(&format!("/u/{user}")).await, 200);
+    }
+    let m = scrape(&gw).await;
+    assert_eq!(m.must("turnstile_memory_store_keys", &[]), 4.0);
+    assert_eq!(
+        m.must("turnstile_memory_store_overflow_checks_total", &[]),
+        0.0
+    );
+    // No counter is idle (each bucket refills in hours): three new users go to the sketch.
+    for user in ["e", "f", "g"] {
+        gw.get(&format!("/u/{user}")).await;
+    }
+    let m = scrape(&gw).await;
+    assert_eq!(m.must("turnstile_memory_store_keys", &[]), 4.0);
+    assert_eq!(
+        m.must("turnstile_memory_store_overflow_checks_total", &[]),
+        3.0
+    );
+    assert_eq!(m.decisions("users", "per_user", "allowed"), 8.0);
+    gw.shutdown().await;
+}

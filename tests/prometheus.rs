@@ -167,6 +167,11 @@ routes:
         "sum(turnstile_requests_total{route=\"unmatched\",code=\"4xx\"})",
         3.0,
     );
+    // The memory store holds one counter per user (per_user), and one each for the client's
+    // address (per_ip) and its quota (daily); the public listener has no connection left open.
+    scraped("sum(turnstile_memory_store_keys)", 22.0);
+    scraped("sum(turnstile_memory_store_max_keys)", 1_000_000.0);
+    scraped("sum(turnstile_open_connections{listener=\"public\"})", 0.0);
     std::thread::sleep(Duration::from_secs(2));
 
     // Every dashboard query returns data.

@@ -519,10 +519,60 @@ async fn a_malformed_request_message_gets_the_decoding_error() {
     rls.stop().await;
 }
 
+/// Regression: over-limit hits of `quota_mode` rules were counted in `turnstile_rls_shadow_mode`.
+/// They have their own counter, `turnstile_rls_quota_mode`; `shadow_mode` counts shadow rules only.
+async fn quota_mode_overs_are_counted_apart_from_shadow_mode(store: TestStore) {
+    const QUOTAS: &str = "domain: q
+descriptors:
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: sh
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+    let rls = start_with(&[("q.yaml", QUOTAS)], "", &store.yaml()).await;
+    let mut c = rls.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let both = vec![descriptor(&[("q1", "a")]), descriptor(&[("q2", "a")])];
+        codes.push(call(&mut c, request("q", both)).await.overall_code);
+    }
+    // OVER_LIMIT only once every quota descriptor is over.
+    assert_eq!(codes, [OK, OK, OK, OVER]);
+    for _ in 0..2 {
+        let r = call(&mut c, request("q", vec![descriptor(&[("sh", "s")])])).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    for (key, stat, want) in [
+        ("q1", "total_hits", 4.0),
+        ("q1", "within_limit", 1.0),
+        ("q1", "over_limit", 3.0),
+        ("q1", "quota_mode", 3.0),
+        ("q1", "shadow_mode", 0.0),
+        ("q2", "within_limit", 3.0),
+        ("q2", "over_limit", 1.0),
+        ("q2", "quota_mode", 1.0),
+        ("q2", "shadow_mode", 0.0),
+        ("sh", "over_limit", 1.0),
+        ("sh", "shadow_mode", 1.0),
+        ("sh", "quota_mode", 0.0),
+    ] {
+        let name = format!("turnstile_rls_{stat}");
+        let labels = [("descriptor", key), ("domain", "q")];
+        assert_eq!(rls.metric(&name, &labels).await, want, "{key} {stat}");
+    }
+    rls.stop().await;
+}
+
 crate::store_matrix!(
     unit_multiplier_makes_a_window_of_n_units,
     exact_counts_statuses_in_order_and_unknowns,
     shadow_mode_counts_but_never_rejects,
+    quota_mode_overs_are_counted_apart_from_shadow_mode,
     depth_replaces_and_two_descriptors_in_one_request,
     hits_addend_overrides_fixed_windows_and_token_buckets,
     json_health_and_response_headers,

@@ -590,6 +590,7 @@ fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
             raw.body_read_timeout.as_deref(),
             DEFAULT_BODY_READ_TIMEOUT,
         ),
+        min_body_rate: min_body_rate(e, raw),
         max_connections: bounded_count(
             e,
             "server.max_connections",
@@ -603,6 +604,36 @@ fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings {
         // Filled in from the routes once they are compiled (`read_fields`).
         read_fields: Vec::new(),
     }
+}
+
+/// `server.min_body_rate` (`SIZE/s` or `off`) and its grace.
+fn min_body_rate(e: &mut Errors, raw: &RawServer) -> Option<MinBodyRate> {
+    let grace = duration_or(
+        e,
+        "server.min_body_rate_grace",
+        raw.min_body_rate_grace.as_deref(),
+        DEFAULT_MIN_BODY_RATE.grace,
+    );
+    let bytes_per_second = match raw.min_body_rate.as_deref().map(str::trim) {
+        None => DEFAULT_MIN_BODY_RATE.bytes_per_second,
+        Some("off") => return None,
+        Some(text) => {
+            let parsed = match text.strip_suffix("/s") {
+                Some(size) => parse_size(size).and_then(|n| match n {
+                    0 => Err("must be more than 0 bytes a second, or `off`".to_string()),
+                    n => Ok(n),
+                }),
+                None => Err(format!(
+                    "`{text}` is not a rate; expected a size a second (`1KiB/s`) or `off`"
+                )),
+            };
+            e.take("server.min_body_rate", parsed)?
+        }
+    };
+    Some(MinBodyRate {
+        bytes_per_second,
+        grace,
+    })
 }
 
 fn headers_with_underscores(e: &mut Errors, raw: &RawServer) -> Underscores {
@@ -675,6 +706,11 @@ fn read_fields(routes: &[Route]) -> Vec<http::HeaderName> {
 
 /// Like NGINX's `client_body_timeout` (60 s there).
 const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// 1 KiB/s after 5 s of waiting: see "Slow bodies" in `docs/hardening.md`.
+pub const DEFAULT_MIN_BODY_RATE: MinBodyRate = MinBodyRate {
+    bytes_per_second: 1024,
+    grace: Duration::from_secs(5),
+};
 /// With `max_header_size`, bounds the memory held by half-sent heads to about 4096 × 32 KiB.
 const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 /// NGINX's `large_client_header_buffers` default (4 × 8k) allows 32 KiB heads too.

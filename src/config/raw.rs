@@ -139,6 +139,10 @@ pub struct RawServer {
     pub shutdown_grace: Option<String>,
     /// Idle time allowed between request-body chunks (`408` or an aborted upstream request).
     pub body_read_timeout: Option<String>,
+    /// The slowest a request body may arrive on average, `SIZE/s` (`1KiB/s`), or `off`.
+    pub min_body_rate: Option<String>,
+    /// Waiting on the body for this long is free before `min_body_rate` applies.
+    pub min_body_rate_grace: Option<String>,
     /// Open connections on the public listener; more wait in the accept backlog.
     pub max_connections: Option<u64>,
     /// The largest request head (HTTP/1.1) or header list (h2).

@@ -34,6 +34,15 @@ pub enum StoreSettings {
     },
 }
 
+/// `server.min_body_rate`: the time the gateway spends waiting on a request body may be at most
+/// `grace` plus one second per `bytes_per_second` bytes received. Time the body is not being
+/// read (the upstream not taking more) does not count against the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinBodyRate {
+    pub bytes_per_second: u64,
+    pub grace: Duration,
+}
+
 /// Listener-level limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
@@ -46,6 +55,8 @@ pub struct ServerSettings {
     /// A request body that sends nothing for this long is cut off (slow-body clients must not
     /// hold upstream connections).
     pub body_read_timeout: Duration,
+    /// The slowest a request body may arrive (`None`: `min_body_rate: off`).
+    pub min_body_rate: Option<MinBodyRate>,
     /// Open connections on the public listener; past it, new ones wait in the accept backlog.
     /// Read at start (a reload does not change it).
     pub max_connections: usize,

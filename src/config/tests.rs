@@ -671,3 +671,55 @@ fn a_shared_policy_defined_differently_is_an_error_at_the_field() {
     assert_eq!(snapshot.routes[1].policies[0].key_prefix(), "b:p:");
     assert!(!snapshot.routes[1].policies[0].shared);
 }
+
+#[test]
+fn min_body_rate_defaults_to_1kib_a_second_after_5s_and_can_be_off() {
+    let yaml = format!("{BASE}{ROUTE}");
+    let s = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        s.server.min_body_rate,
+        Some(MinBodyRate {
+            bytes_per_second: 1024,
+            grace: std::time::Duration::from_secs(5),
+        })
+    );
+    let set = format!("server:\n  min_body_rate: 4KiB/s\n  min_body_rate_grace: 0s\n{yaml}");
+    let s = parse(&set, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        s.server.min_body_rate,
+        Some(MinBodyRate {
+            bytes_per_second: 4096,
+            grace: std::time::Duration::ZERO,
+        })
+    );
+    let off = format!("server:\n  min_body_rate: off\n{yaml}");
+    let s = parse(&off, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.server.min_body_rate, None);
+}
+
+#[test]
+fn a_bad_min_body_rate_is_an_error_at_its_line() {
+    let yaml =
+        format!("server:\n  min_body_rate: 1KiB\n  min_body_rate_grace: soon\n{BASE}{ROUTE}");
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert!(
+        e.iter().any(|l| l.starts_with(
+            "p.yaml:2:18: server.min_body_rate: `1KiB` is not a rate; expected a size a second"
+        )),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.starts_with("p.yaml:3:24: server.min_body_rate_grace: ")),
+        "{e:#?}"
+    );
+    for bad in ["0B/s", "fast/s"] {
+        let yaml = format!("server:\n  min_body_rate: {bad}\n{BASE}{ROUTE}");
+        let e = errors(&yaml);
+        assert!(
+            e[0].starts_with("p.yaml:2:18: server.min_body_rate: "),
+            "{bad}: {e:#?}"
+        );
+    }
+}

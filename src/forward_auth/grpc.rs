@@ -26,16 +26,22 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use http::header::HOST;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use http_body_util::BodyExt;
-use tokio::net::TcpListener;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::StreamExt;
+use prometheus::IntGauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tonic::{Request, Response, Status};
 
 use super::result_of;
 use crate::admission::{self, Checked};
-use crate::metrics::{CheckResult, DoorMetrics};
+use crate::metrics::{CheckResult, DoorMetrics, RouteMetrics};
 use crate::respond::{self, Refusal};
-use crate::state::AppState;
+use crate::state::{AppState, Live};
 
 /// google.rpc.Code values (google/rpc/code.proto).
 const RPC_OK: i32 = 0;
@@ -57,51 +63,68 @@ impl ExtAuthz {
         ExtAuthz { state, metrics }
     }
 
-    /// Decides one `CheckRequest`.
+    /// Decides one `CheckRequest`. Each answer is counted in `turnstile_requests_total` and
+    /// `turnstile_request_duration_seconds` under the route it names (or `unmatched`), by the
+    /// status it tells the proxy to send (200 when allowed).
     pub async fn decide(&self, request: &CheckRequest) -> CheckResponse {
+        let started = crate::now::read();
+        let live = self.state.live.load_full();
+        let (response, status, counted) = self.answer(&live, request).await;
+        let seconds = crate::now::read()
+            .saturating_duration_since(started)
+            .as_secs_f64();
+        counted
+            .unwrap_or(&live.unmatched)
+            .record_response(status, seconds);
+        response
+    }
+
+    /// The answer to one call, the HTTP status it carries, and the counters of its route.
+    async fn answer<'l>(
+        &self,
+        live: &'l Live,
+        request: &CheckRequest,
+    ) -> (CheckResponse, u16, Option<&'l RouteMetrics>) {
         let (mut original, peer) = match original_request(request) {
             Ok(pair) => pair,
             Err(message) => {
                 self.metrics.record(CheckResult::BadRequest);
-                return denied(
-                    RPC_INVALID_ARGUMENT,
-                    respond::refusal(&Refusal::BadRequest(message)),
-                )
-                .await;
+                let response = respond::refusal(&Refusal::BadRequest(message));
+                let status = response.status().as_u16();
+                return (denied(RPC_INVALID_ARGUMENT, response).await, status, None);
             }
         };
-        let live = self.state.live.load_full();
         let deny = live
             .config
             .forward_auth
             .as_ref()
             .map_or(StatusCode::TOO_MANY_REQUESTS, |f| f.deny_status);
-        let checked = admission::check(&self.state, &live, &mut original, peer).await;
+        let (checked, counted) = admission::check(&self.state, live, &mut original, peer).await;
         self.metrics.record(result_of(&checked));
-        match checked {
-            Checked::NoRoute => ok(HeaderMap::new()),
+        let (code, response) = match checked {
+            Checked::NoRoute => return (ok(HeaderMap::new()), 200, Some(counted)),
             Checked::Admitted(route, admitted) => {
                 let mut headers = HeaderMap::new();
                 route
                     .rate_limit_headers
                     .insert(&mut headers, &admitted.limits, false);
-                ok(headers)
+                return (ok(headers), 200, Some(counted));
             }
             Checked::Refused(refusal @ Refusal::RateLimited { .. }) => {
                 let mut response = respond::refusal(&refusal);
                 *response.status_mut() = deny;
-                denied(RPC_RESOURCE_EXHAUSTED, response).await
+                (RPC_RESOURCE_EXHAUSTED, response)
             }
             Checked::Refused(refusal @ Refusal::StoreUnavailable(_)) => {
-                denied(RPC_UNAVAILABLE, respond::refusal(&refusal)).await
+                (RPC_UNAVAILABLE, respond::refusal(&refusal))
             }
             Checked::Refused(refusal @ Refusal::Unauthorized { .. }) => {
-                denied(RPC_UNAUTHENTICATED, respond::refusal(&refusal)).await
+                (RPC_UNAUTHENTICATED, respond::refusal(&refusal))
             }
-            Checked::Refused(refusal) => {
-                denied(RPC_INVALID_ARGUMENT, respond::refusal(&refusal)).await
-            }
-        }
+            Checked::Refused(refusal) => (RPC_INVALID_ARGUMENT, respond::refusal(&refusal)),
+        };
+        let status = response.status().as_u16();
+        (denied(code, response).await, status, Some(counted))
     }
 }
 
@@ -233,17 +256,91 @@ impl Authorization for ExtAuthz {
     }
 }
 
-/// Serves ext_authz on `listener` until `shutdown` changes.
+/// Serves the ext_authz service on `listener` until `shutdown`. Its connections count in
+/// `turnstile_open_connections{listener="ext_authz"}`.
 pub async fn serve(
     listener: TcpListener,
     service: ExtAuthz,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let open = service.state.metrics.open_connections("ext_authz");
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(move |accepted| accepted.map(|stream| Counted::new(stream, &open)));
     tonic::transport::Server::builder()
         .add_service(AuthorizationServer::new(service))
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.changed().await;
         })
         .await
+}
+
+/// A connection counted in its listener's open-connections gauge until it is dropped.
+struct Counted {
+    stream: TcpStream,
+    open: IntGauge,
+}
+
+impl Counted {
+    fn new(stream: TcpStream, open: &IntGauge) -> Self {
+        open.inc();
+        Counted {
+            stream,
+            open: open.clone(),
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl Connected for Counted {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
 }

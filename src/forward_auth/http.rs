@@ -16,10 +16,10 @@ use super::{original_request, result_of};
 use crate::admission::{self, Checked};
 use crate::config::compile::deny_status;
 use crate::config::CheckProxy;
-use crate::metrics::{CheckResult, DoorMetrics};
+use crate::metrics::{CheckResult, DoorMetrics, RouteMetrics};
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::respond::{self, Refusal};
-use crate::state::AppState;
+use crate::state::{AppState, Live};
 
 /// What the HTTP check listener shares between connections.
 #[derive(Debug)]
@@ -35,16 +35,36 @@ impl HttpDoor {
     }
 }
 
-/// Answers one check call; never fails (every problem is an answer).
+/// Answers one check call; never fails (every problem is an answer). Each answer is counted in
+/// `turnstile_requests_total` and `turnstile_request_duration_seconds`, under the route the call
+/// names (or `unmatched`), as the gateway counts its own.
 pub async fn handle(
     door: Arc<HttpDoor>,
     peer: SocketAddr,
     req: Request<ClientBody>,
 ) -> Result<Response<ResponseBody>, Infallible> {
-    if req.uri().path() != "/check" {
-        return Ok(respond::not_found());
-    }
+    let started = crate::now::read();
     let live = door.state.live.load_full();
+    let (response, counted) = answer(&door, &live, peer, req).await;
+    let seconds = crate::now::read()
+        .saturating_duration_since(started)
+        .as_secs_f64();
+    counted
+        .unwrap_or(&live.unmatched)
+        .record_response(response.status().as_u16(), seconds);
+    Ok(response)
+}
+
+/// The answer to one call, and the counters of the route it named (none: `unmatched`).
+async fn answer<'l>(
+    door: &HttpDoor,
+    live: &'l Live,
+    peer: SocketAddr,
+    req: Request<ClientBody>,
+) -> (Response<ResponseBody>, Option<&'l RouteMetrics>) {
+    if req.uri().path() != "/check" {
+        return (respond::not_found(), None);
+    }
     let (configured, proxy) = live
         .config
         .forward_auth
@@ -54,16 +74,16 @@ pub async fn handle(
         });
     let deny = match query_deny_status(req.uri().query()) {
         Ok(status) => status.unwrap_or(configured),
-        Err(message) => return Ok(bad_request(&door, &message)),
+        Err(message) => return (bad_request(door, &message), None),
     };
     let (parts, _body) = req.into_parts();
     let mut original = match original_request(&parts.method, parts.headers, proxy) {
         Ok(original) => original,
-        Err(e) => return Ok(bad_request(&door, &e.to_string())),
+        Err(e) => return (bad_request(door, &e.to_string()), None),
     };
-    let checked = admission::check(&door.state, &live, &mut original, peer.ip()).await;
+    let (checked, counted) = admission::check(&door.state, live, &mut original, peer.ip()).await;
     door.metrics.record(result_of(&checked));
-    Ok(match checked {
+    let response = match checked {
         Checked::NoRoute => Response::new(ResponseBody::empty()),
         Checked::Admitted(route, admitted) => {
             let mut response = Response::new(ResponseBody::empty());
@@ -78,7 +98,8 @@ pub async fn handle(
             response
         }
         Checked::Refused(refusal) => respond::refusal(&refusal),
-    })
+    };
+    (response, Some(counted))
 }
 
 fn bad_request(door: &HttpDoor, message: &str) -> Response<ResponseBody> {

@@ -23,7 +23,7 @@ use super::deny_cache::{DenyCache, DEFAULT_CAPACITY as DENY_CAPACITY};
 use super::leases::{LocalInFlight, LocalSlots, RETRY_AFTER_US};
 use super::{Check, Clock, Decision, Outcome, Rule, Store, StoreError};
 use crate::metrics::{DecisionLabel, Metrics, PolicyMetrics};
-use crate::rls::metrics::RuleMetrics;
+use crate::rls::metrics::{Over, RuleMetrics};
 use crate::top_limited::{TopLimited, DEFAULT_CAPACITY, DEFAULT_PERIOD_US};
 use smallvec::SmallVec;
 
@@ -56,8 +56,13 @@ pub enum Tally<'a> {
         policy: &'a str,
         prefix: &'a str,
     },
-    /// An Envoy descriptor: envoyproxy/ratelimit's per-rule statistics (never on failure).
-    Descriptor(&'a RuleMetrics),
+    /// An Envoy descriptor: envoyproxy/ratelimit's per-rule statistics (never on failure), with
+    /// its rule's `shadow_mode` and `quota_mode` (each counts its overs apart).
+    Descriptor {
+        stats: &'a RuleMetrics,
+        shadow: bool,
+        quota: bool,
+    },
 }
 
 /// One check as a door asks for it.
@@ -344,6 +349,9 @@ impl Engine {
         capacity: usize,
     ) -> Self {
         let name = store.name();
+        if let Store::Memory(memory) = &store {
+            memory.register_metrics(metrics);
+        }
         let errors = ["timeout", "connection", "script", "circuit_open"]
             .map(|kind| metrics.store_error(name, kind));
         Engine {
@@ -652,11 +660,23 @@ impl Engine {
                         self.top_limited.record(route, policy, value);
                     }
                 }
-                (Tally::Descriptor(stats), Some(o)) => {
+                (
+                    Tally::Descriptor {
+                        stats,
+                        shadow,
+                        quota,
+                    },
+                    Some(o),
+                ) => {
                     let used_after = o.limit.saturating_sub(o.remaining);
-                    stats.record(item.cost, o.limit, used_after, !o.allowed, item.shadow);
+                    let over = Over {
+                        over: !o.allowed,
+                        shadow,
+                        quota,
+                    };
+                    stats.record(item.cost, o.limit, used_after, over);
                 }
-                (Tally::Descriptor(_), None) => {}
+                (Tally::Descriptor { .. }, None) => {}
             }
         }
     }

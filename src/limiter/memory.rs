@@ -18,7 +18,6 @@ use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -26,6 +25,7 @@ use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, Window
 use super::engine::INLINE_CHECKS;
 use super::leases::{LeasePlan, Leases};
 use super::{Check, Clock, Decision, Outcome, Rule};
+use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 
 #[path = "overflow.rs"]
@@ -182,7 +182,47 @@ pub struct MemoryStore {
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
     keys_per_shard: usize,
-    overflowed: AtomicU64,
+    /// The exported series (registered by [`MemoryStore::register_metrics`]): moved only when a
+    /// counter is created or dropped, and on the overflow path, never on a plain decision.
+    gauges: StoreGauges,
+}
+
+#[derive(Debug)]
+struct StoreGauges {
+    /// `turnstile_memory_store_keys`: counters held, idle ones included until dropped.
+    keys: IntGauge,
+    /// `turnstile_memory_store_max_keys`: the bound the shards share (`store.max_keys`, rounded
+    /// down to a multiple of the shard count).
+    max_keys: IntGauge,
+    /// `turnstile_memory_store_overflow_checks_total`: checks decided by the overflow sketch.
+    overflowed: IntCounter,
+}
+
+impl StoreGauges {
+    fn new(max_keys: usize) -> Self {
+        let gauge = |name: &str, help: &str| {
+            IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"))
+        };
+        let max = gauge(
+            "turnstile_memory_store_max_keys",
+            "Counters the memory store may hold (store.max_keys, rounded down to whole shards).",
+        );
+        max.set(i64::try_from(max_keys).unwrap_or(i64::MAX));
+        let name = "turnstile_memory_store_overflow_checks_total";
+        StoreGauges {
+            keys: gauge(
+                "turnstile_memory_store_keys",
+                "Counters the memory store holds now, idle ones included until dropped.",
+            ),
+            max_keys: max,
+            overflowed: IntCounter::new(
+                name,
+                "Checks the memory store decided in its overflow sketch: no room for a new \
+                 counter, every one in use.",
+            )
+            .unwrap_or_else(|e| panic!("metric {name}: {e}")),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -199,13 +239,26 @@ impl MemoryStore {
             hasher: DefaultHashBuilder::default(),
             clock,
             keys_per_shard,
-            overflowed: AtomicU64::new(0),
+            gauges: StoreGauges::new(keys_per_shard * shards),
         }
+    }
+
+    /// Exports the store's key gauge, its bound and its overflow counter in `metrics`.
+    pub fn register_metrics(&self, metrics: &crate::metrics::Metrics) {
+        let g = &self.gauges;
+        metrics.register(Box::new(g.keys.clone()));
+        metrics.register(Box::new(g.max_keys.clone()));
+        metrics.register(Box::new(g.overflowed.clone()));
     }
 
     /// Checks decided by the overflow sketch because the store was full of counters in use.
     pub fn overflowed(&self) -> u64 {
-        self.overflowed.load(Ordering::Relaxed)
+        self.gauges.overflowed.get()
+    }
+
+    /// Counters held, as `turnstile_memory_store_keys` exports it (no lock taken).
+    pub fn keys(&self) -> u64 {
+        u64::try_from(self.gauges.keys.get()).unwrap_or(0)
     }
 
     /// Live counters, idle ones included until the next sweep.
@@ -361,7 +414,7 @@ impl MemoryStore {
         match self.counter(shard, hash, check, now) {
             Some(entry) => evaluate(entry, check, now),
             None => {
-                self.overflowed.fetch_add(1, Ordering::Relaxed);
+                self.gauges.overflowed.inc();
                 let (after, outcome) = shard.overflow.evaluate(hash, check.rule, now, check.cost);
                 (Pending::Overflow(after), outcome)
             }
@@ -379,6 +432,9 @@ impl MemoryStore {
             removed += before - shard.table.len();
             shard.rebuild_queue();
         }
+        self.gauges
+            .keys
+            .sub(i64::try_from(removed).unwrap_or(i64::MAX));
         removed
     }
 
@@ -405,7 +461,10 @@ impl MemoryStore {
             Ok(found) => found.into_mut(),
             Err(absent) => {
                 let table = absent.into_table();
-                if table.len() >= self.keys_per_shard && !make_room(table, idle_queue, now) {
+                if table.len() < self.keys_per_shard {
+                    // One more counter; one made room for by dropping an idle one is not.
+                    self.gauges.keys.inc();
+                } else if !make_room(table, idle_queue, now) {
                     return None;
                 }
                 if idle_queue.len() > 2 * self.keys_per_shard + 64 {

@@ -458,3 +458,28 @@ fn a_charge_of_two_million_units_is_one_window_entry() {
     assert!(store.check(&[check("k", &rule)]).allowed);
     assert_eq!(log_entries(&store, "k"), 1);
 }
+
+/// The key gauge moves when a counter is created or dropped: not when a full store drops an idle
+/// counter for a new one, nor for a key the overflow sketch decides.
+#[test]
+fn the_key_gauge_follows_creations_and_drops() {
+    let (clock, store) = store(2);
+    let rule = Rule::SlidingWindow(SlidingWindow {
+        limit: 5,
+        window_us: S,
+        buckets: 0,
+    });
+    assert!(store.check(&[check("a", &rule)]).allowed);
+    assert!(store.check(&[check("b", &rule)]).allowed);
+    assert!(store.check(&[check("a", &rule)]).allowed);
+    assert_eq!((store.keys(), store.len()), (2, 2));
+    store.check(&[check("c", &rule)]);
+    assert_eq!((store.keys(), store.overflowed()), (2, 1));
+    clock.advance_us(2 * S);
+    // Both idle: `d` takes the place of one of them.
+    assert!(store.check(&[check("d", &rule)]).allowed);
+    assert_eq!((store.keys(), store.len()), (2, 2));
+    clock.advance_us(2 * S);
+    assert_eq!(store.sweep(), 2);
+    assert_eq!((store.keys(), store.len()), (0, 0));
+}

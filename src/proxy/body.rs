@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
+
+use crate::config::MinBodyRate;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -117,24 +119,40 @@ impl From<Incoming> for ClientBody {
     }
 }
 
-/// A client's request body on its way upstream, cut off past `max_body_size` or when the client
-/// sends nothing for `body_read_timeout` (hyper then aborts the upstream request, which frees the
-/// upstream connection, and the client gets 408 if no response has started).
+/// A client's request body on its way upstream, cut off past `max_body_size`, when the client
+/// sends nothing for `body_read_timeout`, or when it sends slower than `min_body_rate` (hyper
+/// then aborts the upstream request, which frees the upstream connection, and the client gets 408
+/// if no response has started).
+///
+/// The rate counts only the time spent waiting on the client (from a `Pending` to the next
+/// frame): while the upstream takes no more, the body is not polled and its clock stands still.
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Option<Incoming>,
+    limit: u64,
     remaining: u64,
     idle_timeout: Duration,
+    min_rate: Option<MinBodyRate>,
     /// Armed when the client has nothing to give; created on the first wait only, so bodies that
-    /// arrive whole (and empty ones, never polled) cost no timer.
+    /// arrive whole (and empty ones, never polled) cost no timer and no clock reading.
     idle: Option<Pin<Box<Sleep>>>,
-    armed: bool,
+    /// When the current wait on the client began (`None`: not waiting).
+    waiting_since: Option<Instant>,
+    /// Time spent waiting on the client before the current wait.
+    waited: Duration,
+    /// Whether the armed deadline is the rate's (else the idle timeout's).
+    rate_deadline: bool,
 }
 
 /// The client sent no body bytes for `server.body_read_timeout`.
 #[derive(Debug, thiserror::Error)]
 #[error("no request body bytes within the body read timeout")]
 pub struct BodyReadTimeout;
+
+/// The client sent its body slower than `server.min_body_rate`.
+#[derive(Debug, thiserror::Error)]
+#[error("request body slower than the minimum body rate")]
+pub struct BodyTooSlow;
 
 /// The request body outgrew `server.max_body_size` while streaming.
 #[derive(Debug, thiserror::Error)]
@@ -147,29 +165,63 @@ pub struct BodyTooLarge;
 pub struct BadClientBody(#[source] hyper::Error);
 
 impl RequestBody {
-    pub fn new(inner: ClientBody, limit: u64, idle_timeout: Duration) -> Self {
+    pub fn new(
+        inner: ClientBody,
+        limit: u64,
+        idle_timeout: Duration,
+        min_rate: Option<MinBodyRate>,
+    ) -> Self {
         RequestBody {
             inner: inner.0,
+            limit,
             remaining: limit,
             idle_timeout,
+            min_rate,
             idle: None,
-            armed: false,
+            waiting_since: None,
+            waited: Duration::ZERO,
+            rate_deadline: false,
         }
     }
 
-    /// `Ready` when the client has been silent for the idle timeout since the body first waited.
-    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if !self.armed {
-            self.armed = true;
-            let deadline = tokio::time::Instant::now() + self.idle_timeout;
+    /// The client failed to keep up, when it has: silent for the idle timeout since this wait
+    /// began, or its waits past the grace plus one second per `bytes_per_second` received.
+    fn poll_wait(&mut self, cx: &mut Context<'_>) -> Option<BoxError> {
+        if self.waiting_since.is_none() {
+            let now = Instant::now();
+            self.waiting_since = Some(now);
+            let mut deadline = now + self.idle_timeout;
+            self.rate_deadline = false;
+            if let Some(rate) = self.min_rate {
+                let received = self.limit - self.remaining;
+                let allowed = rate.grace
+                    + Duration::from_secs_f64(received as f64 / rate.bytes_per_second as f64);
+                let by_rate = now + allowed.saturating_sub(self.waited);
+                if by_rate < deadline {
+                    deadline = by_rate;
+                    self.rate_deadline = true;
+                }
+            }
             match &mut self.idle {
                 Some(sleep) => sleep.as_mut().reset(deadline),
                 None => self.idle = Some(Box::pin(tokio::time::sleep_until(deadline))),
             }
         }
-        match &mut self.idle {
-            Some(sleep) => sleep.as_mut().poll(cx),
-            None => Poll::Pending,
+        let sleep = self.idle.as_mut()?;
+        if sleep.as_mut().poll(cx).is_pending() {
+            return None;
+        }
+        Some(if self.rate_deadline {
+            Box::new(BodyTooSlow)
+        } else {
+            Box::new(BodyReadTimeout)
+        })
+    }
+
+    /// A frame came: the wait under way, if any, is over.
+    fn waited_for(&mut self) {
+        if let Some(since) = self.waiting_since.take() {
+            self.waited += since.elapsed();
         }
     }
 }
@@ -187,14 +239,12 @@ impl Body for RequestBody {
             return Poll::Ready(None);
         };
         match Pin::new(inner).poll_frame(cx) {
-            Poll::Pending => {
-                if this.poll_idle(cx).is_ready() {
-                    return Poll::Ready(Some(Err(Box::new(BodyReadTimeout))));
-                }
-                Poll::Pending
-            }
+            Poll::Pending => match this.poll_wait(cx) {
+                Some(error) => Poll::Ready(Some(Err(error))),
+                None => Poll::Pending,
+            },
             Poll::Ready(Some(Ok(frame))) => {
-                this.armed = false;
+                this.waited_for();
                 if let Some(data) = frame.data_ref() {
                     let len = data.len() as u64;
                     if len > this.remaining {

@@ -29,7 +29,10 @@ use hyper_util::rt::TokioIo;
 use crate::config::{ServerSettings, Upstream};
 use crate::metrics::{TargetOutcome, UpstreamErrorKind};
 use balance::Balancer;
-use body::{BadClientBody, BodyReadTimeout, BodyTooLarge, ClientBody, RequestBody, ResponseBody};
+use body::{
+    BadClientBody, BodyReadTimeout, BodyTooLarge, BodyTooSlow, ClientBody, RequestBody,
+    ResponseBody,
+};
 use pool::ClientError;
 pub use pool::UpstreamClient;
 
@@ -49,6 +52,8 @@ pub enum ForwardError {
     BodyTooLarge,
     /// 408: the client stopped sending its body (`server.body_read_timeout`).
     BodyReadTimeout,
+    /// 408: the client sent its body slower than `server.min_body_rate`.
+    BodyTooSlow,
     /// 503: every connection the upstream may have stayed busy for its `pool_timeout`.
     PoolTimeout,
     /// 400: the client's body broke its own framing (a malformed chunk, say); the client's
@@ -61,7 +66,10 @@ impl ForwardError {
     pub fn is_clients(&self) -> bool {
         matches!(
             self,
-            ForwardError::BodyTooLarge | ForwardError::BodyReadTimeout | ForwardError::BadBody
+            ForwardError::BodyTooLarge
+                | ForwardError::BodyReadTimeout
+                | ForwardError::BodyTooSlow
+                | ForwardError::BadBody
         )
     }
 }
@@ -157,7 +165,12 @@ pub fn prepare<'a>(
         proto,
     );
 
-    let body = RequestBody::new(body, server.max_body_size, server.body_read_timeout);
+    let body = RequestBody::new(
+        body,
+        server.max_body_size,
+        server.body_read_timeout,
+        server.min_body_rate,
+    );
     // A body of unknown length (chunked, or h2 DATA without `content-length`) is sent chunked
     // whatever the method: hyper's client would send a `GET`'s as no body at all, where one with
     // `Content-Length` goes whole (RFC 9110 §9.3.1: the body is part of the message either way).
@@ -332,6 +345,9 @@ fn classify(e: &ClientError) -> ForwardError {
         }
         if err.is::<BodyReadTimeout>() {
             return ForwardError::BodyReadTimeout;
+        }
+        if err.is::<BodyTooSlow>() {
+            return ForwardError::BodyTooSlow;
         }
         if err.is::<BadClientBody>() {
             return ForwardError::BadBody;

@@ -93,10 +93,15 @@ impl RlsService {
         let mut checks = Checks::with_capacity(plans.len());
         for plan in &plans {
             if let Plan::Limited(l) = plan {
-                let tally = Tally::Descriptor(&l.metrics);
+                let quota = quota_mode(l);
+                let tally = Tally::Descriptor {
+                    stats: &l.metrics,
+                    shadow: l.shadow,
+                    quota,
+                };
                 // A quota descriptor over its limit does not stop the others: `respond` decides
                 // the overall code from all of them.
-                let shadow = l.shadow || quota_mode(l);
+                let shadow = l.shadow || quota;
                 checks.push(l.key.as_str(), &l.core, l.cost, shadow, tally);
             }
         }

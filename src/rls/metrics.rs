@@ -11,7 +11,7 @@ use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 /// `NEAR_LIMIT_RATIO` default).
 pub const NEAR_LIMIT_RATIO: f64 = 0.8;
 
-const STATS: [(&str, &str); 5] = [
+const STATS: [(&str, &str); 6] = [
     (
         "total_hits",
         "Hits on a rule (hits_addend summed), as envoyproxy/ratelimit's total_hits.",
@@ -23,12 +23,17 @@ const STATS: [(&str, &str); 5] = [
         "shadow_mode",
         "Over-limit hits of shadow_mode rules, which were answered OK.",
     ),
+    (
+        "quota_mode",
+        "Over-limit hits of quota_mode rules (OVER_LIMIT only when every quota descriptor of \
+         the request is over).",
+    ),
 ];
 
 /// The counter families, registered once per [`crate::metrics::Metrics`].
 #[derive(Debug, Clone)]
 pub struct RlsMetricVecs {
-    stats: [IntCounterVec; 5],
+    stats: [IntCounterVec; 6],
     /// `turnstile_rls_requests_total` per [`CallResult`], resolved once: counting a call is one
     /// atomic add, not a label lookup.
     requests: [IntCounter; 6],
@@ -113,23 +118,36 @@ impl RlsMetricVecs {
     }
 }
 
-/// The five counters of one rule.
+/// The six counters of one rule.
 #[derive(Debug, Clone)]
 pub struct RuleMetrics {
-    counters: [IntCounter; 5],
+    counters: [IntCounter; 6],
+}
+
+/// Whether a descriptor's hits were over its limit, and the modes of its rule.
+#[derive(Debug, Clone, Copy)]
+pub struct Over {
+    pub over: bool,
+    /// `shadow_mode`: over-limit hits also count in `turnstile_rls_shadow_mode`.
+    pub shadow: bool,
+    /// `quota_mode`: over-limit hits also count in `turnstile_rls_quota_mode`.
+    pub quota: bool,
 }
 
 impl RuleMetrics {
     /// Counts `hits` against a limit of `limit`, given how many units were used after the hits
     /// (`used_after`) and whether the descriptor was over its limit. Splits the hits between
     /// within and near limit the way envoyproxy/ratelimit does.
-    pub fn record(&self, hits: u64, limit: u64, used_after: u64, over: bool, shadow: bool) {
-        let [total, over_limit, near, within, shadow_mode] = &self.counters;
+    pub fn record(&self, hits: u64, limit: u64, used_after: u64, over: Over) {
+        let [total, over_limit, near, within, shadow_mode, quota_mode] = &self.counters;
         total.inc_by(hits);
-        if over {
+        if over.over {
             over_limit.inc_by(hits);
-            if shadow {
+            if over.shadow {
                 shadow_mode.inc_by(hits);
+            }
+            if over.quota {
+                quota_mode.inc_by(hits);
             }
             return;
         }

@@ -248,7 +248,11 @@ async fn a_websocket_tunnel_counts_against_server_max_connections() {
     .await;
     let first = open_tunnel(&gw, "a").await.expect("first tunnel");
     let _second = open_tunnel(&gw, "b").await.expect("second tunnel");
-    assert_eq!(gw.metric("turnstile_open_connections", &[]).await, 2.0);
+    assert_eq!(
+        gw.metric("turnstile_open_connections", &[("listener", "public")])
+            .await,
+        2.0
+    );
     // A third connection is not served while both tunnels are open.
     let url = gw.url("/");
     let waiting = tokio::spawn(async move { Client::new().get(&url).await.status });
@@ -300,6 +304,112 @@ async fn a_stalled_body_gets_408_and_frees_the_upstream_connection() {
     assert!(closed.is_ok(), "the client connection stayed open");
 }
 
+/// Sends one byte to `stream` every `every` (at most `max`) until the gateway answers.
+async fn trickle_until_answered(stream: &TcpStream, every: Duration, max: usize) {
+    for _ in 0..max {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {
+                let _ = stream.try_write(b"x");
+            }
+            _ = stream.readable() => return,
+        }
+    }
+}
+
+/// Regression: a client sending one byte every 400 ms was never idle for `body_read_timeout`, so
+/// it held its upstream connection for as long as it liked. By default (`min_body_rate: 1KiB/s`
+/// after 5 s of waiting) it gets 408 after about 5 s, the upstream request is aborted, and it is
+/// counted as `too_slow`, not as an upstream error.
+#[tokio::test]
+async fn a_body_trickling_below_the_default_min_body_rate_gets_408_and_is_counted() {
+    let upstream = Upstream::start().await;
+    let gw =
+        TestGateway::with_upstream(&forward_all("  {}", "    timeout: 60s"), upstream.addr).await;
+    let started = Instant::now();
+    let mut stream = raw_connect(
+        gw.public,
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0",
+    )
+    .await;
+    upstream.wait_for_requests(1).await;
+    trickle_until_answered(&stream, Duration::from_millis(400), 99).await;
+    let (head, body) = read_response(&mut stream).await;
+    let waited = started.elapsed();
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(
+        String::from_utf8_lossy(&body).contains("body_read_timeout"),
+        "{body:?}"
+    );
+    assert!(waited >= Duration::from_secs(5), "408 after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(15),
+        "408 only after {waited:?}"
+    );
+    upstream.wait_for_open_connections_at_most(0).await;
+    let metrics = gw.metrics().await;
+    let cut = |reason| {
+        metric(
+            &metrics,
+            "turnstile_request_body_timeouts_total",
+            &[("route", "all"), ("reason", reason)],
+        )
+    };
+    assert_eq!(cut("too_slow"), Some(1.0));
+    assert_eq!(cut("idle"), Some(0.0));
+    for kind in ["connect", "timeout", "busy", "other"] {
+        let labels = [("route", "all"), ("kind", kind)];
+        assert_eq!(
+            metric(&metrics, "turnstile_upstream_errors_total", &labels),
+            Some(0.0),
+            "{kind}"
+        );
+    }
+    let code = |code| {
+        metric(
+            &metrics,
+            "turnstile_requests_total",
+            &[("route", "all"), ("code", code)],
+        )
+    };
+    assert_eq!((code("4xx"), code("2xx")), (Some(1.0), Some(0.0)));
+}
+
+/// `min_body_rate` is an average over the time spent waiting on the client, after the grace: a
+/// client that sends 2 KiB/s in small chunks, long past the grace, is never cut off by a
+/// 1 KiB/s minimum.
+#[tokio::test]
+async fn a_body_above_min_body_rate_passes_past_the_grace() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(
+        &forward_all(
+            "  min_body_rate: 1KiB/s\n  min_body_rate_grace: 500ms",
+            "    timeout: 60s",
+        ),
+        upstream.addr,
+    )
+    .await;
+    let mut stream = raw_connect(
+        gw.public,
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6000\r\n\r\n",
+    )
+    .await;
+    // 100 bytes every 50 ms: 2 KB/s for 3 s, six times the grace.
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stream.write_all(&[b'y'; 100]).await.unwrap();
+    }
+    let (head, body) = read_response(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(echo["body_len"], 6000);
+    let labels = [("route", "all"), ("reason", "too_slow")];
+    assert_eq!(
+        gw.metric("turnstile_request_body_timeouts_total", &labels)
+            .await,
+        0.0
+    );
+}
+
 #[tokio::test]
 async fn a_slow_body_that_keeps_sending_within_the_idle_timeout_passes() {
     let upstream = Upstream::start().await;
@@ -345,7 +455,11 @@ async fn max_connections_serves_exactly_that_many_at_once() {
     assert_eq!(upstream.requests(), MAX);
     let metrics = gw.metrics().await;
     assert_eq!(
-        metric(&metrics, "turnstile_open_connections", &[]),
+        metric(
+            &metrics,
+            "turnstile_open_connections",
+            &[("listener", "public")]
+        ),
         Some(MAX as f64)
     );
     // As the first ones finish and close, the waiting ones are served.
@@ -508,6 +622,68 @@ async fn a_request_waiting_longer_than_pool_timeout_gets_503() {
     upstream.release(1);
     assert_eq!(held.await.unwrap(), 200);
     assert_eq!(upstream.requests(), 1);
+}
+
+/// Regression: a `pool_timeout` 503 was counted in no `turnstile_upstream_errors_total` series,
+/// so an upstream short of connections paged no one.
+#[tokio::test]
+async fn pool_timeout_503s_are_counted_as_upstream_errors() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(
+        &forward_all(
+            "  {}",
+            "    timeout: 20s\n    max_connections: 1\n    pool_timeout: 200ms",
+        ),
+        upstream.addr,
+    )
+    .await;
+    let url = gw.url("/");
+    let held = tokio::spawn(async move {
+        Client::new()
+            .get_with(&url, &[("x-test-hold-head", "1")])
+            .await
+            .status
+    });
+    upstream.wait_for_requests(1).await;
+    for _ in 0..2 {
+        assert_eq!(Client::new().get(&gw.url("/")).await.status, 503);
+    }
+    upstream.release(1);
+    assert_eq!(held.await.unwrap(), 200);
+    let metrics = gw.metrics().await;
+    let errors = |kind| {
+        metric(
+            &metrics,
+            "turnstile_upstream_errors_total",
+            &[("route", "all"), ("kind", kind)],
+        )
+    };
+    assert_eq!(errors("busy"), Some(2.0));
+    assert_eq!(errors("timeout"), Some(0.0));
+    assert_eq!(errors("connect"), Some(0.0));
+    assert_eq!(errors("other"), Some(0.0));
+    let target = upstream.addr.to_string();
+    let attempts = |outcome| {
+        metric(
+            &metrics,
+            "turnstile_upstream_requests_total",
+            &[
+                ("upstream", "up"),
+                ("target", &target),
+                ("outcome", outcome),
+            ],
+        )
+    };
+    assert_eq!(attempts("busy"), Some(2.0));
+    assert_eq!(attempts("ok"), Some(1.0));
+    assert_eq!(
+        metric(
+            &metrics,
+            "turnstile_requests_total",
+            &[("route", "all"), ("code", "5xx")]
+        ),
+        Some(2.0)
+    );
 }
 
 /// Opens an h2c connection to `addr`; the connection is driven by a task whose handle is

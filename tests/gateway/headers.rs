@@ -556,6 +556,7 @@ fn the_docs_config_snippets_for_these_defences_load() {
     for section in hardening.split("\n### ").filter(|s| {
         s.starts_with("Header names with underscores")
             || s.starts_with("Forwarding fields pass only from trusted proxies")
+            || s.starts_with("Slow bodies")
     }) {
         for block in section.split("```yaml\n").skip(1) {
             let yaml = block.split("```").next().unwrap_or("");
@@ -563,7 +564,7 @@ fn the_docs_config_snippets_for_these_defences_load() {
             snippets += 1;
         }
     }
-    assert_eq!(snippets, 2);
+    assert_eq!(snippets, 3);
 
     let readme =
         std::fs::read_to_string(crate::support::tools::repo_path("README.md")).expect("README.md");
@@ -576,7 +577,8 @@ fn the_docs_config_snippets_for_these_defences_load() {
         .collect();
     let server = server.join("\n");
     assert!(
-        server.contains("headers_with_underscores: drop"),
+        server.contains("headers_with_underscores: drop")
+            && server.contains("min_body_rate: 1KiB/s"),
         "{server}"
     );
     load_with_a_route(&server, "README.md server:").unwrap();

@@ -351,6 +351,8 @@ routes:
 
 /// Envoy ext_authz called directly: OK with the headers for the upstream (overwriting the
 /// client's), then a denied response with 429, `Retry-After`, `X-RateLimit-*` and the JSON body.
+/// Its connection is counted in `turnstile_open_connections{listener="ext_authz"}` while open, and
+/// each answer in `turnstile_requests_total` by the status it carries (regression: neither was).
 #[tokio::test]
 async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() {
     use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
@@ -362,7 +364,7 @@ async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() 
     use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
     use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
 
-    let (_gw, _, grpc) = crate::turnstile().await;
+    let (gw, _, grpc) = crate::turnstile().await;
     let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect");
@@ -429,6 +431,18 @@ async fn ext_authz_answers_ok_with_headers_then_denied_with_the_gateways_body() 
     let body: serde_json::Value = serde_json::from_str(&denied.body).expect("JSON");
     assert_eq!(body["error"], "rate_limited");
     assert_eq!(body["route"], "users");
+
+    wait_for_open(&gw, "ext_authz", 1.0).await;
+    for (code, n) in [("2xx", 3.0), ("429", 1.0), ("4xx", 0.0)] {
+        let labels = [("route", "users"), ("code", code)];
+        assert_eq!(
+            gw.metric("turnstile_requests_total", &labels).await,
+            n,
+            "{code}"
+        );
+    }
+    drop(client);
+    wait_for_open(&gw, "ext_authz", 0.0).await;
 }
 
 /// `exempt:` applies to the door as to the gateway: an exempt request is admitted without
@@ -558,4 +572,88 @@ routes:
     assert_eq!(refused.status, 429, "3 tokens needed, 1 left");
     let body: serde_json::Value = serde_json::from_slice(&refused.body).expect("JSON");
     assert_eq!(body["policy"], "tokens");
+}
+
+/// Polls `turnstile_open_connections{listener}` until it reads `want` (bounded by `LIVENESS`).
+async fn wait_for_open(gw: &TestGateway, listener: &str, want: f64) {
+    let deadline = std::time::Instant::now() + crate::support::LIVENESS;
+    loop {
+        let now = gw
+            .metric("turnstile_open_connections", &[("listener", listener)])
+            .await;
+        if now == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "open connections on {listener}: {now}, expected {want}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Regression: the check listener's connections were in no `turnstile_open_connections` series
+/// and its calls in no `turnstile_requests_total` series. Its connections are now counted under
+/// `listener="forward_auth"`, apart from the public listener's, and each call under the route it
+/// names (or `unmatched`) by the status class of its answer.
+#[tokio::test]
+async fn check_connections_and_calls_are_counted() {
+    let (gw, check, _) = crate::turnstile().await;
+    let held: Vec<tokio::net::TcpStream> = {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(
+                tokio::net::TcpStream::connect(check)
+                    .await
+                    .expect("connect"),
+            );
+        }
+        held
+    };
+    let public = tokio::net::TcpStream::connect(gw.public)
+        .await
+        .expect("connect");
+    wait_for_open(&gw, "forward_auth", 2.0).await;
+    wait_for_open(&gw, "public", 1.0).await;
+    drop(held);
+    drop(public);
+    wait_for_open(&gw, "forward_auth", 0.0).await;
+    wait_for_open(&gw, "public", 0.0).await;
+
+    let target = [("x-forwarded-uri", "/api/users/gil")];
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(call(check, "", &target).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(
+        call(check, "", &[("x-forwarded-uri", "/nowhere")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(call(check, "", &[]).await.status, 400);
+    let other = Client::new()
+        .get(&format!("http://{check}/elsewhere"))
+        .await;
+    assert_eq!(other.status, 404);
+    for (route, code, n) in [
+        ("users", "2xx", 3.0),
+        ("users", "429", 1.0),
+        ("users", "4xx", 0.0),
+        ("unmatched", "2xx", 1.0),
+        ("unmatched", "4xx", 2.0),
+        ("unmatched", "429", 0.0),
+    ] {
+        assert_eq!(
+            gw.metric(
+                "turnstile_requests_total",
+                &[("route", route), ("code", code)]
+            )
+            .await,
+            n,
+            "{route} {code}"
+        );
+    }
+    wait_for_open(&gw, "forward_auth", 0.0).await;
 }
