@@ -60,6 +60,7 @@ pub mod now;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;
+pub mod rate_limit_headers;
 pub mod respond;
 pub mod rls;
 pub mod route;
@@ -67,6 +68,7 @@ pub mod server;
 pub mod state;
 pub mod tls;
 pub mod top_limited;
+pub mod units;
 pub mod watch;
 
 pub use server::{start, Running};

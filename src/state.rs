@@ -11,7 +11,7 @@ use crate::config::{Action, ReloadStatus, Snapshot};
 use crate::limiter::Engine;
 use crate::metrics::{Metrics, PolicyMetrics, RouteMetrics};
 use crate::proxy::balance::Balancer;
-use crate::rls::settings::RlsResources;
+use crate::rls::RlsResources;
 
 /// Shared by every connection of every listener.
 #[derive(Debug)]

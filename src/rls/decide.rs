@@ -18,7 +18,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use super::ask::Ask;
 use super::metrics::CallResult;
 use super::plan::{plan_request, Limited, Plan};
-use super::settings::{RlsResources, RlsSnapshot};
+use super::settings::RlsSnapshot;
+use super::RlsResources;
 use crate::limiter::{Checks, Clock, Kind, Outcome, StoreError, SystemClock, Tally};
 use crate::state::AppState;
 

@@ -19,23 +19,19 @@
 
 mod ask;
 mod balance;
-pub mod config;
 pub mod decide;
-pub mod glob;
 pub mod grpc;
 pub mod json;
 mod metadata;
-pub mod metrics;
+mod resources;
+pub use crate::metrics::rls as metrics;
 pub mod plan;
-mod read;
-pub mod rule;
-pub mod settings;
-pub mod tree;
 mod wire;
-mod yaml;
 
+pub use crate::config::rls::{config, glob, rule, settings, tree};
 pub use config::RlsConfigError;
 pub use decide::{RlsError, RlsService};
+pub use resources::RlsResources;
 pub use rule::{Algorithm, Entry, Rule, Unit};
 pub use settings::{RawRls, RlsSnapshot};
 pub use tree::{LoadOptions, RlsConfig, RuleId};
