@@ -44,6 +44,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod clock;
 pub mod config;
 pub mod forward_auth;
 pub mod gateway;

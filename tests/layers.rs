@@ -15,18 +15,13 @@ use std::path::{Path, PathBuf};
 
 /// Cycles between top-level modules that are known and accepted for now, each a sorted list of
 /// the modules in one strongly connected component. A new cycle, or a known one that grows, fails.
-const ALLOWED: &[(&[&str], &str)] = &[
-    (
-        &["inflight", "overrides", "proxy", "respond", "rls", "state"],
-        "the runtime: `state` holds the live resources of every door (pools, overrides, the RLS \
-         metrics) while the doors read `state`; `respond` writes bodies of `proxy`'s type, and \
-         `proxy` and `inflight` answer through `respond`",
-    ),
-    (
-        &["limiter", "top_limited"],
-        "the engine feeds the most-limited-keys sketch, which reads the engine's clock",
-    ),
-];
+const ALLOWED: &[(&[&str], &str)] = &[(
+    &["inflight", "overrides", "proxy", "respond", "state"],
+    "the request runtime. `state` holds the overrides table and the upstream pools, while \
+     `overrides` rebuilds and refreshes its table from the whole `AppState` (engine, live config); \
+     a streamed response body (`proxy::body`) carries its concurrency lease (`inflight`), which \
+     answers through `respond`, whose responses are `proxy`'s body type",
+)];
 
 fn main_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -23,15 +23,14 @@ pub mod decide;
 pub mod grpc;
 pub mod json;
 mod metadata;
-mod resources;
 pub use crate::metrics::rls as metrics;
 pub mod plan;
 mod wire;
 
 pub use crate::config::rls::{config, glob, rule, settings, tree};
+pub use crate::state::RlsResources;
 pub use config::RlsConfigError;
 pub use decide::{RlsError, RlsService};
-pub use resources::RlsResources;
 pub use rule::{Algorithm, Entry, Rule, Unit};
 pub use settings::{RawRls, RlsSnapshot};
 pub use tree::{LoadOptions, RlsConfig, RuleId};
