@@ -1,5 +1,9 @@
 //! Turnstile as a drop-in replacement for envoyproxy/ratelimit.
 //!
+//! The config side (`config`, `tree`, `rule`, `read`, `glob`, `yaml`, `settings`) is plain data
+//! and lives in [`crate::config::rls`], re-exported here; the metric families are
+//! [`crate::metrics::rls`], re-exported as `metrics`.
+//!
 //! - `config`: reads envoyproxy/ratelimit's YAML files (a file or a directory of them) with its
 //!   exact messages, plus our extensions (`algorithm`, `token_bucket`);
 //! - `tree`: compiles them into an immutable per-domain tree and looks request descriptors up in

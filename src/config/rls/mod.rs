@@ -1,6 +1,6 @@
 //! The Envoy rate limit service's config, as data: the `rls:` block of `policies.yaml`
-//! ([`settings`]) and envoyproxy/ratelimit's config files it names, read ([`config`], [`read`],
-//! [`yaml`]) and compiled into the descriptor tree ([`tree`], [`rule`], [`glob`]). The service
+//! ([`settings`]) and envoyproxy/ratelimit's config files it names, read ([`config`], `read`,
+//! `yaml`) and compiled into the descriptor tree ([`tree`], [`rule`], [`glob`]). The service
 //! itself, which reads this tree, is [`crate::rls`] (which re-exports these modules under its
 //! own name).
 
