@@ -11,32 +11,42 @@
 //!   forward-auth over HTTP, and Envoy ext_authz over gRPC, answered by the gateway's own
 //!   routing and keys ([`admission`]).
 //!
-//! The tree follows the data:
+//! The tree follows the data, bottom up; `tests/layers.rs` (`cargo test --test layers`) fails on
+//! any import cycle between these modules other than the few it lists with their reasons:
 //!
 //! - [`config`]: `policies.yaml` is parsed ([`config::raw`]) and validated into an immutable
 //!   [`config::Snapshot`] of plain data ([`config::compile`]): no pools, no metric handles, so
-//!   `turnstile check` builds neither;
-//! - [`state`]: what every listener shares ([`state::AppState`]): the snapshot with its runtime
-//!   resources attached ([`state::Live`], swapped whole on reload), the engine and the metrics;
-//! - [`normalize`]: every request is rewritten into one canonical spelling (path, host) before
-//!   anything reads it;
-//! - [`admission`]: route a canonical request and admit it through the engine (every door);
-//! - [`route`] and [`keys`]: which route a request belongs to and which counters it touches, as
-//!   pure functions compiled at load;
-//! - [`jwt`]: bearer tokens verified (keys loaded once per config load) before a claim becomes
-//!   a key part;
+//!   `turnstile check` builds neither. It also holds the compiled pieces the runtime reads: a
+//!   route's refusal ([`config::limited`]), its path rewrite ([`config::rewrite`]), the overrides
+//!   file and its validation ([`config::overrides`]) and the Envoy service's config files and
+//!   descriptor tree ([`config::rls`]). It imports nothing from the runtime or the doors;
+//! - below it, pure modules: [`units`] (durations, rates, sizes as written), [`normalize`] (every
+//!   request rewritten into one canonical spelling, path and host, before anything reads it),
+//!   [`route`] and [`keys`] (which route a request belongs to and which counters it touches, as
+//!   pure functions compiled at load), [`jwt`] (bearer tokens verified, keys loaded once per
+//!   config load, before a claim becomes a key part), [`rate_limit_headers`] (a route's
+//!   rate-limit fields: the plan compiled with the config and its writer);
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
 //!   the [`limiter::Engine`] whose `decide` every door calls: it merges duplicate keys, applies
-//!   the failure mode, counts decisions and picks the governing outcome;
-//! - [`overrides`]: per-key limits from a file and the admin API, shared through Redis, applied
-//!   by [`admission`] from a local copy;
-//! - [`respond`]: every response the gateway writes itself, refusals included;
-//! - [`metrics`] and [`admin`]: Prometheus metrics and health on a separate listener;
-//! - [`listener`]: the public listener and the bounds on each connection;
+//!   the failure mode, counts decisions and picks the governing outcome; with the [`clock`] it
+//!   reads, the [`top_limited`] sketch it feeds and the [`metrics`] (Prometheus registry and
+//!   pre-resolved handles) it counts in;
 //! - [`tls`]: rustls for the HTTPS listener (certificates reloaded as their files change) and for
 //!   `https://` upstreams;
+//! - [`state`]: what every listener shares ([`state::AppState`]): the snapshot with its runtime
+//!   resources attached ([`state::Live`], swapped whole on reload), the engine and the metrics;
+//!   [`overrides`]: the per-key overrides in force, from the file and the admin API, shared
+//!   through Redis, applied by [`admission`] from a local copy; [`proxy`] (forwarding, the
+//!   upstream pool, streaming bodies), [`inflight`] (concurrency leases and response costs after
+//!   admission) and [`respond`] (every response the gateway writes itself, refusals included):
+//!   the request runtime, which still forms one allowed cycle;
+//! - [`admission`]: route a canonical request and admit it through the engine (every door);
+//!   the doors: [`gateway`], [`forward_auth`], [`rls`];
+//! - [`admin`]: metrics and health on a separate listener; [`listener`]: the public listener and
+//!   the bounds on each connection;
 //! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
-//!   the config file (Kubernetes ConfigMap swaps included) without a signal;
+//!   the config file (Kubernetes ConfigMap swaps included) without a signal; [`log_throttle`]:
+//!   one warning line per period for repeated events;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell;
 //! - [`import`]: `turnstile import ingress-nginx`, Ingress manifests to a policies file.
 
@@ -44,6 +54,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod clock;
 pub mod config;
 pub mod forward_auth;
 pub mod gateway;
@@ -60,6 +71,7 @@ pub mod now;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;
+pub mod rate_limit_headers;
 pub mod respond;
 pub mod rls;
 pub mod route;
@@ -67,6 +79,7 @@ pub mod server;
 pub mod state;
 pub mod tls;
 pub mod top_limited;
+pub mod units;
 pub mod watch;
 
 pub use server::{start, Running};

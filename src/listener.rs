@@ -40,9 +40,8 @@ use crate::state::AppState;
 use crate::tls::ServerTls;
 
 mod h1;
-mod prefixed;
 
-pub(crate) use prefixed::Prefixed;
+pub(crate) use crate::tls::prefixed::Prefixed;
 
 /// Requests cancelled after acceptance that one connection may have within [`CANCEL_WINDOW`].
 /// Browsers cancel a few when a page is left; hundreds in seconds is an attack.

@@ -5,6 +5,8 @@
 //! increments a counter it already holds, with no label lookup or formatting, and `/metrics`
 //! grows with the routes in use, not with the routes configured.
 
+pub mod rls;
+
 use std::sync::{Arc, OnceLock};
 
 use prometheus::{
@@ -37,7 +39,7 @@ pub struct Families {
     door_checks: IntCounterVec,
     jwt_tokens: IntCounterVec,
     deny_cache_hits: IntCounterVec,
-    rls: crate::rls::metrics::RlsMetricVecs,
+    rls: rls::RlsMetricVecs,
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
     quota_units: IntCounterVec,
@@ -475,7 +477,7 @@ impl Metrics {
                 "Decisions answered from the local deny cache, without a store round trip.",
                 &["store"],
             ),
-            rls: crate::rls::metrics::RlsMetricVecs::register(&registry),
+            rls: rls::RlsMetricVecs::register(&registry),
             in_flight: {
                 let opts = Opts::new(
                     "turnstile_in_flight_requests",
@@ -622,7 +624,7 @@ impl Metrics {
     }
 
     /// The Envoy rate limit service's counter families.
-    pub fn rls(&self) -> &crate::rls::metrics::RlsMetricVecs {
+    pub fn rls(&self) -> &rls::RlsMetricVecs {
         &self.rls
     }
 

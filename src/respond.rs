@@ -5,89 +5,20 @@
 //! [`headers`] writes the rate-limit fields in a route's dialect (`rate_limit_headers`), and
 //! [`limited`] holds a route's compiled refusal (`limited_response`).
 
-pub mod headers;
-pub mod limited;
+pub use crate::config::limited;
+pub use crate::rate_limit_headers as headers;
 
-use std::sync::OnceLock;
-
-use bytes::Bytes;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 
 use crate::limiter::Outcome;
 use crate::proxy::body::ResponseBody;
-pub use headers::{HeaderMode, Limits, RateLimitHeaders};
+pub(crate) use headers::digits;
+pub use headers::{
+    ceil_seconds, number_value, retry_after_seconds, HeaderMode, Limits, RateLimitHeaders,
+    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 pub use limited::LimitedResponse;
-
-pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-
-/// Whole seconds, rounded up.
-pub fn ceil_seconds(us: u64) -> u64 {
-    us.div_ceil(1_000_000)
-}
-
-/// Numbers below this have their header values made once: the rate-limit headers of most
-/// responses (small limits, counts and reset times) then cost no allocation at all.
-const SMALL_NUMBERS: usize = 1024;
-
-/// `n` as a header value, as `HeaderValue::from(n)` makes it, but without its two allocations
-/// (a growable buffer, then a shared one) on every response.
-pub fn number_value(n: u64) -> HeaderValue {
-    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
-    if let Some(value) = usize::try_from(n)
-        .ok()
-        .and_then(|i| SMALL.get_or_init(small_numbers).get(i))
-    {
-        return value.clone();
-    }
-    let mut buf = [0u8; 20];
-    HeaderValue::from_bytes(digits(n, &mut buf)).unwrap_or_else(|_| HeaderValue::from(n))
-}
-
-/// The decimal digits of `n`, written into the end of `buf`: a loop, where `fmt` would cost
-/// several times as much on every response.
-pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    let mut rest = n;
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    &buf[start..]
-}
-
-/// The values of 0 to `SMALL_NUMBERS - 1`, all slices of one string that lives as long as the
-/// process, so cloning one copies a pointer (no reference count).
-fn small_numbers() -> Vec<HeaderValue> {
-    let mut text = String::new();
-    let mut ends = Vec::with_capacity(SMALL_NUMBERS);
-    for i in 0..SMALL_NUMBERS {
-        text.push_str(&i.to_string());
-        ends.push(text.len());
-    }
-    let text: &'static str = Box::leak(text.into_boxed_str());
-    let mut start = 0;
-    ends.into_iter()
-        .enumerate()
-        .map(|(i, end)| {
-            let digits = &text[start..end];
-            start = end;
-            HeaderValue::from_maybe_shared(Bytes::from_static(digits.as_bytes()))
-                .unwrap_or_else(|_| HeaderValue::from(i))
-        })
-        .collect()
-}
-
-/// `Retry-After` in whole seconds, at least 1: the time until the request could succeed.
-pub fn retry_after_seconds(outcome: &Outcome) -> u64 {
-    ceil_seconds(outcome.retry_after_us).max(1)
-}
 
 /// Seconds a client should wait before retrying when the store is down and the route fails
 /// closed.

@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::config::rls::settings::RlsSnapshot;
+use crate::config::rls::tree::RuleId;
 use crate::config::{Action, ReloadStatus, Snapshot};
 use crate::limiter::Engine;
+use crate::metrics::rls::{RlsMetricVecs, RuleMetrics};
 use crate::metrics::{Metrics, PolicyMetrics, RouteMetrics};
 use crate::proxy::balance::Balancer;
-use crate::rls::settings::RlsResources;
 
 /// Shared by every connection of every listener.
 #[derive(Debug)]
@@ -140,5 +142,34 @@ impl Live {
             rls,
             config,
         }
+    }
+}
+
+/// The metric handles of the Envoy service's part of a snapshot
+/// ([`crate::config::rls::settings::RlsSnapshot`]), attached by `server.rs` at each (re)load.
+#[derive(Debug)]
+pub struct RlsResources {
+    pub(crate) vecs: RlsMetricVecs,
+    /// Per rule of the tree, resolved at load when its label needs no request value.
+    rules: Vec<Option<RuleMetrics>>,
+}
+
+impl RlsResources {
+    pub fn attach(rls: &RlsSnapshot, metrics: &Metrics) -> Self {
+        let vecs = metrics.rls().clone();
+        let rules = rls
+            .tree
+            .rules()
+            .iter()
+            .map(|rule| {
+                rule.static_metric()
+                    .map(|label| vecs.rule(&rule.domain, label))
+            })
+            .collect();
+        RlsResources { vecs, rules }
+    }
+
+    pub(crate) fn rule(&self, id: RuleId) -> Option<&RuleMetrics> {
+        self.rules.get(id.0 as usize).and_then(Option::as_ref)
     }
 }

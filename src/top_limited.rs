@@ -24,7 +24,7 @@ use hashbrown::DefaultHashBuilder;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::limiter::Clock;
+use crate::clock::Clock;
 
 /// Keys longer than this are shown (and told apart) by their SHA-256, so a slot's memory is
 /// bounded whatever the request sent.

@@ -13,17 +13,17 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 use super::raw::*;
+use super::rewrite::{PathRewrite, RouteShape};
 use super::snapshot::*;
 use super::units::{parse_duration, parse_rate, parse_size};
+use crate::config::limited::LimitedResponse;
 use crate::keys::{ClientPrefix, KeyPart, TrustedProxies};
 use crate::limiter::calendar::Per;
 use crate::limiter::redis::{check_target, parse_node, Auth, Target};
 use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 use crate::normalize::{EscapedSlashes, PathOptions, PathParameters};
-use crate::proxy::headers::Underscores;
-use crate::proxy::rewrite::{PathRewrite, RouteShape};
-use crate::respond::headers::MAX_POLICIES;
-use crate::respond::{HeaderMode, LimitedResponse, RateLimitHeaders};
+use crate::rate_limit_headers::MAX_POLICIES;
+use crate::rate_limit_headers::{HeaderMode, RateLimitHeaders};
 use crate::route::RouteMatch;
 
 #[path = "inflight.rs"]
@@ -157,7 +157,7 @@ pub fn compile(
     }
 
     let rls = raw.rls.as_ref().and_then(|r| {
-        crate::rls::settings::compile(r, source)
+        super::rls::settings::compile(r, source)
             .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
             .ok()
     });
@@ -716,7 +716,7 @@ const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 /// NGINX's `large_client_header_buffers` default (4 × 8k) allows 32 KiB heads too.
 const DEFAULT_MAX_HEADER_SIZE: u64 = 32 << 10;
 /// The most connections per upstream, as many as the pool keeps idle.
-const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = crate::proxy::pool::MAX_IDLE as u64;
+const DEFAULT_UPSTREAM_MAX_CONNECTIONS: u64 = super::MAX_IDLE as u64;
 const DEFAULT_POOL_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn bounded_count(e: &mut Errors, path: &str, value: Option<u64>, default: u64, max: u64) -> usize {
@@ -1034,7 +1034,7 @@ fn route(
     })
 }
 
-/// `strip_prefix` or `rewrite`, checked against the route's `match` (`crate::proxy::rewrite`).
+/// `strip_prefix` or `rewrite`, checked against the route's `match` ([`super::rewrite`]).
 /// `Some(None)` when there is neither; `None` on an error.
 fn path_rewrite(
     e: &mut Errors,

@@ -5,12 +5,16 @@
 //! `FILE:LINE:COL: field.path: what is wrong and what is allowed`.
 
 pub mod compile;
+pub mod limited;
 pub mod locate;
+pub mod overrides;
 pub mod raw;
+pub mod rewrite;
+pub mod rls;
 pub mod snapshot;
 pub mod source;
 pub mod tls;
-pub mod units;
+pub use crate::units;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -154,7 +158,7 @@ pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
     snapshot.source_info = SourceInfo::of(source);
     if let Some(file) = &snapshot.overrides_file {
         let (overrides, sha256) =
-            crate::overrides::load_file(file, &snapshot.routes).map_err(ConfigErrors)?;
+            overrides::load_file(file, &snapshot.routes).map_err(ConfigErrors)?;
         snapshot.overrides = overrides;
         snapshot.overrides_sha256 = Some(sha256);
     }

@@ -27,7 +27,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     /// The Envoy rate limit service (`crate::rls`).
-    pub rls: Option<crate::rls::RawRls>,
+    pub rls: Option<super::rls::settings::RawRls>,
     /// The ingress door (`crate::forward_auth`): forward-auth over HTTP, Envoy ext_authz.
     pub forward_auth: Option<RawForwardAuth>,
     /// Requests no policy of any route applies to.

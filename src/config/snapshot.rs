@@ -68,7 +68,7 @@ pub struct ServerSettings {
     /// Path normalisation before routing (`docs/normalization.md`).
     pub paths: crate::normalize::PathOptions,
     /// Request fields named with an underscore: dropped, refused or forwarded.
-    pub headers_with_underscores: crate::proxy::headers::Underscores,
+    pub headers_with_underscores: Underscores,
     /// The request fields the config reads (route `headers:`, `header:` key parts,
     /// `exempt.headers`), lower-case, distinct: a client's `Connection` option cannot remove
     /// them on the way upstream. Derived from the routes.
@@ -263,11 +263,11 @@ pub struct Route {
     /// `require_jwt: true`: a request without a valid bearer token gets 401.
     pub require_jwt: bool,
     /// The rate-limit fields of its responses (`rate_limit_headers`), prepared at load.
-    pub rate_limit_headers: crate::respond::RateLimitHeaders,
+    pub rate_limit_headers: crate::rate_limit_headers::RateLimitHeaders,
     /// Its refusal of a rate-limited request (`limited_response`), compiled at load.
-    pub limited_response: crate::respond::LimitedResponse,
+    pub limited_response: super::limited::LimitedResponse,
     /// `strip_prefix` or `rewrite`: the path forwarded instead of the request's.
-    pub rewrite: Option<crate::proxy::rewrite::PathRewrite>,
+    pub rewrite: Option<super::rewrite::PathRewrite>,
 }
 
 impl AsRef<RouteMatch> for Route {
@@ -329,13 +329,13 @@ pub struct Snapshot {
     pub server: ServerSettings,
     pub routes: Vec<Route>,
     /// The Envoy rate limit service, when `rls:` is set.
-    pub rls: Option<crate::rls::RlsSnapshot>,
+    pub rls: Option<super::rls::settings::RlsSnapshot>,
     /// The ingress door, when `forward_auth:` is set.
     pub forward_auth: Option<ForwardAuthSettings>,
     /// `overrides:`, resolved against the config's directory.
     pub overrides_file: Option<PathBuf>,
     /// The overrides file's entries, validated against `routes` (`crate::overrides`).
-    pub overrides: Vec<crate::overrides::Override>,
+    pub overrides: Vec<super::overrides::Override>,
     /// SHA-256 of the overrides file as it was read for `overrides`: its watcher starts from it,
     /// so an edit made after this load and before the watch still applies.
     pub overrides_sha256: Option<[u8; 32]>,
@@ -396,3 +396,21 @@ impl CheckProxy {
         }
     }
 }
+
+/// What the gateway does with a request field whose name has an underscore
+/// (`server.headers_with_underscores`). CGI and WSGI servers read `X_Key` and `X-Key` as the same
+/// variable (`HTTP_X_KEY`), so such a name can carry a field past a decision keyed on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Underscores {
+    /// Removed before routing: neither the decision nor the upstream sees it (nginx's default).
+    #[default]
+    Drop,
+    /// The request is refused with 400 (Envoy's `REJECT_REQUEST`).
+    Reject,
+    /// Kept and forwarded as sent.
+    Allow,
+}
+
+/// Idle connections kept per upstream by the proxy's pool ([`crate::proxy::pool`]); more are closed
+/// as they fall idle. An upstream's `max_connections` defaults to it.
+pub const MAX_IDLE: usize = 1024;

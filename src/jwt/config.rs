@@ -111,7 +111,7 @@ pub fn compile(raw: &RawJwt, source: &Path) -> Result<Verifier, Errors> {
 
     let leeway = match raw.leeway.as_deref() {
         None => 30,
-        Some(text) => match crate::config::units::parse_duration(text) {
+        Some(text) => match crate::units::parse_duration(text) {
             Ok(d) if d.as_secs() <= MAX_LEEWAY_S && d.subsec_nanos() == 0 => d.as_secs(),
             Ok(_) => {
                 errors.push((

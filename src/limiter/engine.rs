@@ -22,8 +22,8 @@ use std::sync::Arc;
 use super::deny_cache::{DenyCache, DEFAULT_CAPACITY as DENY_CAPACITY};
 use super::leases::{LocalInFlight, LocalSlots, RETRY_AFTER_US};
 use super::{Check, Clock, Decision, Outcome, Rule, Store, StoreError};
+use crate::metrics::rls::{Over, RuleMetrics};
 use crate::metrics::{DecisionLabel, Metrics, PolicyMetrics};
-use crate::rls::metrics::{Over, RuleMetrics};
 use crate::top_limited::{TopLimited, DEFAULT_CAPACITY, DEFAULT_PERIOD_US};
 use smallvec::SmallVec;
 

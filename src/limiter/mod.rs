@@ -10,7 +10,7 @@
 pub mod algorithm;
 pub mod breaker;
 pub mod calendar;
-pub mod clock;
+pub use crate::clock;
 pub mod deny_cache;
 pub mod engine;
 pub mod leases;

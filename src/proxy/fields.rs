@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
 
 use super::body::ResponseBody;
-use crate::respond::headers::FieldSink;
+use crate::rate_limit_headers::FieldSink;
 
 /// The fields of one response head, in order. Hop-by-hop fields were left out when the head was
 /// parsed. `httparse` admitted each name as a token and each value as HTAB, SP, VCHAR or obs-text,
@@ -101,7 +101,7 @@ impl RawFields {
         }
         for (name, value) in self.own {
             let value = match value {
-                OwnValue::Number(n) => crate::respond::number_value(n),
+                OwnValue::Number(n) => crate::rate_limit_headers::number_value(n),
                 OwnValue::Value(value) => value,
             };
             merged.insert(name, value);

@@ -210,19 +210,7 @@ pub const CLIENT_ADDRESS_FIELDS: [&str; 10] = [
     "x-rewrite-url",
 ];
 
-/// What the gateway does with a request field whose name has an underscore
-/// (`server.headers_with_underscores`). CGI and WSGI servers read `X_Key` and `X-Key` as the same
-/// variable (`HTTP_X_KEY`), so such a name can carry a field past a decision keyed on the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Underscores {
-    /// Removed before routing: neither the decision nor the upstream sees it (nginx's default).
-    #[default]
-    Drop,
-    /// The request is refused with 400 (Envoy's `REJECT_REQUEST`).
-    Reject,
-    /// Kept and forwarded as sent.
-    Allow,
-}
+pub use crate::config::Underscores;
 
 /// Whether any field name has an underscore. One pass over the names, usually none.
 pub fn has_underscore_name(headers: &HeaderMap) -> bool {

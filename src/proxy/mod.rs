@@ -16,7 +16,7 @@ pub mod h1;
 pub mod headers;
 pub mod held;
 pub mod pool;
-pub mod rewrite;
+pub use crate::config::rewrite;
 
 use std::net::IpAddr;
 use std::sync::Arc;

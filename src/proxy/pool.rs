@@ -45,7 +45,7 @@ use crate::tls::connect::Stream;
 use crate::tls::Connector;
 
 /// Idle connections kept per upstream; more are closed as they fall idle.
-pub const MAX_IDLE: usize = 1024;
+pub use crate::config::MAX_IDLE;
 /// An idle connection older than this is closed instead of reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -18,7 +18,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use super::ask::Ask;
 use super::metrics::CallResult;
 use super::plan::{plan_request, Limited, Plan};
-use super::settings::{RlsResources, RlsSnapshot};
+use super::settings::RlsSnapshot;
+use super::RlsResources;
 use crate::limiter::{Checks, Clock, Kind, Outcome, StoreError, SystemClock, Tally};
 use crate::state::AppState;
 
@@ -251,7 +252,7 @@ fn respond(
                 .saturating_add(u64::try_from(d.nanos).unwrap_or(0).div_ceil(1_000))
         });
         let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-        let fields = crate::respond::headers::draft03(
+        let fields = crate::rate_limit_headers::draft03(
             u64::from(limit),
             u64::from(s.limit_remaining),
             reset_us,

@@ -1,5 +1,9 @@
 //! Turnstile as a drop-in replacement for envoyproxy/ratelimit.
 //!
+//! The config side (`config`, `tree`, `rule`, `read`, `glob`, `yaml`, `settings`) is plain data
+//! and lives in [`crate::config::rls`], re-exported here; the metric families are
+//! [`crate::metrics::rls`], re-exported as `metrics`.
+//!
 //! - `config`: reads envoyproxy/ratelimit's YAML files (a file or a directory of them) with its
 //!   exact messages, plus our extensions (`algorithm`, `token_bucket`);
 //! - `tree`: compiles them into an immutable per-domain tree and looks request descriptors up in
@@ -19,21 +23,16 @@
 
 mod ask;
 mod balance;
-pub mod config;
 pub mod decide;
-pub mod glob;
 pub mod grpc;
 pub mod json;
 mod metadata;
-pub mod metrics;
+pub use crate::metrics::rls as metrics;
 pub mod plan;
-mod read;
-pub mod rule;
-pub mod settings;
-pub mod tree;
 mod wire;
-mod yaml;
 
+pub use crate::config::rls::{config, glob, rule, settings, tree};
+pub use crate::state::RlsResources;
 pub use config::RlsConfigError;
 pub use decide::{RlsError, RlsService};
 pub use rule::{Algorithm, Entry, Rule, Unit};

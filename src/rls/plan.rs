@@ -9,7 +9,8 @@ use super::ask::{Ask, AskDescriptor};
 use super::decide::RlsError;
 use super::metrics::RuleMetrics;
 use super::rule::{write_entries_key, Algorithm, Entry, Unit};
-use super::settings::{core_rule, RlsResources, RlsSnapshot};
+use super::settings::{core_rule, RlsSnapshot};
+use super::RlsResources;
 use crate::limiter::Rule as CoreRule;
 
 /// What one descriptor asks of the engine.

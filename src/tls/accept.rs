@@ -10,8 +10,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use super::prefixed::Prefixed;
 use super::ServerTls;
-use crate::listener::Prefixed;
 
 /// The h2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

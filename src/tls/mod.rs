@@ -9,6 +9,7 @@ pub mod accept;
 pub mod client;
 pub mod connect;
 pub mod files;
+pub(crate) mod prefixed;
 pub mod server;
 
 use std::sync::Arc;

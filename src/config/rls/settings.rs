@@ -1,6 +1,6 @@
 //! The `rls:` block of `policies.yaml`, and the runtime form of the Envoy service it enables:
 //! the descriptor tree plus, per rule, the decision-core rule (plain data, [`RlsSnapshot`]), and
-//! the metric handles attached beside it ([`RlsResources`]), all built once per (re)load and
+//! the metric handles attached beside it (`crate::rls::RlsResources`), all built once per (re)load and
 //! swapped with the rest of the snapshot.
 //!
 //! ```yaml
@@ -16,11 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::metrics::{RlsMetricVecs, RuleMetrics};
 use super::rule::Algorithm;
 use super::tree::{LoadOptions, RlsConfig, RuleId};
 use crate::limiter::{FailureMode, Rule as CoreRule, SlidingWindow, TokenBucket};
-use crate::metrics::Metrics;
 
 /// The `rls:` block as written.
 #[derive(Debug, Deserialize)]
@@ -66,34 +64,6 @@ pub struct RlsSnapshot {
 impl RlsSnapshot {
     pub(crate) fn enforced(&self, id: RuleId) -> Option<&Enforced> {
         self.enforced.get(id.0 as usize)
-    }
-}
-
-/// The metric handles of an [`RlsSnapshot`], attached by `server.rs` at each (re)load.
-#[derive(Debug)]
-pub struct RlsResources {
-    pub(crate) vecs: RlsMetricVecs,
-    /// Per rule of the tree, resolved at load when its label needs no request value.
-    rules: Vec<Option<RuleMetrics>>,
-}
-
-impl RlsResources {
-    pub fn attach(rls: &RlsSnapshot, metrics: &Metrics) -> Self {
-        let vecs = metrics.rls().clone();
-        let rules = rls
-            .tree
-            .rules()
-            .iter()
-            .map(|rule| {
-                rule.static_metric()
-                    .map(|label| vecs.rule(&rule.domain, label))
-            })
-            .collect();
-        RlsResources { vecs, rules }
-    }
-
-    pub(crate) fn rule(&self, id: RuleId) -> Option<&RuleMetrics> {
-        self.rules.get(id.0 as usize).and_then(Option::as_ref)
     }
 }
 

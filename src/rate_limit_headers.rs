@@ -22,15 +22,90 @@
 //!
 //! Every door that answers HTTP (the gateway, forward-auth over HTTP and ext_authz) writes its
 //! fields here; the Envoy service keeps its draft-03 wire names but takes its numbers from the
-//! same functions ([`super::ceil_seconds`]).
+//! same functions ([`ceil_seconds`]).
+//!
+//! The plan a route's fields follow ([`RateLimitHeaders`], its [`HeaderMode`]) is compiled with
+//! the config; this module is below both `config` and `respond` (which re-exports it as
+//! `respond::headers`), and holds the numbers' formatting they share.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use crate::limiter::calendar::Per;
 use crate::limiter::{Outcome, Rule};
+
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up.
+pub fn ceil_seconds(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+/// Numbers below this have their header values made once: the rate-limit headers of most
+/// responses (small limits, counts and reset times) then cost no allocation at all.
+const SMALL_NUMBERS: usize = 1024;
+
+/// `n` as a header value, as `HeaderValue::from(n)` makes it, but without its two allocations
+/// (a growable buffer, then a shared one) on every response.
+pub fn number_value(n: u64) -> HeaderValue {
+    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    if let Some(value) = usize::try_from(n)
+        .ok()
+        .and_then(|i| SMALL.get_or_init(small_numbers).get(i))
+    {
+        return value.clone();
+    }
+    let mut buf = [0u8; 20];
+    HeaderValue::from_bytes(digits(n, &mut buf)).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
+/// The decimal digits of `n`, written into the end of `buf`: a loop, where `fmt` would cost
+/// several times as much on every response.
+pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    let mut rest = n;
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    &buf[start..]
+}
+
+/// The values of 0 to `SMALL_NUMBERS - 1`, all slices of one string that lives as long as the
+/// process, so cloning one copies a pointer (no reference count).
+fn small_numbers() -> Vec<HeaderValue> {
+    let mut text = String::new();
+    let mut ends = Vec::with_capacity(SMALL_NUMBERS);
+    for i in 0..SMALL_NUMBERS {
+        text.push_str(&i.to_string());
+        ends.push(text.len());
+    }
+    let text: &'static str = Box::leak(text.into_boxed_str());
+    let mut start = 0;
+    ends.into_iter()
+        .enumerate()
+        .map(|(i, end)| {
+            let digits = &text[start..end];
+            start = end;
+            HeaderValue::from_maybe_shared(Bytes::from_static(digits.as_bytes()))
+                .unwrap_or_else(|_| HeaderValue::from(i))
+        })
+        .collect()
+}
+
+/// `Retry-After` in whole seconds, at least 1: the time until the request could succeed.
+pub fn retry_after_seconds(outcome: &Outcome) -> u64 {
+    ceil_seconds(outcome.retry_after_us).max(1)
+}
 
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -49,7 +124,7 @@ impl FieldSink for HeaderMap {
     }
 
     fn set_number(&mut self, name: &HeaderName, n: u64) {
-        self.insert(name.clone(), super::number_value(n));
+        self.insert(name.clone(), number_value(n));
     }
 }
 
@@ -146,7 +221,7 @@ impl RateLimitHeaders {
             items.push(item.into_boxed_str());
             names.push(name.into_boxed_str());
             let limit = quota_units(rule);
-            limits.push((limit, super::number_value(limit)));
+            limits.push((limit, number_value(limit)));
             if !shadow && i < MAX_POLICIES {
                 enforced |= 1 << i;
             }
@@ -171,7 +246,7 @@ impl RateLimitHeaders {
             return;
         };
         let remaining = if limited { 0 } else { outcome.remaining };
-        let reset = super::ceil_seconds(outcome.reset_us);
+        let reset = ceil_seconds(outcome.reset_us);
         if self.mode.x_ratelimit() {
             match self.limits.get(policy) {
                 Some((n, value)) if *n == outcome.limit => {
@@ -191,7 +266,7 @@ impl RateLimitHeaders {
         if let Some(name) = self.names.get(policy) {
             // The effective window (see the module comment): on a refusal, `Retry-After` itself.
             let window = if limited {
-                super::retry_after_seconds(&outcome)
+                retry_after_seconds(&outcome)
             } else if policy < MAX_POLICIES && self.concurrent & (1 << policy) != 0 {
                 0
             } else {
@@ -235,7 +310,7 @@ pub fn draft03(limit: u64, remaining: u64, reset_us: u64) -> [(&'static str, Str
     [
         ("RateLimit-Limit", limit.to_string()),
         ("RateLimit-Remaining", remaining.to_string()),
-        ("RateLimit-Reset", super::ceil_seconds(reset_us).to_string()),
+        ("RateLimit-Reset", ceil_seconds(reset_us).to_string()),
     ]
 }
 
@@ -275,7 +350,7 @@ fn window(rule: &Rule) -> Option<u64> {
             let refill_s = (tb.burst as f64 / tb.rate).ceil();
             (refill_s as u64).max(1)
         }
-        Rule::SlidingWindow(sw) => super::ceil_seconds(sw.window_us).max(1),
+        Rule::SlidingWindow(sw) => ceil_seconds(sw.window_us).max(1),
         // A calendar quota's period, at its nominal length (a DST day is 23 or 25 h, a month
         // 28 to 31 days: `t` in `RateLimit` gives the exact time to the boundary).
         Rule::Quota(q) => match q.per {
