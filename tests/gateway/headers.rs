@@ -198,45 +198,7 @@ routes:
 
 /// One ext_authz `Check` of `GET /api/a` from 192.0.2.7 with `headers`: its gRPC status code.
 async fn ext_authz_code(grpc: SocketAddr, headers: &[(&str, &str)]) -> i32 {
-    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
-    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
-    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
-        HttpRequest, Peer, Request,
-    };
-    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
-    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
-    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connect");
-    let request = CheckRequest {
-        attributes: Some(AttributeContext {
-            source: Some(Peer {
-                address: Some(Address {
-                    address: Some(Kind::SocketAddress(SocketAddress {
-                        address: "192.0.2.7".into(),
-                        ..Default::default()
-                    })),
-                }),
-                ..Default::default()
-            }),
-            request: Some(Request {
-                http: Some(HttpRequest {
-                    method: "GET".into(),
-                    path: "/api/a".into(),
-                    host: "api.example".into(),
-                    headers: headers
-                        .iter()
-                        .map(|(n, v)| (n.to_string(), v.to_string()))
-                        .collect(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    };
-    let response = client.check(request).await.expect("Check").into_inner();
-    response.status.map_or(0, |status| status.code)
+    crate::support::ext_authz::code(grpc, "/api/a", headers, 0).await
 }
 
 /// The same on ext_authz (Envoy passes underscore names by default): `INVALID_ARGUMENT` (3)

@@ -484,43 +484,8 @@ async fn ext_authz(
     path: &str,
     token: &str,
 ) -> envoy_types::pb::envoy::service::auth::v3::CheckResponse {
-    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
-    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
-    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
-        HttpRequest, Peer, Request,
-    };
-    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
-    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
-    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connect");
-    let request = CheckRequest {
-        attributes: Some(AttributeContext {
-            source: Some(Peer {
-                address: Some(Address {
-                    address: Some(Kind::SocketAddress(SocketAddress {
-                        address: "192.0.2.7".into(),
-                        ..Default::default()
-                    })),
-                }),
-                ..Default::default()
-            }),
-            request: Some(Request {
-                http: Some(HttpRequest {
-                    method: "GET".into(),
-                    path: path.into(),
-                    host: "api.example".into(),
-                    headers: [("authorization".to_string(), format!("Bearer {token}"))]
-                        .into_iter()
-                        .collect(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    };
-    client.check(request).await.expect("Check").into_inner()
+    let auth = format!("Bearer {token}");
+    crate::support::ext_authz::check(grpc, path, &[("authorization", &auth)]).await
 }
 
 /// Config errors name FILE:LINE:COL and the field.

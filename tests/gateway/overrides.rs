@@ -315,45 +315,7 @@ fn an_overrides_file_past_the_bound_is_a_config_error() {
 /// One Envoy ext_authz `Check` of `GET path` with `headers`; the gRPC status code of the answer
 /// (0: allowed, 8: `RESOURCE_EXHAUSTED`, over the limit).
 async fn ext_authz(grpc: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> i32 {
-    use envoy_types::pb::envoy::config::core::v3::address::Address as Kind;
-    use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress};
-    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
-        HttpRequest, Peer, Request,
-    };
-    use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
-    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
-    let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connect");
-    let request = CheckRequest {
-        attributes: Some(AttributeContext {
-            source: Some(Peer {
-                address: Some(Address {
-                    address: Some(Kind::SocketAddress(SocketAddress {
-                        address: "192.0.2.7".into(),
-                        ..Default::default()
-                    })),
-                }),
-                ..Default::default()
-            }),
-            request: Some(Request {
-                http: Some(HttpRequest {
-                    method: "GET".into(),
-                    path: path.into(),
-                    host: "api.example".into(),
-                    headers: headers
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    };
-    let reply = client.check(request).await.expect("Check").into_inner();
-    reply.status.map_or(-1, |s| s.code)
+    crate::support::ext_authz::code(grpc, path, headers, -1).await
 }
 
 /// Issue 33, item 3, on the doors that never see the response: the cost charged up front (the

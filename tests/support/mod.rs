@@ -17,6 +17,7 @@
 pub mod client;
 pub mod dashboard;
 pub mod envoy;
+pub mod ext_authz;
 pub mod fleet;
 pub mod gateway;
 pub mod ingress;
