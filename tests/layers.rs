@@ -1,7 +1,7 @@
 //! The layers check: no import cycle between top-level modules of `src/`.
 //!
 //! Run it with `cargo test --test layers` (add `-- --nocapture` to print the graph). It reads every
-//! file under `src/`, maps each to its top-level module (`src/config/compile.rs` is `config`,
+//! file under `src/`, maps each to its top-level module (`src/config/compile/mod.rs` is `config`,
 //! `src/keys_tests.rs` is `keys` through its `#[path]`; `lib.rs` and `main.rs` are left out),
 //! collects the `crate::X` paths each one names (grouped `use crate::{a, b::c}` included; `super::`
 //! stays inside its module), and builds the graph between top-level modules. Test code

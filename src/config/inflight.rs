@@ -1,5 +1,6 @@
-//! `concurrency:` and `cost: {response_header}` on a policy: the parts of [`super::policy`] for
-//! requests in flight and costs known only from the response (`docs/algorithms.md`).
+//! `concurrency:` and `cost: {response_header}` on a policy: the parts of
+//! [`super::policies::policy`] for requests in flight and costs known only from the response
+//! (`docs/algorithms.md`).
 
 use std::time::Duration;
 
