@@ -76,6 +76,7 @@ pub mod respond;
 pub mod rls;
 pub mod route;
 pub mod server;
+pub mod shutdown;
 pub mod state;
 pub mod tls;
 pub mod top_limited;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+
+use crate::shutdown::{Shutdown, Tasks};
 
 use crate::admin::{self, AdminState};
 use crate::config::{self, ConfigErrors, Snapshot, StoreSettings};
@@ -35,13 +35,11 @@ pub struct Running {
     pub ext_authz_addr: Option<SocketAddr>,
     /// What every listener shares: the live config, the engine, the metrics.
     pub state: Arc<AppState>,
-    /// Stops the public listener (and the sweeper).
-    shutdown: watch::Sender<bool>,
-    /// Stops the admin listener, last, so `/readyz` says "draining" while requests finish.
-    admin_shutdown: watch::Sender<bool>,
+    /// Owns every background task: the listeners, the sweeper, the overrides sync, the
+    /// certificate watch, and (stopped last, so `/readyz` says "draining" while requests finish)
+    /// the admin listener.
+    background: Shutdown,
     draining: Arc<AtomicBool>,
-    tasks: Vec<JoinHandle<()>>,
-    admin_task: JoinHandle<()>,
 }
 
 /// Builds the store a snapshot asks for.
@@ -88,19 +86,22 @@ pub async fn start(
     let live = Live::attach(snapshot, &metrics);
     let state = Arc::new(AppState::new(live, engine, metrics));
     state.overrides.rebuild(&state);
+    let mut background = Shutdown::new();
     if matches!(state.engine.store(), Store::Redis(_)) {
         // The shared overrides: applied before the first request, then kept current.
         crate::overrides::refresh(&state).await;
-        tokio::spawn(crate::overrides::sync(Arc::downgrade(&state)));
+        background.spawn_until_stopped(
+            "overrides sync",
+            crate::overrides::sync(Arc::downgrade(&state)),
+        );
     }
-    let (shutdown, shutdown_rx) = watch::channel(false);
+    let shutdown_rx = background.signal();
     let draining = Arc::new(AtomicBool::new(false));
 
-    let mut tasks = Vec::new();
     if matches!(state.engine.store(), Store::Memory(_)) {
         let st = state.clone();
         let mut rx = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
+        background.spawn("memory sweep", async move {
             let mut tick = tokio::time::interval(SWEEP_EVERY);
             loop {
                 tokio::select! {
@@ -110,7 +111,7 @@ pub async fn start(
                     _ = rx.changed() => return,
                 }
             }
-        }));
+        });
     }
 
     let rls_listener = match state.live.load().config.rls.as_ref() {
@@ -121,11 +122,11 @@ pub async fn start(
     if let Some(listener) = rls_listener {
         let service = crate::rls::RlsService::new(state.clone());
         let rx = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
+        background.spawn("rls listener", async move {
             if let Err(e) = crate::rls::grpc::serve(listener, service, rx).await {
                 tracing::error!(error = %e, "rate limit service listener failed");
             }
-        }));
+        });
     }
 
     let public_addr = public.local_addr()?;
@@ -134,8 +135,8 @@ pub async fn start(
         state: state.clone(),
         draining: draining.clone(),
     });
-    let (admin_shutdown, mut rx) = watch::channel(false);
-    let admin_task = tokio::spawn(async move {
+    let mut rx = background.last_signal();
+    background.spawn_last("admin listener", async move {
         let serve = axum::serve(admin, admin_router).with_graceful_shutdown(async move {
             let _ = rx.changed().await;
         });
@@ -143,16 +144,13 @@ pub async fn start(
             tracing::error!(error = %e, "admin listener failed");
         }
     });
-    let (forward_auth_addr, ext_authz_addr) =
-        start_forward_auth(&state, &shutdown_rx, &mut tasks).await?;
-    let tls = start_tls(&state, &shutdown_rx, &mut tasks).await?;
+    let (forward_auth_addr, ext_authz_addr) = start_forward_auth(&state, &mut background).await?;
+    let tls = start_tls(&state, &mut background).await?;
     let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
-    tasks.push(tokio::spawn(crate::listener::serve_public(
-        public,
-        tls,
-        state.clone(),
-        shutdown_rx,
-    )));
+    background.spawn(
+        "public listener",
+        crate::listener::serve_public(public, tls, state.clone(), shutdown_rx),
+    );
 
     Ok(Running {
         public_addr,
@@ -162,11 +160,8 @@ pub async fn start(
         forward_auth_addr,
         ext_authz_addr,
         state,
-        shutdown,
-        admin_shutdown,
+        background,
         draining,
-        tasks,
-        admin_task,
     })
 }
 
@@ -174,8 +169,7 @@ pub async fn start(
 /// it warns; its certificate files are watched and reloaded on their own).
 async fn start_tls(
     state: &Arc<AppState>,
-    shutdown: &watch::Receiver<bool>,
-    tasks: &mut Vec<JoinHandle<()>>,
+    background: &mut Shutdown,
 ) -> std::io::Result<Option<(TcpListener, Arc<crate::tls::ServerTls>)>> {
     let Some(settings) = state.live.load().config.listen_tls.clone() else {
         return Ok(None);
@@ -184,7 +178,8 @@ async fn start_tls(
     let tls = crate::tls::ServerTls::new(&settings, &state.metrics)
         .map_err(|e| std::io::Error::other(format!("listen_tls: {e}")))?;
     let tls = Arc::new(tls);
-    tasks.push(tokio::spawn(tls.clone().watch(shutdown.clone())));
+    let stop = background.signal();
+    background.spawn("certificate watch", tls.clone().watch(stop));
     Ok(Some((listener, tls)))
 }
 
@@ -200,8 +195,7 @@ async fn bind(field: &str, addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// start: a reload that changes them warns). Returns their bound addresses.
 async fn start_forward_auth(
     state: &Arc<AppState>,
-    shutdown: &watch::Receiver<bool>,
-    tasks: &mut Vec<JoinHandle<()>>,
+    background: &mut Shutdown,
 ) -> std::io::Result<(Option<SocketAddr>, Option<SocketAddr>)> {
     let Some(settings) = state.live.load().config.forward_auth.clone() else {
         return Ok((None, None));
@@ -211,24 +205,25 @@ async fn start_forward_auth(
         let listener = bind("forward_auth.listen", listen).await?;
         http_addr = Some(listener.local_addr()?);
         let door = Arc::new(crate::forward_auth::http::HttpDoor::new(state.clone()));
-        tasks.push(tokio::spawn(crate::listener::serve_check(
-            listener,
-            state.clone(),
-            shutdown.clone(),
-            move |peer, req| crate::forward_auth::http::handle(door.clone(), peer, req),
-        )));
+        let stop = background.signal();
+        background.spawn(
+            "forward_auth listener",
+            crate::listener::serve_check(listener, state.clone(), stop, move |peer, req| {
+                crate::forward_auth::http::handle(door.clone(), peer, req)
+            }),
+        );
     }
     let mut grpc_addr = None;
     if let Some(listen) = settings.grpc_listen {
         let listener = bind("forward_auth.grpc_listen", listen).await?;
         grpc_addr = Some(listener.local_addr()?);
         let service = crate::forward_auth::grpc::ExtAuthz::new(state.clone());
-        let rx = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
+        let rx = background.signal();
+        background.spawn("ext_authz listener", async move {
             if let Err(e) = crate::forward_auth::grpc::serve(listener, service, rx).await {
                 tracing::error!(error = %e, "ext_authz listener failed");
             }
-        }));
+        });
     }
     Ok((http_addr, grpc_addr))
 }
@@ -240,14 +235,17 @@ impl Running {
     }
 
     /// Stops accepting, lets in-flight requests finish within the grace period, and returns.
+    /// Every background task is stopped and awaited: the listeners first, the admin listener
+    /// last.
     pub async fn shutdown(self) {
         self.draining.store(true, Ordering::Relaxed);
-        let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-        let _ = self.admin_shutdown.send(true);
-        let _ = self.admin_task.await;
+        self.background.stop().await;
+    }
+
+    /// The live count of this gateway's background tasks; it reads 0 once
+    /// [`Running::shutdown`] has returned.
+    pub fn background_tasks(&self) -> Tasks {
+        self.background.tasks()
     }
 }
 

@@ -652,3 +652,26 @@ async fn a_reload_that_changes_a_policys_algorithm_logs_which_counters_restart()
     gw.signal("TERM");
     assert!(gw.wait().await.success());
 }
+
+/// Shutdown stops and awaits every background task the gateway owns (here the public and admin
+/// listeners and the in-process store's sweeper): none is left running once it returns.
+#[tokio::test]
+async fn shutdown_leaves_no_background_task_running() {
+    let gw = TestGateway::start(
+        &version("v1", 1)
+            .replace("upstreams:\n  up: { url: \"http://$UPSTREAM\" }\n", "")
+            .replace(
+                "  - name: held\n    match: { prefix: /held }\n    upstream: up\n",
+                "",
+            ),
+    )
+    .await;
+    let c = Client::new();
+    assert_eq!(c.get(&gw.url("/")).await.text(), "v1");
+    let tasks = gw.running().background_tasks();
+    assert_eq!(tasks.alive(), 3, "public listener, admin listener, sweeper");
+    tokio::time::timeout(LIVENESS, gw.shutdown())
+        .await
+        .expect("shutdown completes");
+    assert_eq!(tasks.alive(), 0, "a background task outlived shutdown");
+}
