@@ -44,7 +44,8 @@
 //!   the doors: [`gateway`], [`forward_auth`], [`rls`];
 //! - [`admin`]: metrics and health on a separate listener; [`listener`]: the public listener and
 //!   the bounds on each connection;
-//! - [`server`]: start-up, the one reload path and graceful shutdown; [`watch`] applies edits of
+//! - [`server`]: start-up, the one reload path and graceful shutdown, whose background tasks one
+//!   [`shutdown::Shutdown`] owns and awaits; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal; [`log_throttle`]:
 //!   one warning line per period for repeated events;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell;
