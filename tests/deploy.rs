@@ -260,3 +260,70 @@ fn the_readme_reference_config_loads() {
         );
     }
 }
+
+/// Every Turnstile config snippet in README.md and docs/ (a `yaml` block whose top-level keys are
+/// the config's) loads. A fragment is completed as a reader would: a route when it has none, and
+/// the upstream `api` when it names it without defining it. Only files the snippet names (TLS
+/// certificates, JWT keys, an `rls:` directory) may be missing: they are the user's own.
+#[test]
+fn every_config_snippet_in_the_docs_loads() {
+    const TOP: &[&str] = &[
+        "routes",
+        "server",
+        "forward_auth",
+        "upstreams",
+        "store",
+        "jwt",
+        "rls",
+        "exempt",
+        "client_ip",
+        "listen",
+        "admin_listen",
+        "listen_tls",
+        "overrides",
+    ];
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(repo_path("docs"))
+        .expect("docs/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    pages.push(repo_path("README.md"));
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("page");
+        for (i, block) in text.split("```yaml\n").skip(1).enumerate() {
+            let Some((yaml, _)) = block.split_once("\n```") else {
+                continue;
+            };
+            let is_config = yaml.lines().any(|line| {
+                line.split_once(':')
+                    .is_some_and(|(key, _)| TOP.contains(&key))
+            });
+            if !is_config {
+                continue;
+            }
+            let mut full = yaml.to_string();
+            if !yaml
+                .lines()
+                .any(|l| l.starts_with("routes:") || l.starts_with("rls:"))
+            {
+                full.push_str("\nroutes:\n  - name: snippet\n    respond: { status: 200 }\n");
+            }
+            if yaml.contains("upstream: api") && !yaml.lines().any(|l| l.starts_with("upstreams:"))
+            {
+                full.push_str("\nupstreams:\n  api: { url: \"http://127.0.0.1:3000\" }\n");
+            }
+            let name = format!("{}, yaml block {}", page.display(), i + 1);
+            if let Err(errors) = turnstile::config::parse(&full, std::path::Path::new(&name)) {
+                let text = errors.to_string();
+                assert!(
+                    text.lines().all(|line| line.contains("cannot read")),
+                    "{name}:\n{yaml}\n{text}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} config snippets found");
+}
