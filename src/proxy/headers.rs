@@ -232,15 +232,20 @@ pub fn apply_underscores(headers: &mut HeaderMap, policy: Underscores) -> Result
     if policy == Underscores::Reject {
         return Err("a header name contains an underscore");
     }
-    let names: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| underscored(name))
-        .cloned()
-        .collect();
+    remove_names(headers, underscored);
+    Ok(())
+}
+
+/// Removes every field whose name `matches`; the map is changed (and a list of names made) only
+/// when one does.
+fn remove_names(headers: &mut HeaderMap, matches: impl Fn(&HeaderName) -> bool) {
+    if !headers.keys().any(&matches) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|n| matches(n)).cloned().collect();
     for name in names {
         headers.remove(name);
     }
-    Ok(())
 }
 
 /// Appends the peer to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `-Host`. A trusted
@@ -312,19 +317,12 @@ pub fn set_forwarded_as(
 /// Removes every forwarding field. One look at each name; the map is changed only when one is
 /// there (names are lower-case, so the first byte rules most out).
 fn remove_forwarding(headers: &mut HeaderMap) {
-    let forwarding = |name: &HeaderName| {
+    remove_names(headers, |name: &HeaderName| {
         matches!(
             name.as_str().as_bytes().first(),
             Some(b'x' | b'f' | b'c' | b't')
         ) && is_forwarding(name.as_str())
-    };
-    if !headers.keys().any(forwarding) {
-        return;
-    }
-    let names: Vec<HeaderName> = headers.keys().filter(|n| forwarding(n)).cloned().collect();
-    for name in names {
-        headers.remove(name);
-    }
+    });
 }
 
 /// `peer` as a header value. A connection's requests all come from one peer, so the last value
