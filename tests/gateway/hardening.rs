@@ -595,13 +595,16 @@ async fn upstream_max_connections_caps_concurrent_upstream_connections_exactly()
     assert_eq!(upstream.connections(), MAX);
 }
 
-#[tokio::test]
-async fn a_request_waiting_longer_than_pool_timeout_gets_503() {
+/// A gateway whose upstream allows one connection, waiting `pool_timeout` for it, with that
+/// connection held by a request whose response head the upstream holds back.
+async fn one_connection_held(
+    pool_timeout: &str,
+) -> (Upstream, TestGateway, tokio::task::JoinHandle<u16>) {
     let upstream = Upstream::start().await;
     let gw = TestGateway::with_upstream(
         &forward_all(
             "  {}",
-            "    timeout: 20s\n    max_connections: 1\n    pool_timeout: 300ms",
+            &format!("    timeout: 20s\n    max_connections: 1\n    pool_timeout: {pool_timeout}"),
         ),
         upstream.addr,
     )
@@ -614,6 +617,12 @@ async fn a_request_waiting_longer_than_pool_timeout_gets_503() {
             .status
     });
     upstream.wait_for_requests(1).await;
+    (upstream, gw, held)
+}
+
+#[tokio::test]
+async fn a_request_waiting_longer_than_pool_timeout_gets_503() {
+    let (upstream, gw, held) = one_connection_held("300ms").await;
     let started = Instant::now();
     let reply = Client::new().get(&gw.url("/")).await;
     assert_eq!(reply.status, 503);
@@ -628,23 +637,7 @@ async fn a_request_waiting_longer_than_pool_timeout_gets_503() {
 /// so an upstream short of connections paged no one.
 #[tokio::test]
 async fn pool_timeout_503s_are_counted_as_upstream_errors() {
-    let upstream = Upstream::start().await;
-    let gw = TestGateway::with_upstream(
-        &forward_all(
-            "  {}",
-            "    timeout: 20s\n    max_connections: 1\n    pool_timeout: 200ms",
-        ),
-        upstream.addr,
-    )
-    .await;
-    let url = gw.url("/");
-    let held = tokio::spawn(async move {
-        Client::new()
-            .get_with(&url, &[("x-test-hold-head", "1")])
-            .await
-            .status
-    });
-    upstream.wait_for_requests(1).await;
+    let (upstream, gw, held) = one_connection_held("200ms").await;
     for _ in 0..2 {
         assert_eq!(Client::new().get(&gw.url("/")).await.status, 503);
     }
