@@ -21,8 +21,24 @@ pub enum ResponseBody {
     /// An upstream body whose target counts it in flight until it ends or drops.
     Balanced(super::pool::UpstreamBody, super::balance::InFlight),
     Full(Option<Bytes>),
-    /// Either of the above holding a concurrency lease until it ends (`crate::inflight`).
-    Leased(Box<crate::inflight::Leased>),
+    /// Any of the above holding something until it ends: a concurrency lease
+    /// (`crate::inflight`), say.
+    Holding(Box<Holding<dyn UntilEnd>>),
+}
+
+/// What a response body can hold until it ends, without the proxy knowing what it is.
+pub trait UntilEnd: Send + Sync + std::fmt::Debug {
+    /// The body ended: its last frame went out, or it failed. Called once; a body dropped before
+    /// its end (the client went away) drops what it holds without this call.
+    fn ended(&mut self);
+}
+
+/// A body holding `G` until it ends ([`ResponseBody::holding`]).
+#[derive(Debug)]
+pub struct Holding<G: ?Sized> {
+    body: ResponseBody,
+    ended: bool,
+    held: G,
 }
 
 impl ResponseBody {
@@ -34,6 +50,15 @@ impl ResponseBody {
         ResponseBody::Full(None)
     }
 
+    /// `body`, holding `held` until it ends (one allocation, as any boxed variant).
+    pub fn holding(body: ResponseBody, held: impl UntilEnd + 'static) -> Self {
+        ResponseBody::Holding(Box::new(Holding {
+            body,
+            ended: false,
+            held,
+        }))
+    }
+
     /// The upstream's fields still kept raw ([`super::fields`]): part of the response's fields,
     /// beside its `HeaderMap`.
     pub fn upstream_fields(&self) -> Option<&super::fields::RawFields> {
@@ -41,7 +66,7 @@ impl ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
                 body.upstream_fields()
             }
-            ResponseBody::Leased(body) => body.body().upstream_fields(),
+            ResponseBody::Holding(holding) => holding.body.upstream_fields(),
             ResponseBody::Full(_) => None,
         }
     }
@@ -52,7 +77,7 @@ impl ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
                 body.upstream_fields_mut()
             }
-            ResponseBody::Leased(body) => body.body_mut().upstream_fields_mut(),
+            ResponseBody::Holding(holding) => holding.body.upstream_fields_mut(),
             ResponseBody::Full(_) => None,
         }
     }
@@ -78,7 +103,7 @@ impl Body for ResponseBody {
                 Pin::new(body).poll_frame(cx).map_err(Into::into)
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ResponseBody::Leased(body) => Pin::new(&mut **body).poll_frame(cx),
+            ResponseBody::Holding(holding) => holding.poll_frame(cx),
         }
     }
 
@@ -86,7 +111,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Leased(body) => body.is_end_stream(),
+            ResponseBody::Holding(holding) => holding.body.is_end_stream(),
         }
     }
 
@@ -95,8 +120,19 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.size_hint(),
             ResponseBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
-            ResponseBody::Leased(body) => body.size_hint(),
+            ResponseBody::Holding(holding) => holding.body.size_hint(),
         }
+    }
+}
+
+impl Holding<dyn UntilEnd> {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let ended = matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.body.is_end_stream();
+        if ended && !std::mem::replace(&mut self.ended, true) {
+            self.held.ended();
+        }
+        polled
     }
 }
 
