@@ -263,7 +263,7 @@ fn end_act(
         None => fields.insert(response.headers_mut(), limits, false),
     }
     if let Some(lease) = lease {
-        response = response.map(|body| ResponseBody::holding(body, lease));
+        response = response.map(|body| ResponseBody::riding(body, lease));
     }
     response
 }

@@ -3,7 +3,7 @@
 //! from the response").
 //!
 //! A lease is a [`LeaseGuard`]: taken from [`AfterAdmission::lease`] right after the decision, it
-//! lives in the request's future and then in the response body ([`ResponseBody::holding`]), so it is released
+//! lives in the request's future and then in the response body ([`ResponseBody::riding`]), so it is released
 //! when the body ends, when the client goes away (hyper drops the body or the future), and when
 //! the request fails after admission (the guard is dropped with the error). Release is one more
 //! store call (Redis: spawned, off the client's path); a release that never happens (a crash) is
@@ -18,7 +18,7 @@ use prometheus::{IntCounter, IntGauge};
 use crate::config::{ResponseCost, Route};
 use crate::limiter::leases::LocalSlots;
 use crate::limiter::{Check, Rule, Store, Verdict};
-use crate::proxy::body::{ResponseBody, UntilEnd};
+use crate::proxy::body::{ResponseBody, Rider};
 use crate::state::{AppState, RouteResources};
 
 /// What the inline gateway owes an admitted request: the lease its concurrency policies hold and
@@ -251,10 +251,10 @@ impl Drop for LeaseGuard {
     }
 }
 
-/// A lease rides on the response body ([`ResponseBody::holding`]): given back when the body
+/// A lease rides on the response body ([`ResponseBody::riding`]): given back when the body
 /// ends, or dropped with it when the client goes away.
-impl UntilEnd for LeaseGuard {
-    fn ended(&mut self) {
+impl Rider for LeaseGuard {
+    fn ended(&mut self, _complete: bool) {
         self.release();
     }
 }

@@ -35,8 +35,8 @@
 //!   pre-resolved handles) it counts in;
 //! - [`tls`]: rustls for the HTTPS listener (certificates reloaded as their files change) and for
 //!   `https://` upstreams;
-//! - the request runtime: [`proxy`] (forwarding, the upstream pool, streaming bodies, which can
-//!   hold something until they end without knowing what: [`proxy::body::UntilEnd`]);
+//! - the request runtime: [`proxy`] (forwarding, the upstream pool, streaming bodies, which carry
+//!   a [`proxy::body::Rider`] to their end without knowing what it is);
 //!   [`respond`] (every response the gateway writes itself, refusals included); [`overrides`]
 //!   (the per-key overrides in force, from the file and the admin API, shared through Redis,
 //!   applied by [`admission`] from a local copy); [`state`]: what every listener shares

@@ -21,24 +21,27 @@ pub enum ResponseBody {
     /// An upstream body whose target counts it in flight until it ends or drops.
     Balanced(super::pool::UpstreamBody, super::balance::InFlight),
     Full(Option<Bytes>),
-    /// Any of the above holding something until it ends: a concurrency lease
-    /// (`crate::inflight`), say.
-    Holding(Box<Holding<dyn UntilEnd>>),
+    /// Any of the above carrying a [`Rider`] (a concurrency lease, `crate::inflight`) to its end.
+    Riding(Box<Riding<dyn Rider>>),
 }
 
-/// What a response body can hold until it ends, without the proxy knowing what it is.
-pub trait UntilEnd: Send + Sync + std::fmt::Debug {
-    /// The body ended: its last frame went out, or it failed. Called once; a body dropped before
-    /// its end (the client went away) drops what it holds without this call.
-    fn ended(&mut self);
+/// What rides on a response body to its end without the proxy knowing what it is: a concurrency
+/// lease released when the body ends, say.
+pub trait Rider: Send + Sync + std::fmt::Debug {
+    /// A data frame on its way to the client.
+    fn data(&mut self, _data: &Bytes) {}
+
+    /// The body ended: `complete` when its last frame went out, false when it failed. Called
+    /// once; a body dropped before its end (the client went away) drops its rider without it.
+    fn ended(&mut self, complete: bool);
 }
 
-/// A body holding `G` until it ends ([`ResponseBody::holding`]).
+/// A body carrying `R` ([`ResponseBody::riding`]).
 #[derive(Debug)]
-pub struct Holding<G: ?Sized> {
+pub struct Riding<R: ?Sized> {
     body: ResponseBody,
     ended: bool,
-    held: G,
+    rider: R,
 }
 
 impl ResponseBody {
@@ -50,12 +53,12 @@ impl ResponseBody {
         ResponseBody::Full(None)
     }
 
-    /// `body`, holding `held` until it ends (one allocation, as any boxed variant).
-    pub fn holding(body: ResponseBody, held: impl UntilEnd + 'static) -> Self {
-        ResponseBody::Holding(Box::new(Holding {
+    /// `body`, carrying `rider` to its end (one allocation, as any boxed variant).
+    pub fn riding(body: ResponseBody, rider: impl Rider + 'static) -> Self {
+        ResponseBody::Riding(Box::new(Riding {
             body,
             ended: false,
-            held,
+            rider,
         }))
     }
 
@@ -66,7 +69,7 @@ impl ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
                 body.upstream_fields()
             }
-            ResponseBody::Holding(holding) => holding.body.upstream_fields(),
+            ResponseBody::Riding(riding) => riding.body.upstream_fields(),
             ResponseBody::Full(_) => None,
         }
     }
@@ -77,7 +80,7 @@ impl ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
                 body.upstream_fields_mut()
             }
-            ResponseBody::Holding(holding) => holding.body.upstream_fields_mut(),
+            ResponseBody::Riding(riding) => riding.body.upstream_fields_mut(),
             ResponseBody::Full(_) => None,
         }
     }
@@ -103,7 +106,7 @@ impl Body for ResponseBody {
                 Pin::new(body).poll_frame(cx).map_err(Into::into)
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ResponseBody::Holding(holding) => holding.poll_frame(cx),
+            ResponseBody::Riding(riding) => riding.poll_frame(cx),
         }
     }
 
@@ -111,7 +114,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Holding(holding) => holding.body.is_end_stream(),
+            ResponseBody::Riding(riding) => riding.body.is_end_stream(),
         }
     }
 
@@ -120,17 +123,29 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.size_hint(),
             ResponseBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
-            ResponseBody::Holding(holding) => holding.body.size_hint(),
+            ResponseBody::Riding(riding) => riding.body.size_hint(),
         }
     }
 }
 
-impl Holding<dyn UntilEnd> {
+impl Riding<dyn Rider> {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        let ended = matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.body.is_end_stream();
-        if ended && !std::mem::replace(&mut self.ended, true) {
-            self.held.ended();
+        let complete = match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.rider.data(data);
+                }
+                self.body.is_end_stream().then_some(true)
+            }
+            Poll::Ready(Some(Err(_))) => Some(false),
+            Poll::Ready(None) => Some(true),
+            Poll::Pending => None,
+        };
+        if let Some(complete) = complete {
+            if !std::mem::replace(&mut self.ended, true) {
+                self.rider.ended(complete);
+            }
         }
         polled
     }
