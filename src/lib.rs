@@ -41,8 +41,10 @@
 //!   admission) and [`respond`] (every response the gateway writes itself, refusals included):
 //!   the request runtime, which still forms one allowed cycle;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
-//!   the doors: [`gateway`], [`forward_auth`], [`rls`];
-//! - [`admin`]: metrics and health on a separate listener; [`listener`]: the public listener and
+//!   [`quota`]: the same keys peeked without consuming (a route's quota endpoint, the status
+//!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`];
+//! - [`admin`]: metrics, health and the status page (`admin/status.html`, embedded) on a
+//!   separate listener; [`listener`]: the public listener and
 //!   the bounds on each connection;
 //! - [`server`]: start-up, the one reload path and graceful shutdown, whose background tasks one
 //!   [`shutdown::Shutdown`] owns and awaits; [`watch`] applies edits of
@@ -72,6 +74,7 @@ pub mod now;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;
+pub mod quota;
 pub mod rate_limit_headers;
 pub mod respond;
 pub mod rls;

@@ -547,17 +547,35 @@ async fn a_peek_before_every_step_agrees_with_its_decision() {
             let peeked = memory.peek(&checks);
             let writes = redis_writes(&redis);
             let remote_peek = remote.peek(&checks).await.expect("redis peek");
-            assert_eq!(redis_writes(&redis), writes, "{} step {n}: peek wrote", case.name);
-            assert_eq!(remote_peek, peeked, "{} step {n}: the engines' peeks", case.name);
+            assert_eq!(
+                redis_writes(&redis),
+                writes,
+                "{} step {n}: peek wrote",
+                case.name
+            );
+            assert_eq!(
+                remote_peek, peeked,
+                "{} step {n}: the engines' peeks",
+                case.name
+            );
             let want = expected(step);
-            assert_eq!(memory.check(&checks), want, "memory, {} step {n}", case.name);
+            assert_eq!(
+                memory.check(&checks),
+                want,
+                "memory, {} step {n}",
+                case.name
+            );
             assert_eq!(remote.check(&checks).await.expect("redis"), want);
             for ((p, d), check) in peeked.outcomes.iter().zip(&want.outcomes).zip(&checks) {
                 if want.allowed && d.allowed {
                     assert!(p.allowed, "{} step {n}: {p:?} / {d:?}", case.name);
                     assert_eq!(p.remaining.saturating_sub(check.cost), d.remaining);
                 } else {
-                    assert_eq!(p, d, "{} step {n}: refused, the peek is the state", case.name);
+                    assert_eq!(
+                        p, d,
+                        "{} step {n}: refused, the peek is the state",
+                        case.name
+                    );
                 }
             }
             peeks += 1;
@@ -658,7 +676,12 @@ fn peek_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
                     vec![(0, 3)],
                     vec![(false, 5, 1, 3 * S + S / 2, S + S / 2)],
                 ),
-                Take(T + S / 2, vec![(0, 1)], 0, vec![(true, 5, 0, 4 * S + S / 2, 0)]),
+                Take(
+                    T + S / 2,
+                    vec![(0, 1)],
+                    0,
+                    vec![(true, 5, 0, 4 * S + S / 2, 0)],
+                ),
             ],
         ),
         (
@@ -672,7 +695,12 @@ fn peek_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
                 Peek(T + 10 * S, vec![(0, 1)], vec![(true, 3, 2, S, 0)]),
                 Take(T + 2 * S, vec![(0, 1)], 0, vec![(true, 3, 0, 10 * S, 0)]),
                 Peek(T + 3 * S, vec![(0, 1)], vec![(false, 3, 0, 9 * S, 7 * S)]),
-                Take(T + 3 * S, vec![(0, 1)], 0, vec![(false, 3, 0, 9 * S, 7 * S)]),
+                Take(
+                    T + 3 * S,
+                    vec![(0, 1)],
+                    0,
+                    vec![(false, 3, 0, 9 * S, 7 * S)],
+                ),
             ],
         ),
         (
@@ -888,7 +916,11 @@ async fn leases_and_charges_follow_the_spec() {
                     let writes = redis_writes(&redis);
                     let got = remote.peek(&checks).await.expect("redis peek");
                     assert_eq!(got, want, "redis peek, {name} op {n}");
-                    assert_eq!(redis_writes(&redis), writes, "the peek wrote, {name} op {n}");
+                    assert_eq!(
+                        redis_writes(&redis),
+                        writes,
+                        "the peek wrote, {name} op {n}"
+                    );
                 }
             }
         }

@@ -383,7 +383,11 @@ impl MemoryStore {
         // is room, or else be decided by the overflow sketch.
         let room = shard.table.len() < self.keys_per_shard
             || shard.idle_queue.peek().is_some_and(|&Reverse((at, h))| {
-                at <= now && shard.table.find(h, |e| e.hash == h && e.is_idle(now)).is_some()
+                at <= now
+                    && shard
+                        .table
+                        .find(h, |e| e.hash == h && e.is_idle(now))
+                        .is_some()
             });
         if !room {
             let (_, mut state) = shard.overflow.evaluate(hash, check.rule, now, 0);

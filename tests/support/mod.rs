@@ -14,6 +14,7 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code, unused_imports)]
 
+pub mod chromium;
 pub mod client;
 pub mod dashboard;
 pub mod envoy;
