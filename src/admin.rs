@@ -1,7 +1,7 @@
-//! The admin listener: metrics, health and the status page ([`status`]), never on the public
+//! The admin listener: metrics, health and the status page (`status.rs`), never on the public
 //! listener. Bind it to loopback or a private interface; it is not meant for clients.
 //!
-//! Browsers are held to one origin ([`guard`]): a request a browser marks as coming from
+//! Browsers are held to one origin (`guard`): a request a browser marks as coming from
 //! another site (`Sec-Fetch-Site`, `Origin`) may not change anything, and a browser must name
 //! the listener by an IP address or `localhost` (`Host`), so a page on another site can neither
 //! forge a write (CSRF) nor reach the listener under its own name (DNS rebinding). Clients that
@@ -32,7 +32,8 @@ pub struct AdminState {
 /// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
 /// we are not draining), `/debug/top-limited` (the keys limited most, `?n=` of them) and `/config`
 /// (the active config's hash and the last reload error), `/overrides` (per-key limits,
-/// `crate::overrides::api`); for the
+/// `crate::overrides::api`), the status page at `/` with its JSON under `/status/` (`status.rs`);
+/// every one behind the cross-site `guard`; for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
     let rls = crate::rls::RlsService::new(state.state.clone());
