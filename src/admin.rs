@@ -101,7 +101,7 @@ pub fn cross_site(method: &Method, headers: &HeaderMap) -> Option<&'static str> 
 /// Whether `host` (a `Host` value) is an IP address or `localhost`, with or without a port.
 fn is_address(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
+        Some(v6) => v6.split_once(']').map_or("", |(name, _)| name),
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
@@ -178,4 +178,84 @@ async fn top_limited(
         .unwrap_or(TOP_LIMITED_DEFAULT);
     let show_values = state.state.live.load().config.admin.show_key_values;
     Json(state.state.engine.top_limited().report_with(n, show_values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().expect("value"));
+        }
+        map
+    }
+
+    #[test]
+    fn a_browser_names_the_listener_by_address_or_localhost() {
+        for host in [
+            "127.0.0.1:9901",
+            "10.1.2.3",
+            "[::1]:9901",
+            "[2001:db8::1]",
+            "localhost:9901",
+            "LOCALHOST",
+        ] {
+            assert!(is_address(host), "{host}");
+        }
+        for host in [
+            "evil.example:9901",
+            "127.0.0.1.nip.io:9901",
+            "",
+            "[::1",
+            "::1x",
+        ] {
+            assert!(!is_address(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn only_a_browsers_writes_from_elsewhere_are_refused() {
+        let put = Method::PUT;
+        // Not a browser: as the API always was, whatever the host.
+        assert_eq!(cross_site(&put, &headers(&[("host", "anything")])), None);
+        let same = [
+            ("host", "127.0.0.1:9901"),
+            ("origin", "http://127.0.0.1:9901"),
+            ("sec-fetch-site", "same-origin"),
+        ];
+        assert_eq!(cross_site(&put, &headers(&same)), None);
+        let refused = [
+            [
+                ("host", "127.0.0.1:9901"),
+                ("origin", "http://127.0.0.1:9902"),
+                ("sec-fetch-site", "same-site"),
+            ],
+            [
+                ("host", "127.0.0.1:9901"),
+                ("origin", "null"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+            [
+                ("host", "127.0.0.1:9901"),
+                ("origin", "https://127.0.0.1:9901"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+        ];
+        for pairs in refused {
+            assert!(cross_site(&put, &headers(&pairs)).is_some(), "{pairs:?}");
+            // Reads from another site are not refused (nothing changes); a foreign host is.
+            assert_eq!(
+                cross_site(&Method::GET, &headers(&pairs)),
+                None,
+                "{pairs:?}"
+            );
+        }
+        let rebound = [
+            ("host", "evil.example:9901"),
+            ("sec-fetch-site", "same-origin"),
+        ];
+        assert!(cross_site(&Method::GET, &headers(&rebound)).is_some());
+    }
 }

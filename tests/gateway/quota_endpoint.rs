@@ -1,6 +1,7 @@
 //! A route's quota endpoint (issue 42): a client reads its own state of the route's policies,
 //! keyed from its own request, consuming nothing; asking is limited by its own bucket.
 
+use crate::support::stores::TestStore;
 use crate::support::{Client, TestGateway};
 
 const CONFIG: &str = r#"
@@ -15,9 +16,8 @@ routes:
       - { name: per_key, key: ["header:x-api-key"], quota: { limit: 1000, per: day } }
 "#;
 
-#[tokio::test]
-async fn a_client_reads_its_own_remaining_quota_without_consuming_it() {
-    let gw = TestGateway::start(CONFIG).await;
+async fn a_client_reads_its_own_remaining_quota_without_consuming_it(store: TestStore) {
+    let gw = TestGateway::start(&store.config(CONFIG)).await;
     let c = Client::new();
     for _ in 0..3 {
         assert_eq!(c.get(&gw.url("/api/users/7")).await.status, 200);
@@ -67,8 +67,8 @@ async fn a_client_reads_its_own_remaining_quota_without_consuming_it() {
         )
         .await;
     assert_eq!(twice.status, 400);
-    // Only GET and HEAD: anything else is an ordinary request (here the route's own path).
-    let limited = |decision| {
+    // Only the route's own requests were decided: 3, and the one after the asks.
+    let decided = |decision| {
         [
             ("route", "users"),
             ("policy", "per_user"),
@@ -76,15 +76,14 @@ async fn a_client_reads_its_own_remaining_quota_without_consuming_it() {
         ]
     };
     assert_eq!(
-        gw.metric("turnstile_decisions_total", &limited("allowed"))
+        gw.metric("turnstile_decisions_total", &decided("allowed"))
             .await,
         4.0
     );
 }
 
-#[tokio::test]
-async fn asking_is_limited_by_its_own_bucket_per_client() {
-    let gw = TestGateway::start(CONFIG).await;
+async fn asking_is_limited_by_its_own_bucket_per_client(store: TestStore) {
+    let gw = TestGateway::start(&store.config(CONFIG)).await;
     let c = Client::new();
     let mut statuses = Vec::new();
     for _ in 0..12 {
@@ -128,6 +127,11 @@ async fn asking_is_limited_by_its_own_bucket_per_client() {
         4
     );
 }
+
+crate::store_matrix!(
+    a_client_reads_its_own_remaining_quota_without_consuming_it,
+    asking_is_limited_by_its_own_bucket_per_client,
+);
 
 #[tokio::test]
 async fn a_quota_endpoint_must_capture_what_the_route_captures() {

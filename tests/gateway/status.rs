@@ -6,6 +6,7 @@
 use http::Method;
 
 use crate::support::client::{full, request};
+use crate::support::stores::TestStore;
 use crate::support::{Client, Reply, TestGateway};
 
 pub const CONFIG: &str = r#"
@@ -130,9 +131,8 @@ async fn a_failed_reload_shows_its_error_with_file_and_line() {
     assert!(error.contains("limit"), "{error}");
 }
 
-#[tokio::test]
-async fn the_lookup_reads_each_policy_without_consuming() {
-    let gw = TestGateway::start(CONFIG).await;
+async fn the_lookup_reads_each_policy_without_consuming(store: TestStore) {
+    let gw = TestGateway::start(&store.config(CONFIG)).await;
     let c = Client::new();
     for _ in 0..2 {
         assert_eq!(c.get(&gw.url("/api/users/7")).await.status, 200);
@@ -209,6 +209,8 @@ async fn the_lookup_reads_each_policy_without_consuming() {
         assert!(reply.text().contains(says), "{body}: {}", reply.text());
     }
 }
+
+crate::store_matrix!(the_lookup_reads_each_policy_without_consuming);
 
 #[tokio::test]
 async fn a_cross_site_write_is_refused_and_the_api_still_answers_its_clients() {
