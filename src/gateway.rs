@@ -66,6 +66,20 @@ pub fn handle(
             path: req.uri().path(),
             headers: req.headers(),
         };
+        // A route's quota endpoint, when any is configured (one length check otherwise); boxed,
+        // so the usual request's future does not carry its state.
+        if !live.quota_routes.is_empty() {
+            if let Some((index, params)) = crate::quota::endpoint_for(&live, &head) {
+                let answer = crate::quota::answer(&state, &live, index, &params, peer, &req, host);
+                let response = Box::pin(answer).await;
+                if let Some(resources) = live.routes.get(index) {
+                    resources
+                        .metrics
+                        .record_response(response.status().as_u16(), seconds_since(started));
+                }
+                return Ok(response);
+            }
+        }
         // One pass over the routes that could match decides both 404 and 405.
         let (index, params) = match admission::route_for(&live, &head) {
             Found::Route(index, params) => (index, params),

@@ -45,9 +45,11 @@
 //!   them current; [`inflight`] (concurrency leases riding on the response body, and response
 //!   costs, after admission);
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
-//!   the doors: [`gateway`], [`forward_auth`], [`rls`];
-//! - [`admin`]: metrics, health and the overrides API on a separate listener; [`listener`]: the
-//!   public listener and the bounds on each connection;
+//!   [`quota`]: the same keys peeked without consuming (a route's quota endpoint, the status
+//!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`];
+//! - [`admin`]: metrics, health, the overrides API and the status page (`admin/status.html`,
+//!   embedded) on a separate listener; [`listener`]: the public listener and the bounds on each
+//!   connection;
 //! - [`server`]: start-up, the one reload path and graceful shutdown, whose background tasks one
 //!   [`shutdown::Shutdown`] owns and awaits; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal; [`log_throttle`]:
@@ -76,6 +78,7 @@ pub mod now;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;
+pub mod quota;
 pub mod rate_limit_headers;
 pub mod respond;
 pub mod rls;

@@ -227,6 +227,16 @@ impl PolicyMetrics {
         self.series();
     }
 
+    /// Its decisions so far by label (`allowed`, `limited`, `failed_open`, `failed_closed`,
+    /// `shadow`), as `/metrics` exports them; all 0 (and nothing exported) before the first.
+    pub fn counts(&self) -> [(&'static str, u64); 5] {
+        let series = self.series.get();
+        DecisionLabel::ALL.map(|l| {
+            let n = series.map_or(0, |s| s.by_label[l as usize].get());
+            (l.as_str(), n)
+        })
+    }
+
     pub fn record(&self, label: DecisionLabel) {
         self.series().by_label[label as usize].inc();
     }

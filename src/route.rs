@@ -26,6 +26,8 @@ pub struct RouteMatch {
     /// Lowercase, without port.
     host: Option<Box<str>>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// The pattern's parameter names, in order (for the status page; never read when matching).
+    names: Vec<Box<str>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -71,6 +73,50 @@ pub struct RequestHead<'a> {
 }
 
 impl RouteMatch {
+    /// The match as the config writes it, for people (the status page): `path /users/{id}`,
+    /// `prefix /api/` or `any path`, then `methods`, `host` and `headers` when given.
+    pub fn describe(&self) -> String {
+        let mut out = match &self.path {
+            PathMatch::Any => "any path".to_string(),
+            PathMatch::Prefix(prefix) => format!("prefix {prefix}"),
+            PathMatch::Pattern(segments) => {
+                let mut names = self.names.iter();
+                let mut text = String::from("path ");
+                for segment in segments {
+                    text.push('/');
+                    match segment {
+                        Segment::Literal(s) => text.push_str(s),
+                        Segment::Param => {
+                            let name = names.next().map_or("", |n| n);
+                            text.push_str(&format!("{{{name}}}"));
+                        }
+                        Segment::CatchAll => {
+                            let name = names.next().map_or("", |n| n);
+                            text.push_str(&format!("{{*{name}}}"));
+                        }
+                    }
+                }
+                text
+            }
+        };
+        if let Some(methods) = &self.methods {
+            let list: Vec<&str> = methods.iter().map(Method::as_str).collect();
+            out.push_str(&format!(", methods {}", list.join(" ")));
+        }
+        if let Some(host) = &self.host {
+            out.push_str(&format!(", host {host}"));
+        }
+        for (name, value) in &self.headers {
+            out.push_str(&format!(", {name}: {}", value.to_str().unwrap_or("…")));
+        }
+        out
+    }
+
+    /// The pattern's parameter names, in order (what `path:PARAM` key parts index).
+    pub fn param_names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(|n| &**n)
+    }
+
     /// The names of the request fields this match compares.
     pub fn header_names(&self) -> impl Iterator<Item = &HeaderName> {
         self.headers.iter().map(|(name, _)| name)
@@ -122,6 +168,7 @@ impl RouteMatch {
         }
         let matcher = RouteMatch {
             path: PathMatch::Pattern(segments),
+            names: names.iter().map(|n| n.as_str().into()).collect(),
             ..RouteMatch::default()
         };
         Ok((matcher, names))

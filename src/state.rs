@@ -84,6 +84,9 @@ pub struct Live {
     pub unmatched: RouteMetrics,
     /// Present exactly when `config.rls` is.
     pub rls: Option<RlsResources>,
+    /// The routes with a `quota_endpoint`, by index, in config order: the gateway tries their
+    /// endpoints before routing (empty, the usual case: one length check per request).
+    pub quota_routes: Vec<usize>,
 }
 
 /// The resources of one route.
@@ -95,6 +98,8 @@ pub struct RouteResources {
     /// The targets (each with its pool) of the route's upstream, shared with every route
     /// forwarding there; `None` for a `respond:` route.
     pub client: Option<Arc<Balancer>>,
+    /// The decisions of its quota endpoint's own limit (`policy="quota_endpoint"`), if it has one.
+    pub quota_ask: Option<PolicyMetrics>,
 }
 
 impl RouteResources {
@@ -151,6 +156,10 @@ impl Live {
                         })
                         .collect(),
                     client,
+                    quota_ask: route
+                        .quota_endpoint
+                        .as_ref()
+                        .map(|q| metrics.policy(&route.name, &q.ask.name)),
                 }
             })
             .collect();
@@ -163,6 +172,10 @@ impl Live {
             .as_ref()
             .map(|rls| RlsResources::attach(rls, metrics));
         Live {
+            quota_routes: (config.routes.iter().enumerate())
+                .filter(|(_, r)| r.quota_endpoint.is_some())
+                .map(|(i, _)| i)
+                .collect(),
             table: crate::route::RouteTable::new(config.routes.iter().map(|r| &r.matcher)),
             routes,
             unmatched: {

@@ -510,6 +510,80 @@ async fn both_stores_follow_the_spec() {
     assert!(steps > 40, "the suite lost its cases: {steps} steps");
 }
 
+/// Every step of the spec's cases peeked first on both engines (issue 42): the two peeks agree,
+/// a refused decision reports exactly what the peek did, an admitted one the peek's remaining
+/// less its cost, and since every decision still gets its expected outcome, the peeks changed
+/// nothing; Redis counted no write for any of them.
+#[tokio::test]
+async fn a_peek_before_every_step_agrees_with_its_decision() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "peek:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    let mut peeks = 0;
+    for case in cases() {
+        let keys: Vec<String> = (0..case.counters.len())
+            .map(|i| format!("{}:{i}", case.name))
+            .collect();
+        for (n, step) in case.steps.iter().enumerate() {
+            clock.set(step.now);
+            let checks: Vec<Check<'_>> = step
+                .checks
+                .iter()
+                .map(|&(i, cost)| Check {
+                    key: &keys[i],
+                    rule: &case.counters[i],
+                    cost,
+                    shadow: case.shadow.contains(&i),
+                })
+                .collect();
+            let peeked = memory.peek(&checks);
+            let writes = redis_writes(&redis);
+            let remote_peek = remote.peek(&checks).await.expect("redis peek");
+            assert_eq!(
+                redis_writes(&redis),
+                writes,
+                "{} step {n}: peek wrote",
+                case.name
+            );
+            assert_eq!(
+                remote_peek, peeked,
+                "{} step {n}: the engines' peeks",
+                case.name
+            );
+            let want = expected(step);
+            assert_eq!(
+                memory.check(&checks),
+                want,
+                "memory, {} step {n}",
+                case.name
+            );
+            assert_eq!(remote.check(&checks).await.expect("redis"), want);
+            for ((p, d), check) in peeked.outcomes.iter().zip(&want.outcomes).zip(&checks) {
+                if want.allowed && d.allowed {
+                    assert!(p.allowed, "{} step {n}: {p:?} / {d:?}", case.name);
+                    assert_eq!(p.remaining.saturating_sub(check.cost), d.remaining);
+                } else {
+                    assert_eq!(
+                        p, d,
+                        "{} step {n}: refused, the peek is the state",
+                        case.name
+                    );
+                }
+            }
+            peeks += 1;
+        }
+    }
+    assert!(peeks > 40, "the suite lost its cases: {peeks} peeks");
+}
+
 /// The TTL rule in practice: every key the script writes expires, none lives forever.
 #[tokio::test]
 async fn every_key_written_has_a_ttl() {
@@ -557,6 +631,8 @@ enum Op {
     Charge(u64, usize, u64),
     /// At `now`, renew lease `lease` on counter `i` (its request still runs).
     Renew(u64, usize, u64),
+    /// At `now`, peek these (counter, cost) checks: the expected outcomes, and nothing written.
+    Peek(u64, Vec<(usize, u64)>, Vec<(bool, u64, u64, u64, u64)>),
 }
 
 fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
@@ -564,6 +640,130 @@ fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
         limit,
         lease_ttl_us,
     })
+}
+
+/// Writes Redis counted since it started (`rdb_changes_since_last_save`: every command that
+/// changes the dataset, a PEXPIRE or a DEL of nothing included).
+fn redis_writes(redis: &support::redis::RedisServer) -> u64 {
+    let info = redis.cli(&["info", "persistence"]);
+    support::redis::info_field(&info, "rdb_changes_since_last_save")
+        .and_then(|v| v.parse().ok())
+        .expect("rdb_changes_since_last_save")
+}
+
+/// Peeks (issue 42): after N decisions a peek reports the state they left (remaining now, the
+/// time to full reset; allowed and retry-after for its cost) and the next decision's remaining is
+/// the peek's less its cost; expired window members and leases are skipped, not removed (a
+/// decision at an earlier time still counts them); nothing is ever written.
+fn peek_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
+    use Op::*;
+    let noon = at("2026-11-23T12:00:00+01:00");
+    vec![
+        (
+            "peek_token_bucket",
+            vec![tb(1.0, 5)],
+            vec![
+                Peek(T, vec![(0, 1)], vec![(true, 5, 5, 0, 0)]),
+                Take(T, vec![(0, 1)], 0, vec![(true, 5, 4, S, 0)]),
+                Take(T, vec![(0, 1)], 0, vec![(true, 5, 3, 2 * S, 0)]),
+                Take(T, vec![(0, 1)], 0, vec![(true, 5, 2, 3 * S, 0)]),
+                Peek(T, vec![(0, 1)], vec![(true, 5, 2, 3 * S, 0)]),
+                Peek(T, vec![(0, 1)], vec![(true, 5, 2, 3 * S, 0)]),
+                Take(T, vec![(0, 1)], 0, vec![(true, 5, 1, 4 * S, 0)]),
+                // 1.5 tokens: a cost of 3 would wait 1.5 s.
+                Peek(
+                    T + S / 2,
+                    vec![(0, 3)],
+                    vec![(false, 5, 1, 3 * S + S / 2, S + S / 2)],
+                ),
+                Take(
+                    T + S / 2,
+                    vec![(0, 1)],
+                    0,
+                    vec![(true, 5, 0, 4 * S + S / 2, 0)],
+                ),
+            ],
+        ),
+        (
+            "peek_sliding_window",
+            vec![sw(3, 10 * S, 0)],
+            vec![
+                Take(T, vec![(0, 1)], 0, vec![(true, 3, 2, 10 * S, 0)]),
+                Take(T + S, vec![(0, 1)], 0, vec![(true, 3, 1, 10 * S, 0)]),
+                Peek(T + 2 * S, vec![(0, 1)], vec![(true, 3, 1, 9 * S, 0)]),
+                // The entry of T has left the window at T + 10 s: skipped, not removed.
+                Peek(T + 10 * S, vec![(0, 1)], vec![(true, 3, 2, S, 0)]),
+                Take(T + 2 * S, vec![(0, 1)], 0, vec![(true, 3, 0, 10 * S, 0)]),
+                Peek(T + 3 * S, vec![(0, 1)], vec![(false, 3, 0, 9 * S, 7 * S)]),
+                Take(
+                    T + 3 * S,
+                    vec![(0, 1)],
+                    0,
+                    vec![(false, 3, 0, 9 * S, 7 * S)],
+                ),
+            ],
+        ),
+        (
+            "peek_bucketed_window",
+            vec![sw(4, 10 * S, 2)],
+            vec![
+                Take(T, vec![(0, 1)], 0, vec![(true, 4, 3, 15 * S, 0)]),
+                Take(T + 5 * S, vec![(0, 2)], 0, vec![(true, 4, 1, 15 * S, 0)]),
+                Peek(T + 6 * S, vec![(0, 1)], vec![(true, 4, 1, 14 * S, 0)]),
+                // The bucket of T has left: skipped.
+                Peek(T + 15 * S, vec![(0, 1)], vec![(true, 4, 2, 5 * S, 0)]),
+                Take(T + 6 * S, vec![(0, 1)], 0, vec![(true, 4, 0, 14 * S, 0)]),
+                Peek(T + 6 * S, vec![(0, 1)], vec![(false, 4, 0, 14 * S, 9 * S)]),
+            ],
+        ),
+        (
+            "peek_quota",
+            vec![quota(3, Per::Day)],
+            vec![
+                Peek(noon, vec![(0, 1)], vec![(true, 3, 3, 0, 0)]),
+                Take(noon, vec![(0, 2)], 0, vec![(true, 3, 1, 12 * H, 0)]),
+                Peek(noon, vec![(0, 2)], vec![(false, 3, 1, 12 * H, 12 * H)]),
+                Peek(noon, vec![(0, 1)], vec![(true, 3, 1, 12 * H, 0)]),
+                Take(noon, vec![(0, 1)], 0, vec![(true, 3, 0, 12 * H, 0)]),
+            ],
+        ),
+        (
+            "peek_concurrency",
+            vec![cc(2, 10 * S)],
+            vec![
+                Take(T, vec![(0, 1)], 1, vec![(true, 2, 1, 10 * S, 0)]),
+                Peek(T + S, vec![(0, 1)], vec![(true, 2, 1, 9 * S, 0)]),
+                Take(T + S, vec![(0, 1)], 2, vec![(true, 2, 0, 10 * S, 0)]),
+                Peek(T + 2 * S, vec![(0, 1)], vec![(false, 2, 0, 9 * S, S)]),
+                // Lease 1 expires at T + 10 s: skipped, not removed.
+                Peek(T + 10 * S, vec![(0, 1)], vec![(true, 2, 1, S, 0)]),
+                Take(T + 2 * S, vec![(0, 1)], 3, vec![(false, 2, 0, 9 * S, S)]),
+            ],
+        ),
+        (
+            "peek_all_policies",
+            vec![tb(1.0, 1), sw(5, 10 * S, 0)],
+            vec![
+                Peek(
+                    T,
+                    vec![(0, 1), (1, 1)],
+                    vec![(true, 1, 1, 0, 0), (true, 5, 5, 0, 0)],
+                ),
+                Take(
+                    T,
+                    vec![(0, 1), (1, 1)],
+                    0,
+                    vec![(true, 1, 0, S, 0), (true, 5, 4, 10 * S, 0)],
+                ),
+                // The bucket would refuse; the window reports its state as it stays.
+                Peek(
+                    T,
+                    vec![(0, 1), (1, 1)],
+                    vec![(false, 1, 0, S, S), (true, 5, 4, 10 * S, 0)],
+                ),
+            ],
+        ),
+    ]
 }
 
 /// Leases (acquire, release, expiry, all-or-nothing with a refusing bucket) and charges after
@@ -669,7 +869,7 @@ async fn leases_and_charges_follow_the_spec() {
     )
     .expect("redis store");
     assert!(remote.wait_ready(Duration::from_secs(10)).await);
-    for (name, counters, ops) in lease_and_charge_cases() {
+    for (name, counters, ops) in lease_and_charge_cases().into_iter().chain(peek_cases()) {
         let keys: Vec<String> = (0..counters.len()).map(|i| format!("{name}:{i}")).collect();
         let check = |i: usize, cost: u64| Check {
             key: &keys[i],
@@ -707,6 +907,20 @@ async fn leases_and_charges_follow_the_spec() {
                     clock.set(*now);
                     memory.charge(&[check(*i, *cost)]);
                     remote.charge(&[check(*i, *cost)]).await.expect("charge");
+                }
+                Op::Peek(now, items, outcomes) => {
+                    clock.set(*now);
+                    let checks: Vec<Check<'_>> = items.iter().map(|&(i, c)| check(i, c)).collect();
+                    let want = expected(&step(*now, items, outcomes));
+                    assert_eq!(memory.peek(&checks), want, "memory peek, {name} op {n}");
+                    let writes = redis_writes(&redis);
+                    let got = remote.peek(&checks).await.expect("redis peek");
+                    assert_eq!(got, want, "redis peek, {name} op {n}");
+                    assert_eq!(
+                        redis_writes(&redis),
+                        writes,
+                        "the peek wrote, {name} op {n}"
+                    );
                 }
             }
         }

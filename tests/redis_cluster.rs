@@ -137,6 +137,7 @@ async fn a_fleet_on_a_redis_cluster() {
     }
     exact_limits_across_three_instances(&gateways).await;
     a_rejection_in_one_slot_consumes_nothing_in_another(&cluster, &gateways).await;
+    a_peek_reads_each_slot_and_writes_nothing(&cluster, &gateways).await;
     concurrent_multi_slot_requests_never_exceed_either_limit(&cluster, &gateways).await;
     a_slot_moved_under_load_keeps_its_count(&cluster, &gateways).await;
     traffic_on_a_migrating_slot_keeps_deciding(&cluster, &gateways).await;
@@ -185,6 +186,56 @@ async fn a_rejection_in_one_slot_consumes_nothing_in_another(
     assert!(
         (left - 98.0).abs() < 0.01,
         "only the two admitted requests consumed from `wide`: {left} tokens left"
+    );
+}
+
+/// Writes every node of the cluster counted since it started (`rdb_changes_since_last_save`).
+fn cluster_writes(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let info = node.cli(&["info", "persistence"]);
+            support::redis::info_field(&info, "rdb_changes_since_last_save")
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect("rdb_changes_since_last_save")
+        })
+        .sum()
+}
+
+/// The status page's lookup (issue 42) on a Cluster: the two counters of `/pair`, in two slots,
+/// read on their own masters, exactly as the last decisions left them, and nothing written on
+/// any node.
+async fn a_peek_reads_each_slot_and_writes_nothing(
+    cluster: &RedisCluster,
+    gateways: &[GatewayProcess],
+) {
+    use support::client::{full, request};
+    let before = cluster_writes(cluster);
+    for gw in gateways {
+        let req = request(http::Method::POST, &gw.admin_url("/status/peek"))
+            .header("content-type", "application/json")
+            .body(full(
+                r#"{"route": "pair", "keys": {"tight": "GET", "wide": "GET"}}"#,
+            ))
+            .expect("request");
+        let reply = Client::new().send(req).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let body = reply.json();
+        let (tight, wide) = (&body["policies"][0], &body["policies"][1]);
+        assert_eq!(
+            (tight["remaining"].as_u64(), tight["next_allowed"].as_bool()),
+            (Some(0), Some(false))
+        );
+        assert_eq!(
+            (wide["remaining"].as_u64(), wide["next_allowed"].as_bool()),
+            (Some(98), Some(true))
+        );
+    }
+    assert_eq!(
+        cluster_writes(cluster),
+        before,
+        "a peek wrote on the cluster"
     );
 }
 

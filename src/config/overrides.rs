@@ -133,7 +133,7 @@ pub fn resolve<'r>(routes: &'r [Route], o: &Override) -> Result<(&'r Policy, Rul
 /// Whether `key` can be a key value of `policy`'s counters: one value per part of its `key`,
 /// joined by `|`, each as a counter key holds it (escaped, [`crate::keys`]). Anything else could
 /// never match a request.
-fn key_fits(policy: &Policy, key: &str) -> Result<(), Invalid> {
+pub fn key_fits(policy: &Policy, key: &str) -> Result<(), Invalid> {
     let parts = policy.key.len();
     let given = key.split('|').count();
     if given != parts {

@@ -226,6 +226,9 @@ pub struct RawRoute {
     pub strip_prefix: Option<String>,
     /// The forwarded path, from the route's captures (`/v2/{*rest}`).
     pub rewrite: Option<String>,
+    /// A path pattern on the public listener where a client reads its own state of this route's
+    /// policies, consuming nothing (`docs/status.md`).
+    pub quota_endpoint: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

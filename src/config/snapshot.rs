@@ -268,7 +268,32 @@ pub struct Route {
     pub limited_response: super::limited::LimitedResponse,
     /// `strip_prefix` or `rewrite`: the path forwarded instead of the request's.
     pub rewrite: Option<super::rewrite::PathRewrite>,
+    /// `quota_endpoint`: where a client asks for its own remaining quota on this route.
+    pub quota_endpoint: Option<QuotaEndpoint>,
 }
+
+/// A route's quota endpoint (`quota_endpoint: /api/users/{user_id}/quota`): `GET` or `HEAD` of
+/// a path matching `matcher` (and the route's `host`, if any) is answered by the gateway with the
+/// state of the route's policies for the keys the request itself names, consuming none of them.
+/// Each ask takes one token from `ask`, a token bucket per client network: asking is limited too.
+#[derive(Debug)]
+pub struct QuotaEndpoint {
+    /// The pattern as written, for the status page.
+    pub path: String,
+    /// Its captures are the route's own, in the same order, so the policies' `path:` parts read
+    /// the same values.
+    pub matcher: RouteMatch,
+    /// `quota_endpoint` on `client_ip`, [`QUOTA_ASK_RATE`] per second with a burst of
+    /// [`QUOTA_ASK_BURST`].
+    pub ask: Policy,
+}
+
+/// The name of a quota endpoint's own policy, reserved on its route.
+pub const QUOTA_ASK_POLICY: &str = "quota_endpoint";
+/// The asks a client network may make per second of a route's quota endpoint, sustained.
+pub const QUOTA_ASK_RATE: f64 = 1.0;
+/// The asks a client network may make at once.
+pub const QUOTA_ASK_BURST: u64 = 10;
 
 impl AsRef<RouteMatch> for Route {
     fn as_ref(&self) -> &RouteMatch {

@@ -543,6 +543,32 @@ impl Engine {
         verdict
     }
 
+    /// The state of every check's counter, as the decision of these checks would report it
+    /// were it refused, consuming and writing nothing ([`Store::peek`]). Neither counted in the
+    /// decision metrics nor answered from the deny cache: a peek is not a decision. The verdict's
+    /// kind says whether the checks would be admitted now (`Allowed` or `Limited`); a store
+    /// that cannot answer is an error, whatever a route's failure mode.
+    pub async fn peek<'a>(&self, checks: Checks<'a>) -> Result<Verdict<'a>, StoreError> {
+        let decision = if checks.is_empty() {
+            Decision::from_outcomes(super::Outcomes::new())
+        } else {
+            self.store.peek(&checks.store_checks()).await?
+        };
+        Ok(Verdict {
+            kind: if decision.allowed {
+                Kind::Allowed
+            } else {
+                Kind::Limited
+            },
+            checks,
+            decision,
+            error: None,
+            lease: 0,
+            local: None,
+            fallback: false,
+        })
+    }
+
     /// The store's answer from the deny cache, when it is certain: every distinct check has a live
     /// cached refusal at its cost or below, and at least one of them is enforced. Anything less
     /// asks the store, so shadow checks never change an enforced outcome and every check's

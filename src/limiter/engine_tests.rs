@@ -23,6 +23,13 @@ impl FaultyStore {
         }
         Ok(self.inner.check(checks))
     }
+
+    pub fn peek(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(StoreError::Connection("failing on demand".into()));
+        }
+        Ok(self.inner.peek(checks))
+    }
 }
 
 struct Fixture {

@@ -358,6 +358,52 @@ impl MemoryStore {
         decision
     }
 
+    /// Each check's outcome as a decision of it would report it if it were not consumed
+    /// (remaining and reset now; allowed and retry-after for its cost), changing nothing: no
+    /// counter is created, refilled, pruned or requeued, and the overflow sketch is only read.
+    /// Each counter is read under its own shard's lock; a peek needs no atomicity across them.
+    pub fn peek(&self, checks: &[Check<'_>]) -> Decision {
+        let now = self.clock.now_us();
+        let outcomes: super::Outcomes = checks.iter().map(|c| self.peek_one(c, now)).collect();
+        Decision::from_checks(checks, outcomes)
+    }
+
+    fn peek_one(&self, check: &Check<'_>, now: u64) -> Outcome {
+        let hash = self.hasher.hash_one(check.key);
+        let shard = lock(&self.shards[self.shard_index(hash)]);
+        if let Some(entry) = shard.table.find(hash, |e| *e.key == *check.key) {
+            // A counter kept under another rule: as `counter` would align it.
+            return if check.rule.restarts_from(&entry.rule).is_none() {
+                peek_state(&entry.state, check, now)
+            } else {
+                peek_state(&State::fresh(check.rule, now), check, now)
+            };
+        }
+        // No counter: a decision would create one (charged with any overflow debt) where there
+        // is room, or else be decided by the overflow sketch.
+        let room = shard.table.len() < self.keys_per_shard
+            || shard.idle_queue.peek().is_some_and(|&Reverse((at, h))| {
+                at <= now
+                    && shard
+                        .table
+                        .find(h, |e| e.hash == h && e.is_idle(now))
+                        .is_some()
+            });
+        if !room {
+            let (_, mut state) = shard.overflow.evaluate(hash, check.rule, now, 0);
+            let (_, asked) = shard.overflow.evaluate(hash, check.rule, now, check.cost);
+            state.allowed = asked.allowed;
+            state.retry_after_us = asked.retry_after_us;
+            return state;
+        }
+        let mut entry = Entry::new(check.key, hash, check.rule, now);
+        let debt = shard.overflow.debt(hash, now);
+        if debt > 0.0 {
+            entry.charge(debt, now);
+        }
+        peek_state(&entry.state, check, now)
+    }
+
     /// Consumes every check's cost whatever the counter holds (cost from the response, charged
     /// after the request was admitted): a bucket may go below zero, a window past its limit.
     pub fn charge(&self, checks: &[Check<'_>]) {
@@ -582,6 +628,34 @@ fn evaluate(entry: &mut Entry, check: &Check<'_>, now: u64) -> (Pending, Outcome
             entry.state = State::fresh(check.rule, now);
             evaluate(entry, check, now)
         }
+    }
+}
+
+/// The outcome of `check` on `state` at `now`, not consumed: the algorithm's `eval` and
+/// `outcome(plan, false)`, as a decision that refused the request reports it. The states whose
+/// `eval` prunes expired entries are evaluated on a copy.
+fn peek_state(state: &State, check: &Check<'_>, now: u64) -> Outcome {
+    let cost = check.cost;
+    match (state, check.rule) {
+        (State::Bucket(s), Rule::TokenBucket(tb)) => s.eval(tb, now, cost).outcome(tb, false),
+        (State::Log(s), Rule::SlidingWindow(sw)) => {
+            let mut log = s.clone();
+            let plan = log.eval(sw, now, cost);
+            log.outcome(sw, &plan, false)
+        }
+        (State::Buckets(s), Rule::SlidingWindow(sw)) => {
+            let mut buckets = s.clone();
+            let plan = buckets.eval(sw, now, cost);
+            buckets.outcome(sw, &plan, false)
+        }
+        (State::Leases(s), Rule::Concurrency(cc)) => {
+            let mut leases = s.clone();
+            let plan = leases.eval(cc, now, cost);
+            leases.outcome(cc, &plan, false)
+        }
+        (State::Quota(s), Rule::Quota(q)) => s.evaluate(q, now, cost).0.outcome(q, false),
+        // A state of another layout than the rule's: a fresh one always matches.
+        _ => peek_state(&State::fresh(check.rule, now), check, now),
     }
 }
 

@@ -269,6 +269,20 @@ impl Store {
         }
     }
 
+    /// Every check's state as its decision would report it, consuming nothing and writing
+    /// nothing (no counter created, refilled, pruned or re-expired): each outcome is what a
+    /// decision refusing the request would report (remaining and reset now; allowed and
+    /// retry-after for the check's cost). The status page's lookup and the quota endpoint read
+    /// it; `tests/conformance.rs` holds both engines to it.
+    pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.peek(checks)),
+            Store::Redis(store) => Box::pin(store.peek(checks)).await,
+            #[cfg(test)]
+            Store::Faulty(store) => store.peek(checks),
+        }
+    }
+
     /// Consumes every check's cost whatever the counters hold: the charge of a cost known only
     /// from the response, after the request was admitted (`docs/algorithms.md`).
     pub async fn charge(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {

@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: the gateway under test (in-process or as the real
 //! binary), the Envoy rate limit service under test and a real Envoy, an in-process upstream, a
-//! client, real NGINX, Traefik, Caddy, Prometheus and Redis servers, the store matrix, the
-//! external tools, and the
+//! client, real NGINX, Traefik, Caddy, Prometheus and Redis servers, headless Chromium over the
+//! DevTools protocol (`chromium`), the store matrix, the external tools, and the
 //! one Prometheus text reader ([`metric`]).
 //!
 //! Every helper owns what it starts and stops it on drop, also when the test panics. Timeouts here
@@ -14,6 +14,7 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code, unused_imports)]
 
+pub mod chromium;
 pub mod client;
 pub mod dashboard;
 pub mod envoy;

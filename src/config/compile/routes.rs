@@ -113,7 +113,82 @@ pub(super) fn route(
         rate_limit_headers: Default::default(),
         limited_response: Default::default(),
         rewrite: rewrite?,
+        quota_endpoint: quota_endpoint(e, path, raw, &params)?,
     })
+}
+
+/// `quota_endpoint`: a path pattern whose captures are the route's own, in the same order (so a
+/// `path:` key part reads the same value), on a route without a policy of the reserved name.
+/// `Some(None)` when there is none; `None` on an error.
+fn quota_endpoint(
+    e: &mut Errors,
+    path: &str,
+    raw: &RawRoute,
+    params: &[String],
+) -> Option<Option<QuotaEndpoint>> {
+    let Some(pattern) = &raw.quota_endpoint else {
+        return Some(None);
+    };
+    let field = format!("{path}.quota_endpoint");
+    let (mut matcher, names) = match RouteMatch::with_pattern(pattern) {
+        Ok(found) => found,
+        Err(msg) => {
+            e.add(field, msg);
+            return None;
+        }
+    };
+    if names != params {
+        let list = |names: &[String]| {
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names
+                    .iter()
+                    .map(|n| format!("{{{n}}}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
+        e.add(
+            field,
+            format!(
+                "its captures ({}) must be the route's own, in the same order ({}), so that its \
+                 policies read the same key values",
+                list(&names),
+                list(params)
+            ),
+        );
+        return None;
+    }
+    if raw.policies.iter().any(|p| p.name == QUOTA_ASK_POLICY) {
+        e.add(
+            field,
+            format!(
+                "the route has a policy named `{QUOTA_ASK_POLICY}`, the endpoint's own: rename it"
+            ),
+        );
+        return None;
+    }
+    matcher.set_methods(vec![Method::GET, Method::HEAD]);
+    if let Some(host) = &raw.matcher.host {
+        matcher.set_host(host);
+    }
+    let rule = crate::limiter::Rule::TokenBucket(crate::limiter::TokenBucket {
+        rate: QUOTA_ASK_RATE,
+        burst: QUOTA_ASK_BURST,
+    });
+    let ask = Policy::new(
+        &raw.name,
+        QUOTA_ASK_POLICY,
+        vec![crate::keys::KeyPart::ClientIp],
+        rule,
+        1,
+    );
+    Some(Some(QuotaEndpoint {
+        path: pattern.clone(),
+        matcher,
+        ask,
+    }))
 }
 
 /// `strip_prefix` or `rewrite`, checked against the route's `match` ([`crate::config::rewrite`]).

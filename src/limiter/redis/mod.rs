@@ -305,6 +305,36 @@ impl RedisStore {
             .await
     }
 
+    /// Every check's state, read by decide.lua's `peek` entry, which writes nothing (no key,
+    /// member or TTL): one call, or on a Cluster one per check, concurrently (a read needs no
+    /// atomicity across slots). See [`crate::limiter::Store::peek`].
+    pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Decision, StoreError> {
+        if checks.is_empty() {
+            return Ok(Decision::from_outcomes(super::Outcomes::new()));
+        }
+        if !self.shared.cluster && !self.shared.pool.clients().iter().any(|c| c.is_connected()) {
+            return Err(StoreError::Connection("not connected".to_string()));
+        }
+        let now = self.test_now();
+        let groups: Vec<&[Check<'_>]> = if self.shared.cluster {
+            checks.chunks(1).collect()
+        } else {
+            vec![checks]
+        };
+        let calls = groups.into_iter().map(|group| async move {
+            let reply = self
+                .shared
+                .run(|| (self.keys(group), wire::peek_args(now, group)))
+                .await?;
+            wire::decode(&reply, group.len())
+        });
+        let mut outcomes = super::Outcomes::with_capacity(checks.len());
+        for decision in futures_util::future::join_all(calls).await {
+            outcomes.extend(decision?.outcomes);
+        }
+        Ok(Decision::from_checks(checks, outcomes))
+    }
+
     /// Releases lease `lease` on every concurrency check of `checks` (decide.lua's refund).
     pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
         self.per_slot(checks, |subset| wire::release_args(subset, lease))

@@ -246,6 +246,14 @@ pub fn charge_args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
     out
 }
 
+/// The peek's ARGV: `"peek"`, then [`args`]: every check is evaluated and nothing is written.
+pub fn peek_args(now: Option<u64>, checks: &[Check<'_>]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(2 + 6 * checks.len());
+    out.push(Value::from_static_str("peek"));
+    out.extend(args(now, checks, 0));
+    out
+}
+
 /// The renewal's ARGV: `"renew"`, `now`, then `lease TTL, lease` per concurrency check.
 pub fn renew_args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
