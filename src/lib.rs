@@ -53,6 +53,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod clock;
@@ -73,6 +74,7 @@ pub mod overrides;
 pub mod probe;
 pub mod proxy;
 pub mod rate_limit_headers;
+pub mod request_id;
 pub mod respond;
 pub mod rls;
 pub mod route;
