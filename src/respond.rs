@@ -170,7 +170,8 @@ pub fn rate_limited(
             json(limited.status, body)
         }
         Some((template, content_type)) => {
-            let mut r = Response::new(ResponseBody::full(template.render(retry, policy, route)));
+            let body = template.render_for(retry, policy, route, request_id.unwrap_or_default());
+            let mut r = Response::new(ResponseBody::full(body));
             *r.status_mut() = limited.status;
             r.headers_mut().insert(CONTENT_TYPE, content_type.clone());
             r

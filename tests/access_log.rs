@@ -86,10 +86,21 @@ async fn the_gateway_writes_one_line_per_request_with_the_id_the_client_and_upst
     let admitted = client
         .get_with(
             &gw.url("/api/a/../b?q=1"),
-            &[("x-key", "k1"), ("traceparent", traceparent)],
+            &[
+                ("x-key", "k1"),
+                ("traceparent", traceparent),
+                ("tracestate", "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
+            ],
         )
         .await;
     assert_eq!(admitted.status, 200);
+    // W3C trace context goes upstream as it came.
+    let seen = &admitted.json()["headers"];
+    assert_eq!(seen["traceparent"], serde_json::json!([traceparent]));
+    assert_eq!(
+        seen["tracestate"],
+        serde_json::json!(["congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"])
+    );
     let id = admitted.header("x-request-id").expect("an id").to_string();
     assert_eq!(id.len(), 36, "a UUID: {id}");
     // The upstream got the same id (its echo lists the headers it received).
