@@ -204,7 +204,7 @@ impl Tag<'_> {
                 record.status = response.status().as_u16();
                 record.bytes_out = http_body::Body::size_hint(response.body()).exact();
                 record.duration = std::time::Duration::from_secs_f64(seconds);
-                self.state.access_log.submit(*record);
+                self.state.access_log.submit(record);
             }
         }
         response

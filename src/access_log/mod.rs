@@ -3,7 +3,8 @@
 //! A door fills a small [`Record`] on the request path (copies of what it read, no formatting)
 //! and hands it to [`AccessLog::submit`], which only tries to put it in a bounded queue: when the
 //! queue is full the record is dropped and counted (`turnstile_access_log_dropped_total`), and the
-//! request never waits. A writer thread of its own ([`writer`]) takes records off the queue,
+//! request never waits, nor wakes anything. A writer thread of its own ([`writer`]) takes the
+//! queued records every few milliseconds,
 //! formats them ([`format`]: JSON or NGINX-like text, the configured fields) and writes them to
 //! stdout or a file, which it reopens when asked (SIGUSR1, for logrotate). The thread is stopped
 //! through [`crate::shutdown::Shutdown`], after the listeners, and writes every queued line
@@ -149,7 +150,8 @@ pub struct AccessLog(Option<Arc<Queue>>);
 
 #[derive(Debug)]
 struct Queue {
-    tx: SyncSender<Record>,
+    /// Boxed: the queue's slots are a pointer each, and a record is never copied into one.
+    tx: SyncSender<Box<Record>>,
     sample_admitted: f64,
     sample_refused: f64,
     dropped: IntCounter,
@@ -213,7 +215,7 @@ impl AccessLog {
 
     /// Queues `record` for the writer, or drops and counts it when the queue is full. Never
     /// blocks.
-    pub fn submit(&self, record: Record) {
+    pub fn submit(&self, record: Box<Record>) {
         let Some(queue) = &self.0 else {
             return;
         };

@@ -85,7 +85,7 @@ impl ExtAuthz {
             if log.wants(!(200..300).contains(&status)) {
                 record.status = status;
                 record.duration = std::time::Duration::from_secs_f64(seconds);
-                log.submit(*record);
+                log.submit(record);
             }
         }
         response

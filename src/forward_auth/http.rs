@@ -62,7 +62,7 @@ pub async fn handle(
         if log.wants(!status.is_success()) {
             record.status = status.as_u16();
             record.duration = std::time::Duration::from_secs_f64(seconds);
-            log.submit(*record);
+            log.submit(record);
         }
     }
     Ok(response)

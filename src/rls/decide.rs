@@ -90,7 +90,7 @@ impl RlsService {
                 record.decided.decision = decision;
                 record.decided.route = Some(Arc::from(request.domain));
                 record.duration = crate::now::read().saturating_duration_since(started);
-                log.submit(*record);
+                log.submit(record);
             }
         }
         resources.vecs.record_call(match &result {
