@@ -14,7 +14,9 @@
 #           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh);
 #           flood (every request over its limit, on each store; see bench/flood.sh);
 #           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
-#           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh).
+#           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh);
+#           access_log (the memory row with the access log on, every request to a file, against
+#           off; see bench/access_log.sh).
 # --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
 # of a plain `cargo build --release`.
 #
@@ -32,7 +34,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls)
+SECTIONS_ALL=(memory redis tls flood rls access_log)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -55,7 +57,7 @@ TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -530,6 +532,8 @@ source "$BENCH_DIR/tls.sh"
 source "$BENCH_DIR/flood.sh"
 # shellcheck source=bench/rls.sh
 source "$BENCH_DIR/rls.sh"
+# shellcheck source=bench/access_log.sh
+source "$BENCH_DIR/access_log.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {

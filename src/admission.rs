@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use http::{HeaderValue, Request};
 
+use crate::access_log::{Decided, Decision};
 use crate::config::Route;
 use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
@@ -61,8 +62,9 @@ pub async fn admit<'l>(
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
+    note: Option<&mut Decided>,
 ) -> Result<Admitted, Refusal<'l>> {
-    admit_with(state, route, resources, view, false)
+    admit_with(state, route, resources, view, false, note)
         .await
         .map(|(admitted, _)| admitted)
 }
@@ -74,16 +76,19 @@ pub async fn admit_inline<'l>(
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
+    note: Option<&mut Decided>,
 ) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
-    admit_with(state, route, resources, view, true).await
+    admit_with(state, route, resources, view, true, note).await
 }
 
+/// `note`, when given (the access log is on), learns the decision, its policy and key.
 async fn admit_with<'l>(
     state: &AppState,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
     inline: bool,
+    note: Option<&mut Decided>,
 ) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
     resources.register_metrics();
     // The bearer token is verified at most once, before any claim names a counter, however many
@@ -96,6 +101,10 @@ async fn admit_with<'l>(
         resources.metrics.record_jwt(counted);
         Some(result)
     };
+    let mut note = note;
+    if let Some(note) = note.as_deref_mut() {
+        note.route = Some(route.name.clone());
+    }
     let mut verified = None;
     if route.require_jwt {
         match verify() {
@@ -112,6 +121,9 @@ async fn admit_with<'l>(
     // An exempt request skips every policy and consumes nothing (`exempt:`).
     if !route.exempt.is_empty() && route.exempt.matches(view.client_ip, view.headers) {
         resources.metrics.record_exempt();
+        if let Some(note) = note.as_mut() {
+            note.decision = Decision::Exempt;
+        }
         let admitted = Admitted {
             governing: None,
             kind: Kind::Allowed,
@@ -212,6 +224,10 @@ async fn admit_with<'l>(
         governing: governing.and_then(|(i, o)| Some((policy_of(i)?, o))),
         applied,
     };
+    if let Some(note) = note {
+        let pushed = &pushed[..pushed_len.min(MAX_POLICIES)];
+        *note = decided(route, &verdict, governing.map(|(i, _)| i), pushed);
+    }
     match (verdict.kind, governing) {
         (Kind::Limited, Some((_, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
@@ -240,6 +256,42 @@ async fn admit_with<'l>(
     }
 }
 
+/// What the access log shows of a verdict: its decision, the governing check's policy and key
+/// (for an admitted request a shadow policy would have refused, that shadow policy's). `pushed`
+/// holds the route's policy index of each pushed check.
+fn decided(
+    route: &Route,
+    verdict: &crate::limiter::Verdict<'_>,
+    governing: Option<usize>,
+    pushed: &[u8],
+) -> Decided {
+    let policy_of = |i: usize| {
+        pushed
+            .get(i)
+            .and_then(|&p| route.policies.get(usize::from(p)))
+    };
+    let shadowed = || {
+        (0..pushed.len()).find(|&i| {
+            policy_of(i).is_some_and(|p| p.shadow) && verdict.outcome(i).is_some_and(|o| !o.allowed)
+        })
+    };
+    let (decision, speaks) = match verdict.kind {
+        Kind::Allowed => match shadowed() {
+            Some(i) => (Decision::Shadow, Some(i)),
+            None => (Decision::Allowed, governing),
+        },
+        Kind::Limited => (Decision::Limited, governing),
+        Kind::FailedOpen => (Decision::FailedOpen, None),
+        Kind::FailedClosed | Kind::Failed => (Decision::FailedClosed, None),
+    };
+    Decided {
+        route: Some(route.name.clone()),
+        decision,
+        policy: speaks.and_then(policy_of).map(|p| p.name.clone()),
+        key: speaks.map(|i| verdict.key(i).to_string()),
+    }
+}
+
 /// What a deciding door learns about a request.
 #[derive(Debug)]
 pub enum Checked<'l> {
@@ -257,6 +309,7 @@ pub async fn check<'l, B>(
     live: &'l Live,
     req: &mut Request<B>,
     peer: IpAddr,
+    note: Option<&mut Decided>,
 ) -> (Checked<'l>, &'l RouteMetrics) {
     let unmatched = &live.unmatched;
     if let Err(e) = normalize::canonicalize(req, live.config.server.paths) {
@@ -301,7 +354,7 @@ pub async fn check<'l, B>(
         client_prefix: live.config.client_prefix,
     };
     let resources = &live.routes[index];
-    let checked = match admit(state, route, resources, &view).await {
+    let checked = match admit(state, route, resources, &view, note).await {
         Ok(admitted) => Checked::Admitted(route, admitted),
         Err(refusal) => Checked::Refused(refusal),
     };

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use http::{Request, Response};
 
+use crate::access_log::{Decided, Door, Record};
 use crate::admission;
 use crate::config::{Action, Route};
 use crate::keys::RequestView;
@@ -23,6 +24,7 @@ use crate::metrics::{BodyTimeout, UpstreamErrorKind};
 use crate::normalize;
 use crate::proxy::body::{ClientBody, ResponseBody};
 use crate::proxy::{self, ClientSide, ForwardError};
+use crate::rate_limit_headers::FieldSink;
 use crate::respond::{self, Refusal};
 use crate::route::{Found, PathParams, RequestHead};
 use crate::state::{AppState, Live, RouteResources};
@@ -42,6 +44,29 @@ pub fn handle(
     async move {
         let started = crate::now::read();
         let live = state.live.load_full();
+        let peer_ip = peer.ip().to_canonical();
+        let request_id = crate::request_id::resolve(
+            &live.config.request_id,
+            live.config.trusted_proxies.contains(&peer_ip),
+            req.headers_mut(),
+        );
+        // Boxed: an access log that is off adds one word to this future, not a record.
+        let mut record = state.access_log.is_on().then(|| {
+            let mut record = Record::new(Door::Gateway, std::time::SystemTime::now());
+            record.request_id = request_id.clone();
+            record.trace_id = crate::request_id::trace_id(req.headers());
+            record.method = Some(req.method().clone());
+            record.bytes_in = declared_length(&req);
+            let proxies = &live.config.trusted_proxies;
+            record.client_ip = Some(proxies.client_ip(peer_ip, req.headers()));
+            Box::new(record)
+        });
+        let tag = Tag {
+            state: &state,
+            live: &live,
+            id: request_id.as_ref(),
+            started,
+        };
         // One spelling per request, before anything reads it: routing, keys and the upstream.
         let canonical = normalize::canonicalize(&mut req, live.config.server.paths)
             .map_err(|e| e.to_string())
@@ -53,13 +78,15 @@ pub fn handle(
                 )
                 .map_err(str::to_string)
             });
+        let host = normalize::host::host(req.headers());
+        if let Some(record) = &mut record {
+            record.host = host.map(str::to_string);
+            record.path = Some(req.uri().path().to_string());
+        }
         if let Err(e) = canonical {
             let response = respond::refusal(&Refusal::BadRequest(e));
-            live.unmatched
-                .record_response(response.status().as_u16(), seconds_since(started));
-            return Ok(response);
+            return Ok(tag.finish(response, &live.unmatched, record, true));
         }
-        let host = normalize::host::host(req.headers());
         let head = RequestHead {
             method: req.method(),
             host,
@@ -93,16 +120,21 @@ pub fn handle(
                     None => Refusal::NoRoute,
                 };
                 let response = respond::refusal(&refusal);
-                live.unmatched
-                    .record_response(response.status().as_u16(), seconds_since(started));
-                return Ok(response);
+                return Ok(tag.finish(response, &live.unmatched, record, true));
             }
         };
 
         let route = &live.config.routes[index];
         let resources = &live.routes[index];
+        if let Some(record) = &mut record {
+            record.decided.route = Some(route.name.clone());
+        }
         // Admission reads the request (and the host found above); only then is it moved on.
-        let admitted = admit(&state, &live, route, resources, &params, peer, &req, host).await;
+        let note = record.as_mut().map(|r| &mut r.decided);
+        let admitted = admit(
+            &state, &live, route, resources, &params, peer_ip, &req, host, note,
+        )
+        .await;
         // The act phase, its steps synchronous but the upstream's: this future holds the request's
         // state itself, and a nested future would be copied whole into it (`proxy::Outgoing`).
         let served = match admitted {
@@ -121,10 +153,15 @@ pub fn handle(
                             Ok(Act::Answer(response)) => break 'act Ok(response),
                             Err(refusal) => break 'act Err(refusal),
                         };
-                    outgoing
-                        .send()
-                        .await
-                        .and_then(|sent| proxy::finish(sent, upgrade, &mut lease))
+                    let sent_at = record.is_some().then(std::time::Instant::now);
+                    let sent = outgoing.send().await;
+                    if let (Some(record), Some(at), Action::Forward(upstream)) =
+                        (&mut record, sent_at, &route.action)
+                    {
+                        record.upstream = Some(upstream.clone());
+                        record.upstream_time = Some(at.elapsed());
+                    }
+                    sent.and_then(|sent| proxy::finish(sent, upgrade, &mut lease))
                         .map_err(|e| {
                             upstream_failed(route, resources, e, live.config.server.max_body_size)
                         })
@@ -139,11 +176,52 @@ pub fn handle(
                 Err(refusal)
             }
         };
-        let response = served.unwrap_or_else(|refusal| crate::inflight::refusal(route, &refusal));
-        resources
-            .metrics
-            .record_response(response.status().as_u16(), seconds_since(started));
-        Ok(response)
+        let refused = served.is_err();
+        let response = served.unwrap_or_else(|refusal| {
+            crate::inflight::refusal(route, &refusal, request_id.as_ref())
+        });
+        Ok(tag.finish(response, &resources.metrics, record, refused))
+    }
+}
+
+/// What every answer of one request is finished with: its request id, its counters, its line.
+struct Tag<'a> {
+    state: &'a AppState,
+    live: &'a Live,
+    id: Option<&'a http::HeaderValue>,
+    started: Instant,
+}
+
+impl Tag<'_> {
+    /// Adds the request id to `response`, counts it in `metrics` and logs it (`refused`: the
+    /// gateway answered itself instead of acting on the request).
+    fn finish(
+        &self,
+        mut response: Response<ResponseBody>,
+        metrics: &crate::metrics::RouteMetrics,
+        record: Option<Box<Record>>,
+        refused: bool,
+    ) -> Response<ResponseBody> {
+        if let Some(id) = self.id {
+            let name = &self.live.config.request_id.header;
+            match response.body_mut().upstream_fields_mut() {
+                Some(raw) => raw.set(name, id.clone()),
+                None => {
+                    response.headers_mut().insert(name.clone(), id.clone());
+                }
+            }
+        }
+        let seconds = seconds_since(self.started);
+        metrics.record_response(response.status().as_u16(), seconds);
+        if let Some(mut record) = record {
+            if self.state.access_log.wants(refused) {
+                record.status = response.status().as_u16();
+                record.bytes_out = http_body::Body::size_hint(response.body()).exact();
+                record.duration = std::time::Duration::from_secs_f64(seconds);
+                self.state.access_log.submit(record);
+            }
+        }
+        response
     }
 }
 
@@ -170,9 +248,10 @@ async fn admit<'l>(
     route: &'l Route,
     resources: &'l RouteResources,
     params: &PathParams,
-    peer: SocketAddr,
+    peer_ip: std::net::IpAddr,
     req: &Request<ClientBody>,
     host: Option<&str>,
+    note: Option<&mut Decided>,
 ) -> Result<Admission, Refusal<'l>> {
     if matches!(route.action, Action::CheckOnly) {
         // Nowhere to send it; answered before any counter is touched.
@@ -182,7 +261,6 @@ async fn admit<'l>(
     if declared_length(req).is_some_and(|len| len > max_body) {
         return Err(Refusal::BodyTooLarge(max_body));
     }
-    let peer_ip = peer.ip().to_canonical();
     let client_ip = live
         .config
         .trusted_proxies
@@ -197,7 +275,7 @@ async fn admit<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
     };
-    let (admitted, after) = admission::admit_inline(state, route, resources, &view).await?;
+    let (admitted, after) = admission::admit_inline(state, route, resources, &view, note).await?;
     Ok(Admission {
         limits: admitted.limits,
         after,

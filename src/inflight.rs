@@ -264,8 +264,9 @@ impl Rider for LeaseGuard {
 pub fn refusal(
     route: &Route,
     refusal: &crate::respond::Refusal<'_>,
+    request_id: Option<&http::HeaderValue>,
 ) -> http::Response<ResponseBody> {
-    let mut response = crate::respond::refusal(refusal);
+    let mut response = crate::respond::refusal_for(refusal, request_id);
     if let crate::respond::Refusal::RateLimited { policy, .. } = refusal {
         let status = route
             .policies

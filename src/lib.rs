@@ -44,6 +44,9 @@
 //!   swapped whole on reload), the engine, the metrics and the overrides, with the task keeping
 //!   them current; [`inflight`] (concurrency leases riding on the response body, and response
 //!   costs, after admission);
+//! - [`request_id`] (the id a request is known by, kept or made) and [`access_log`] (the record
+//!   a door fills per request, queued to a writer thread that formats and writes it), below
+//!   admission and the doors;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   [`quota`]: the same keys peeked without consuming (a route's quota endpoint, the status
 //!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`];
@@ -59,6 +62,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod clock;
@@ -80,6 +84,7 @@ pub mod probe;
 pub mod proxy;
 pub mod quota;
 pub mod rate_limit_headers;
+pub mod request_id;
 pub mod respond;
 pub mod rls;
 pub mod route;

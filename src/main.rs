@@ -213,6 +213,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut user1 = signal(SignalKind::user_defined1())?;
 
     // Before the load: a change made while the file is being read is then seen as a change.
     let mut watcher = turnstile::watch::ConfigWatcher::new(&path);
@@ -258,6 +259,8 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
             // Kubernetes ConfigMaps, saves by rename and edits in place: no signal arrives.
             _ = watcher.changed() => reload(&running, "file change").await,
             _ = overrides.changed() => reload(&running, "overrides file change").await,
+            // logrotate renamed the access log: write on in a fresh file of its name.
+            _ = user1.recv() => running.state.access_log.reopen(),
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
         }

@@ -66,6 +66,15 @@ pub enum Refusal<'a> {
 
 /// The one place a refusal becomes a response.
 pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
+    refusal_for(refusal, None)
+}
+
+/// [`refusal`] for the request named `request_id` (`crate::request_id`), which the JSON body of
+/// a rate-limited refusal carries; a door adds the id's field to every response itself.
+pub fn refusal_for(
+    refusal: &Refusal<'_>,
+    request_id: Option<&HeaderValue>,
+) -> Response<ResponseBody> {
     match refusal {
         Refusal::BadRequest(message) => bad_request(message),
         Refusal::NoRoute => not_found(),
@@ -79,7 +88,15 @@ pub fn refusal(refusal: &Refusal<'_>) -> Response<ResponseBody> {
             limits,
             headers,
             response,
-        } => rate_limited(route, policy, outcome, limits, headers, response),
+        } => rate_limited(
+            route,
+            policy,
+            outcome,
+            limits,
+            headers,
+            response,
+            request_id.and_then(|id| id.to_str().ok()),
+        ),
         Refusal::StoreUnavailable(route) => store_unavailable(route, STORE_DOWN_RETRY_SECONDS),
         Refusal::UpstreamUnreachable(route) => bad_gateway(route),
         Refusal::UpstreamTimeout(route) => gateway_timeout(route),
@@ -127,8 +144,8 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response<ResponseBody> {
     response
 }
 
-/// A refused request: the route's `limited_response` (by default a JSON 429 naming the route and
-/// policy), with `Retry-After` and the route's rate-limit fields.
+/// A refused request: the route's `limited_response` (by default a JSON 429 naming the route,
+/// the policy and the request id), with `Retry-After` and the route's rate-limit fields.
 pub fn rate_limited(
     route: &str,
     policy: &str,
@@ -136,20 +153,25 @@ pub fn rate_limited(
     limits: &Limits,
     headers: &RateLimitHeaders,
     limited: &LimitedResponse,
+    request_id: Option<&str>,
 ) -> Response<ResponseBody> {
     let retry = retry_after_seconds(outcome);
     let mut response = match &limited.body {
-        None => json(
-            limited.status,
-            serde_json::json!({
+        None => {
+            let mut body = serde_json::json!({
                 "error": "rate_limited",
                 "route": route,
                 "policy": policy,
                 "retry_after_seconds": retry,
-            }),
-        ),
+            });
+            if let (Some(id), Some(fields)) = (request_id, body.as_object_mut()) {
+                fields.insert("request_id".to_string(), id.into());
+            }
+            json(limited.status, body)
+        }
         Some((template, content_type)) => {
-            let mut r = Response::new(ResponseBody::full(template.render(retry, policy, route)));
+            let body = template.render_for(retry, policy, route, request_id.unwrap_or_default());
+            let mut r = Response::new(ResponseBody::full(body));
             *r.status_mut() = limited.status;
             r.headers_mut().insert(CONTENT_TYPE, content_type.clone());
             r

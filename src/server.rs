@@ -83,10 +83,21 @@ pub async fn start(
         .await
         .map_err(std::io::Error::other)?;
     let engine = Engine::new(store, Arc::new(MonotonicClock::new()), &metrics);
-    let live = Live::attach(snapshot, &metrics);
-    let state = Arc::new(AppState::new(live, engine, metrics));
-    state.rebuild_overrides();
     let mut background = Shutdown::new();
+    let access_log = match &snapshot.access_log {
+        Some(settings) => {
+            let (log, writer) = crate::access_log::AccessLog::start(settings, &metrics)?;
+            // In the last group: it writes the lines of requests that finish while draining.
+            background.spawn_last("access log writer", writer.run(background.last_signal()));
+            log
+        }
+        None => crate::access_log::AccessLog::off(),
+    };
+    let live = Live::attach(snapshot, &metrics);
+    let mut state = AppState::new(live, engine, metrics);
+    state.access_log = access_log;
+    let state = Arc::new(state);
+    state.rebuild_overrides();
     if matches!(state.engine.store(), Store::Redis(_)) {
         // The shared overrides: applied before the first request, then kept current.
         state.refresh_overrides().await;
@@ -354,6 +365,7 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
             forward_auth_listen(current) != forward_auth_listen(next),
         ),
         ("store", current.store != next.store),
+        ("access_log", current.access_log != next.access_log),
         (
             "server.header_read_timeout",
             current.server.header_read_timeout != next.server.header_read_timeout,

@@ -26,6 +26,8 @@ pub struct AppState {
     pub reload_status: std::sync::Mutex<ReloadStatus>,
     /// Per-key overrides from the file and the admin API (`crate::overrides`).
     pub overrides: crate::overrides::Overrides,
+    /// Where every door's request lines go (`access_log:`, read at start); off by default.
+    pub access_log: crate::access_log::AccessLog,
 }
 
 impl AppState {
@@ -36,6 +38,7 @@ impl AppState {
             metrics,
             reload_status: std::sync::Mutex::default(),
             overrides: crate::overrides::Overrides::default(),
+            access_log: crate::access_log::AccessLog::off(),
         }
     }
 

@@ -3,9 +3,10 @@
 //! gateway's JSON 429.
 //!
 //! A template is text with the placeholders `{retry_after}` (seconds, as in `Retry-After`),
-//! `{policy}` (the governing policy) and `{route}`. Any other braces are text, so a JSON body can
-//! be written as it is; a `{word}` made only of lower-case letters and `_` that is not one of the
-//! three is a config error, since it is almost certainly a misspelt placeholder.
+//! `{policy}` (the governing policy), `{route}` and `{request_id}` (the request's id, empty when
+//! ids are off). Any other braces are text, so a JSON body can be written as it is; a `{word}`
+//! made only of lower-case letters and `_` that is not one of the four is a config error, since it
+//! is almost certainly a misspelt placeholder.
 
 use std::fmt::Write as _;
 
@@ -18,6 +19,7 @@ enum Piece {
     RetryAfter,
     Policy,
     Route,
+    RequestId,
 }
 
 /// A compiled body template.
@@ -43,10 +45,11 @@ impl Template {
                 Some("retry_after") => Piece::RetryAfter,
                 Some("policy") => Piece::Policy,
                 Some("route") => Piece::Route,
+                Some("request_id") => Piece::RequestId,
                 Some(other) => {
                     return Err(format!(
-                        "`{{{other}}}` is not a placeholder; use {{retry_after}}, {{policy}} or \
-                         {{route}}"
+                        "`{{{other}}}` is not a placeholder; use {{retry_after}}, {{policy}}, \
+                         {{route}} or {{request_id}}"
                     ))
                 }
                 None => {
@@ -72,7 +75,20 @@ impl Template {
     }
 
     pub fn render(&self, retry_after: u64, policy: &str, route: &str) -> String {
-        let mut out = String::with_capacity(self.text_len + policy.len() + route.len() + 20);
+        self.render_for(retry_after, policy, route, "")
+    }
+
+    /// [`Template::render`] for the request named `request_id`.
+    pub fn render_for(
+        &self,
+        retry_after: u64,
+        policy: &str,
+        route: &str,
+        request_id: &str,
+    ) -> String {
+        let mut out = String::with_capacity(
+            self.text_len + policy.len() + route.len() + request_id.len() + 20,
+        );
         for piece in &self.pieces {
             match piece {
                 Piece::Text(text) => out.push_str(text),
@@ -81,6 +97,7 @@ impl Template {
                 }
                 Piece::Policy => out.push_str(policy),
                 Piece::Route => out.push_str(route),
+                Piece::RequestId => out.push_str(request_id),
             }
         }
         out
@@ -172,6 +189,12 @@ mod tests {
             r#"{"error":"slow down","wait":7,"policy":"per_user","at":"api"} {} {A}"#
         );
         assert_eq!(Template::compile("").unwrap().render(1, "p", "r"), "");
+        assert_eq!(
+            Template::compile("id={request_id}")
+                .unwrap()
+                .render_for(1, "p", "r", "0190-ab"),
+            "id=0190-ab"
+        );
         assert_eq!(
             Template::compile("{retry_after}{retry_after}")
                 .unwrap()

@@ -7,6 +7,7 @@
 pub mod compile;
 pub mod limited;
 pub mod locate;
+pub mod observability;
 pub mod overrides;
 pub mod raw;
 pub mod rewrite;

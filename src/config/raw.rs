@@ -37,6 +37,11 @@ pub struct RawConfig {
     pub jwt: Option<crate::jwt::RawJwt>,
     /// A YAML file of per-key overrides (`crate::overrides`), relative to this file.
     pub overrides: Option<String>,
+    /// The request id every response carries (`crate::request_id`).
+    #[serde(default)]
+    pub request_id: super::observability::RawRequestId,
+    /// One line per request (`crate::access_log`).
+    pub access_log: Option<super::observability::RawAccessLog>,
 }
 
 /// `listen_tls: {listen, cert, key, handshake_timeout}`: files relative to the config file.

@@ -357,6 +357,10 @@ pub struct Snapshot {
     pub rls: Option<super::rls::settings::RlsSnapshot>,
     /// The ingress door, when `forward_auth:` is set.
     pub forward_auth: Option<ForwardAuthSettings>,
+    /// The request id read, made and returned (`request_id:`).
+    pub request_id: super::observability::RequestIdSettings,
+    /// One line per request, when `access_log:` is set (read at start).
+    pub access_log: Option<super::observability::AccessLogSettings>,
     /// `overrides:`, resolved against the config's directory.
     pub overrides_file: Option<PathBuf>,
     /// The overrides file's entries, validated against `routes` (`crate::overrides`).

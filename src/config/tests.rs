@@ -723,3 +723,49 @@ fn a_bad_min_body_rate_is_an_error_at_its_line() {
         );
     }
 }
+
+#[test]
+fn request_id_and_access_log_errors_name_their_fields_and_lines() {
+    let yaml = format!(
+        "request_id: {{ header: 'bad name', trust: everyone }}\naccess_log:\n  format: xml\n  \
+         fields: [time, status, time, colour]\n  sample: {{ admitted: 1.5 }}\n  buffer: 0\n{BASE}{ROUTE}"
+    );
+    let e = errors(&yaml);
+    let expect = [
+        "p.yaml:1:23: request_id.header: `bad name` is not a header name",
+        "p.yaml:1:42: request_id.trust: `everyone` is not a choice",
+        "p.yaml:3:11: access_log.format: `xml` is not a format",
+        "p.yaml:4:26: access_log.fields[2]: `time` is listed twice",
+        "p.yaml:4:32: access_log.fields[3]: `colour` is not a field",
+        "p.yaml:5:23: access_log.sample.admitted: `1.5` is not a fraction",
+        "p.yaml:6:11: access_log.buffer: must be between 1 and",
+    ];
+    for want in expect {
+        assert!(e.iter().any(|m| m.contains(want)), "{want}\nin {e:#?}");
+    }
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+}
+
+#[test]
+fn request_ids_are_on_by_default_and_the_access_log_off() {
+    let s = parse(&format!("{BASE}{ROUTE}"), Path::new("p.yaml")).unwrap();
+    assert!(s.request_id.enabled);
+    assert_eq!(s.request_id.header, "x-request-id");
+    assert_eq!(s.access_log, None);
+    let yaml =
+        format!("access_log: {{ output: logs/a.log, fields: [status, key] }}\n{BASE}{ROUTE}");
+    let s = parse(&yaml, Path::new("/etc/t/p.yaml")).unwrap();
+    let log = s.access_log.unwrap();
+    assert_eq!(
+        log.output,
+        observability::LogOutput::File("/etc/t/logs/a.log".into())
+    );
+    assert_eq!(
+        log.fields,
+        [
+            observability::LogField::Status,
+            observability::LogField::Key
+        ]
+    );
+    assert_eq!((log.sample_admitted, log.sample_refused), (1.0, 1.0));
+}

@@ -38,6 +38,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tonic::{Request, Response, Status};
 
 use super::result_of;
+use crate::access_log::{Door, Record};
 use crate::admission::{self, Checked};
 use crate::metrics::{CheckResult, DoorMetrics, RouteMetrics};
 use crate::respond::{self, Refusal};
@@ -69,13 +70,24 @@ impl ExtAuthz {
     pub async fn decide(&self, request: &CheckRequest) -> CheckResponse {
         let started = crate::now::read();
         let live = self.state.live.load_full();
-        let (response, status, counted) = self.answer(&live, request).await;
+        let log = &self.state.access_log;
+        let mut record = log
+            .is_on()
+            .then(|| Box::new(Record::new(Door::ExtAuthz, std::time::SystemTime::now())));
+        let (response, status, counted) = self.answer(&live, request, record.as_deref_mut()).await;
         let seconds = crate::now::read()
             .saturating_duration_since(started)
             .as_secs_f64();
         counted
             .unwrap_or(&live.unmatched)
             .record_response(status, seconds);
+        if let Some(mut record) = record {
+            if log.wants(!(200..300).contains(&status)) {
+                record.status = status;
+                record.duration = std::time::Duration::from_secs_f64(seconds);
+                log.submit(record);
+            }
+        }
         response
     }
 
@@ -84,6 +96,7 @@ impl ExtAuthz {
         &self,
         live: &'l Live,
         request: &CheckRequest,
+        mut record: Option<&mut Record>,
     ) -> (CheckResponse, u16, Option<&'l RouteMetrics>) {
         let (mut original, peer) = match original_request(request) {
             Ok(pair) => pair,
@@ -99,19 +112,41 @@ impl ExtAuthz {
             .forward_auth
             .as_ref()
             .map_or(StatusCode::TOO_MANY_REQUESTS, |f| f.deny_status);
-        let (checked, counted) = admission::check(&self.state, live, &mut original, peer).await;
+        // Envoy is trusted with the request's id (it makes one itself) as with the request.
+        let id_name = &live.config.request_id.header;
+        let brought = original.headers().contains_key(id_name);
+        let request_id =
+            crate::request_id::resolve(&live.config.request_id, true, original.headers_mut());
+        if let Some(record) = &mut record {
+            record.request_id = request_id.clone();
+            record.trace_id = crate::request_id::trace_id(original.headers());
+            let proxies = &live.config.trusted_proxies;
+            record.client_ip = Some(proxies.client_ip(peer.to_canonical(), original.headers()));
+        }
+        let note = record.as_mut().map(|r| &mut r.decided);
+        let (checked, counted) =
+            admission::check(&self.state, live, &mut original, peer, note).await;
         self.metrics.record(result_of(&checked));
-        let (code, response) = match checked {
-            Checked::NoRoute => return (ok(HeaderMap::new()), 200, Some(counted)),
+        if let Some(record) = &mut record {
+            record.method = Some(original.method().clone());
+            record.host = crate::normalize::host::host(original.headers()).map(str::to_string);
+            record.path = Some(original.uri().path().to_string());
+        }
+        // A made id goes upstream with the request; every refusal carries it to the client.
+        let mut allowed = HeaderMap::new();
+        if let (Some(id), false) = (&request_id, brought) {
+            allowed.insert(id_name.clone(), id.clone());
+        }
+        let (code, mut response) = match checked {
+            Checked::NoRoute => return (ok(allowed), 200, Some(counted)),
             Checked::Admitted(route, admitted) => {
-                let mut headers = HeaderMap::new();
                 route
                     .rate_limit_headers
-                    .insert(&mut headers, &admitted.limits, false);
-                return (ok(headers), 200, Some(counted));
+                    .insert(&mut allowed, &admitted.limits, false);
+                return (ok(allowed), 200, Some(counted));
             }
             Checked::Refused(refusal @ Refusal::RateLimited { .. }) => {
-                let mut response = respond::refusal(&refusal);
+                let mut response = respond::refusal_for(&refusal, request_id.as_ref());
                 *response.status_mut() = deny;
                 (RPC_RESOURCE_EXHAUSTED, response)
             }
@@ -123,6 +158,9 @@ impl ExtAuthz {
             }
             Checked::Refused(refusal) => (RPC_INVALID_ARGUMENT, respond::refusal(&refusal)),
         };
+        if let Some(id) = request_id {
+            response.headers_mut().insert(id_name.clone(), id);
+        }
         let status = response.status().as_u16();
         (denied(code, response).await, status, Some(counted))
     }

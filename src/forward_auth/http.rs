@@ -13,6 +13,7 @@ use std::sync::Arc;
 use http::{Request, Response, StatusCode};
 
 use super::{original_request, result_of};
+use crate::access_log::{Door, Record};
 use crate::admission::{self, Checked};
 use crate::config::compile::deny_status;
 use crate::config::CheckProxy;
@@ -45,13 +46,25 @@ pub async fn handle(
 ) -> Result<Response<ResponseBody>, Infallible> {
     let started = crate::now::read();
     let live = door.state.live.load_full();
-    let (response, counted) = answer(&door, &live, peer, req).await;
+    let log = &door.state.access_log;
+    let mut record = log
+        .is_on()
+        .then(|| Box::new(Record::new(Door::Check, std::time::SystemTime::now())));
+    let (response, counted) = answer(&door, &live, peer, req, record.as_deref_mut()).await;
     let seconds = crate::now::read()
         .saturating_duration_since(started)
         .as_secs_f64();
     counted
         .unwrap_or(&live.unmatched)
         .record_response(response.status().as_u16(), seconds);
+    if let Some(mut record) = record {
+        let status = response.status();
+        if log.wants(!status.is_success()) {
+            record.status = status.as_u16();
+            record.duration = std::time::Duration::from_secs_f64(seconds);
+            log.submit(record);
+        }
+    }
     Ok(response)
 }
 
@@ -61,6 +74,7 @@ async fn answer<'l>(
     live: &'l Live,
     peer: SocketAddr,
     req: Request<ClientBody>,
+    mut record: Option<&mut Record>,
 ) -> (Response<ResponseBody>, Option<&'l RouteMetrics>) {
     if req.uri().path() != "/check" {
         return (respond::not_found(), None);
@@ -81,9 +95,27 @@ async fn answer<'l>(
         Ok(original) => original,
         Err(e) => return (bad_request(door, &e.to_string()), None),
     };
-    let (checked, counted) = admission::check(&door.state, live, &mut original, peer.ip()).await;
+    // The caller is the proxy, trusted with the request's id as with the request itself.
+    let request_id =
+        crate::request_id::resolve(&live.config.request_id, true, original.headers_mut());
+    let peer_ip = peer.ip().to_canonical();
+    if let Some(record) = &mut record {
+        record.request_id = request_id.clone();
+        record.trace_id = crate::request_id::trace_id(original.headers());
+        let proxies = &live.config.trusted_proxies;
+        record.client_ip = Some(proxies.client_ip(peer_ip, original.headers()));
+    }
+    let note = record.as_mut().map(|r| &mut r.decided);
+    let (checked, counted) =
+        admission::check(&door.state, live, &mut original, peer_ip, note).await;
     door.metrics.record(result_of(&checked));
-    let response = match checked {
+    if let Some(record) = &mut record {
+        // As the check saw it: canonical.
+        record.method = Some(original.method().clone());
+        record.host = crate::normalize::host::host(original.headers()).map(str::to_string);
+        record.path = Some(original.uri().path().to_string());
+    }
+    let mut response = match checked {
         Checked::NoRoute => Response::new(ResponseBody::empty()),
         Checked::Admitted(route, admitted) => {
             let mut response = Response::new(ResponseBody::empty());
@@ -93,12 +125,16 @@ async fn answer<'l>(
             response
         }
         Checked::Refused(refusal @ Refusal::RateLimited { .. }) => {
-            let mut response = respond::refusal(&refusal);
+            let mut response = respond::refusal_for(&refusal, request_id.as_ref());
             *response.status_mut() = deny;
             response
         }
         Checked::Refused(refusal) => respond::refusal(&refusal),
     };
+    if let Some(id) = request_id {
+        let name = live.config.request_id.header.clone();
+        response.headers_mut().insert(name, id);
+    }
     (response, Some(counted))
 }
 

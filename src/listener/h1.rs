@@ -48,8 +48,9 @@ const MAX_HEADERS: usize = 100;
 const MAX_URI_LEN: usize = u16::MAX as usize - 1;
 /// Read buffer per connection; a larger head is split across reads and goes to hyper.
 const READ_BUF: usize = 8 * 1024;
-/// Fields the gateway may add to a request on its way upstream.
-const ADDED_FIELDS: usize = 6;
+/// Fields the gateway may add to a request on its way upstream (the `X-Forwarded-*` family, the
+/// request id).
+const ADDED_FIELDS: usize = 7;
 /// Less room than this left in the read buffer, and it is grown (or reclaimed) first.
 const MIN_READ: usize = 1024;
 /// Body bytes gathered before a write; larger frames are written as they come.

@@ -20,6 +20,7 @@ use super::metrics::CallResult;
 use super::plan::{plan_request, Limited, Plan};
 use super::settings::RlsSnapshot;
 use super::RlsResources;
+use crate::access_log::{Decided, Decision, Door, Record};
 use crate::limiter::{Checks, Clock, Kind, Outcome, StoreError, SystemClock, Tally};
 use crate::state::AppState;
 
@@ -68,7 +69,30 @@ impl RlsService {
         let (Some(rls), Some(resources)) = (live.config.rls.as_ref(), live.rls.as_ref()) else {
             return Err(RlsError::NotConfigured);
         };
-        let result = self.decide(rls, resources, request).await;
+        let log = &self.state.access_log;
+        let mut record = log
+            .is_on()
+            .then(|| Box::new(Record::new(Door::Rls, std::time::SystemTime::now())));
+        let started = crate::now::read();
+        let note = record.as_mut().map(|r| &mut r.decided);
+        let result = self.decide(rls, resources, request, note).await;
+        if let Some(mut record) = record {
+            let (status, decision) = match &result {
+                Ok((_, Kind::FailedOpen)) => (200, Decision::FailedOpen),
+                Ok((_, Kind::FailedClosed)) => (429, Decision::FailedClosed),
+                Ok((r, _)) if r.overall_code == Code::OverLimit as i32 => (429, Decision::Limited),
+                Ok(_) => (200, Decision::Allowed),
+                Err(RlsError::Invalid(_)) => (400, Decision::None),
+                Err(_) => (503, Decision::FailedClosed),
+            };
+            if log.wants(status != 200) {
+                record.status = status;
+                record.decided.decision = decision;
+                record.decided.route = Some(Arc::from(request.domain));
+                record.duration = crate::now::read().saturating_duration_since(started);
+                log.submit(record);
+            }
+        }
         resources.vecs.record_call(match &result {
             Ok((_, Kind::FailedOpen)) => CallResult::FailedOpen,
             Ok((_, Kind::FailedClosed)) => CallResult::FailedClosed,
@@ -86,6 +110,7 @@ impl RlsService {
         rls: &RlsSnapshot,
         resources: &RlsResources,
         request: &Ask<'_>,
+        note: Option<&mut Decided>,
     ) -> Result<(RateLimitResponse, Kind), RlsError> {
         let now_us = self.clock.now_us();
         let plans = plan_request(rls, resources, request, now_us)?;
@@ -108,6 +133,9 @@ impl RlsService {
         }
         let verdict = self.state.engine.decide(checks, rls.failure_mode).await;
         let governing = verdict.governing().map(|(i, _)| i);
+        if let (Some(note), Some(i)) = (note, governing) {
+            note.key = Some(verdict.key(i).to_string());
+        }
         let mut check = 0;
         let mut governing_status = None;
         let statuses = plans

@@ -399,6 +399,7 @@ async fn limited_response_fills_its_placeholders_and_keeps_the_headers() {
             "route": "plain",
             "policy": "per_ip",
             "retry_after_seconds": retry,
+            "request_id": refused.header("x-request-id").expect("a request id"),
         })
     );
     assert_eq!(upstream.requests(), 2);

@@ -78,6 +78,7 @@ async fn every_proxy_family_names_the_same_request_and_counter() {
             "route": "users",
             "policy": "per_user",
             "retry_after_seconds": retry,
+            "request_id": header(&refused, "x-request-id"),
         }),
         "the gateway's own 429 body"
     );

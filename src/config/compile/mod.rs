@@ -20,6 +20,7 @@ mod inflight;
 
 mod exempt;
 mod listeners;
+mod observability;
 mod policies;
 mod responses;
 mod routes;
@@ -172,6 +173,12 @@ pub fn compile(
             .ok()
     });
 
+    let request_id = observability::request_id(e, &raw.request_id);
+    let access_log = raw
+        .access_log
+        .as_ref()
+        .map(|a| observability::access_log(e, a, source));
+
     let forward_auth = raw
         .forward_auth
         .as_ref()
@@ -196,6 +203,8 @@ pub fn compile(
                 routes,
                 rls,
                 forward_auth,
+                request_id,
+                access_log,
                 overrides_file: raw.overrides.as_ref().map(|file| match source.parent() {
                     Some(dir) => dir.join(file),
                     None => file.into(),
