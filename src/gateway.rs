@@ -99,6 +99,8 @@ pub fn handle(
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
                 let mut lease = after.lease(&state, resources.metrics.in_flight());
+                // Likewise settled from here at the latest (charged its fallback unread).
+                let meter = after.meter(&state, route, resources);
                 // Bound before the await, so the step's result is not kept in this future's state.
                 let answered = 'act: {
                     let (outgoing, upgrade) =
@@ -116,7 +118,9 @@ pub fn handle(
                         })
                 };
                 answered.map(|response| {
-                    end_act(&state, route, resources, response, &limits, after, lease)
+                    end_act(
+                        &state, route, resources, response, &limits, after, lease, meter,
+                    )
                 })
             }
             Err(refusal) => {
@@ -226,6 +230,15 @@ fn begin_act<'l>(
                     None => return Err(Refusal::BadRequest("unforwardable path".to_string())),
                 }
             }
+            // A compressed body hides its usage: the upstream is asked for identity
+            // (`docs/llm.md`); the client gets the body uncompressed.
+            if route.policies.iter().any(|p| {
+                p.response_cost
+                    .as_ref()
+                    .is_some_and(|rc| rc.usage().is_some())
+            }) {
+                req.headers_mut().remove(http::header::ACCEPT_ENCODING);
+            }
             let client_side = ClientSide {
                 peer: peer_ip,
                 peer_trusted: live.config.trusted_proxies.contains(&peer_ip),
@@ -242,7 +255,8 @@ fn begin_act<'l>(
 }
 
 /// The act phase, after the answer: the response's cost charged, the rate-limit fields added,
-/// the lease carried by the body.
+/// the lease and the usage meter carried by the body.
+#[allow(clippy::too_many_arguments)]
 fn end_act(
     state: &Arc<AppState>,
     route: &Route,
@@ -251,9 +265,13 @@ fn end_act(
     limits: &crate::respond::Limits,
     after: crate::inflight::AfterAdmission,
     lease: Option<crate::inflight::LeaseGuard>,
+    mut meter: Option<crate::inflight::Meter>,
 ) -> Response<ResponseBody> {
-    if after.reads_response() {
+    if after.reads_response() || meter.is_some() {
         crate::proxy::fields::materialize(&mut response);
+    }
+    if let Some(meter) = &mut meter {
+        meter.head(response.status(), response.headers());
     }
     after.charge(state, route, resources, response.headers());
     // A lean upstream response keeps its fields raw: the gateway's go beside them, unformatted.
@@ -262,8 +280,8 @@ fn end_act(
         Some(raw) => fields.insert(raw, limits, false),
         None => fields.insert(response.headers_mut(), limits, false),
     }
-    if let Some(lease) = lease {
-        response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
+    if lease.is_some() || meter.is_some() {
+        response = response.map(|body| crate::inflight::Leased::wrap(body, lease, meter));
     }
     response
 }

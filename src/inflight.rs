@@ -8,6 +8,13 @@
 //! the request fails after admission (the guard is dropped with the error). Release is one more
 //! store call (Redis: spawned, off the client's path); a release that never happens (a crash) is
 //! bounded by the lease TTL.
+//!
+//! A cost from token usage in the body is a [`Meter`] (`meter.rs`), carried by the same body
+//! wrapper and settled when the body ends or is dropped.
+
+mod meter;
+
+pub use meter::Meter;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -99,15 +106,41 @@ impl AfterAdmission {
         })
     }
 
-    /// Whether [`charge`](Self::charge) reads the response's fields: a policy of the request
-    /// charges a cost from a response header.
+    /// Whether [`charge`](Self::charge) or a [`Meter`] reads the response's fields: a policy of
+    /// the request charges a cost from the response.
     pub fn reads_response(&self) -> bool {
         !self.charges.is_empty()
     }
 
-    /// Charges each cost from the response now that its head is here: the header's amount (or
-    /// the fallback) less the `min_cost` admission took. In-process at once; on Redis in a
-    /// spawned task, so the client's response is not held up by the extra round trip.
+    /// The meter of the request's costs from token usage in the body (taken out of this), to be
+    /// told the response head and fed its body; settled at the latest when dropped.
+    pub fn meter(
+        &mut self,
+        state: &Arc<AppState>,
+        route: &Route,
+        resources: &RouteResources,
+    ) -> Option<Meter> {
+        let is_usage = |j: usize| {
+            route
+                .policies
+                .get(j)
+                .and_then(|p| p.response_cost.as_ref())
+                .is_some_and(|rc| rc.usage().is_some())
+        };
+        if !self.charges.iter().any(|(_, _, j)| is_usage(*j)) {
+            return None;
+        }
+        let (usage, header): (Vec<_>, Vec<_>) = std::mem::take(&mut self.charges)
+            .into_iter()
+            .partition(|(_, _, j)| is_usage(*j));
+        self.charges = header;
+        Meter::new(state, route, resources, usage)
+    }
+
+    /// Charges each cost from a response header now that the head is here: the header's amount
+    /// (or the fallback) less the `min_cost` admission took, or with `reserve` the `max_cost`
+    /// admission took less that amount refunded. In-process at once; on Redis in a spawned task,
+    /// so the client's response is not held up by the extra round trip.
     pub fn charge(
         &self,
         state: &Arc<AppState>,
@@ -116,6 +149,7 @@ impl AfterAdmission {
         headers: &HeaderMap,
     ) {
         let mut due: Vec<(String, Rule, u64, IntCounter)> = Vec::new();
+        let mut refunds: Vec<(String, Rule, u64, ())> = Vec::new();
         for (key, rule, j) in &self.charges {
             let (Some(policy), Some(metrics)) =
                 (route.policies.get(*j), resources.policies.get(*j))
@@ -125,24 +159,41 @@ impl AfterAdmission {
             let Some(rc) = &policy.response_cost else {
                 continue;
             };
-            let total = rc
-                .total(headers.get(&rc.header))
-                .min(most_charged(rc, rule));
+            let Some(header) = rc.header() else {
+                continue;
+            };
+            let total = rc.total(headers.get(header)).min(most_charged(rc, rule));
+            if rc.reserve {
+                let back = policy.cost.saturating_sub(total);
+                if back > 0 {
+                    refunds.push((key.clone(), *rule, back, ()));
+                }
+                continue;
+            }
             let extra = total.saturating_sub(rc.min_cost);
             if extra > 0 {
                 due.push((key.clone(), *rule, extra, metrics.cost_charged().clone()));
             }
         }
-        if due.is_empty() {
+        if due.is_empty() && refunds.is_empty() {
             return;
         }
         if let Store::Memory(store) = state.engine.store() {
             store.charge(&checks(&due));
+            store.refund(&checks(&refunds));
             due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra));
             return;
         }
         let state = state.clone();
         tokio::spawn(async move {
+            if !refunds.is_empty() {
+                if let Err(error) = state.engine.refund(&checks(&refunds)).await {
+                    tracing::warn!(%error, "refunding a reservation failed");
+                }
+            }
+            if due.is_empty() {
+                return;
+            }
             match state.engine.charge(&checks(&due)).await {
                 Ok(()) => due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra)),
                 Err(error) => tracing::warn!(%error, "charging a cost from the response failed"),
@@ -255,16 +306,26 @@ impl Drop for LeaseGuard {
     }
 }
 
-/// A response body that holds a lease until it ends (or is dropped: the client went away).
+/// A response body that holds a lease until it ends (or is dropped: the client went away), and
+/// that feeds a [`Meter`] the bytes going by, settling it when it ends or drops.
 #[derive(Debug)]
 pub struct Leased {
     body: ResponseBody,
-    guard: LeaseGuard,
+    guard: Option<LeaseGuard>,
+    meter: Option<Meter>,
 }
 
 impl Leased {
-    pub fn wrap(body: ResponseBody, guard: LeaseGuard) -> ResponseBody {
-        ResponseBody::Leased(Box::new(Leased { body, guard }))
+    /// `body` holding `guard` and feeding `meter`; `body` itself when there are neither.
+    pub fn wrap(
+        body: ResponseBody,
+        guard: Option<LeaseGuard>,
+        meter: Option<Meter>,
+    ) -> ResponseBody {
+        if guard.is_none() && meter.is_none() {
+            return body;
+        }
+        ResponseBody::Leased(Box::new(Leased { body, guard, meter }))
     }
 
     pub fn body(&self) -> &ResponseBody {
@@ -273,6 +334,21 @@ impl Leased {
 
     pub fn body_mut(&mut self) -> &mut ResponseBody {
         &mut self.body
+    }
+
+    /// The body is done with: the lease released, the meter settled (from the whole body when
+    /// it `ended`, else from what went by).
+    fn done(&mut self, ended: bool) {
+        if let Some(guard) = &mut self.guard {
+            guard.release();
+        }
+        if let Some(meter) = &mut self.meter {
+            if ended {
+                meter.finish();
+            } else {
+                meter.settle();
+            }
+        }
     }
 }
 
@@ -286,8 +362,16 @@ impl Body for Leased {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || this.body.is_end_stream() {
-            this.guard.release();
+        if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (&mut this.meter, &polled) {
+            if let Some(data) = frame.data_ref() {
+                meter.feed(data);
+            }
+        }
+        match &polled {
+            Poll::Ready(None) => this.done(true),
+            Poll::Ready(Some(Err(_))) => this.done(false),
+            _ if this.body.is_end_stream() => this.done(true),
+            _ => {}
         }
         polled
     }

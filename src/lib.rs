@@ -82,6 +82,7 @@ pub mod state;
 pub mod tls;
 pub mod top_limited;
 pub mod units;
+pub mod usage;
 pub mod watch;
 
 pub use server::{start, Running};

@@ -146,15 +146,28 @@ pub struct Policy {
 }
 
 /// The cost a response reports (`docs/algorithms.md`, "Cost from the response").
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResponseCost {
-    pub header: HeaderName,
-    /// Charged when the header is absent or unparsable.
+    /// Where the response reports it: a header, or token usage in the body.
+    pub source: CostSource,
+    /// Charged when the response reports no cost (`docs/llm.md`, "When usage is missing").
     pub fallback: u64,
     /// Taken at admission (the policy's `cost`); the response's amount is never charged below it.
     pub min_cost: u64,
     /// The most one response is charged: bounds how far one request can take the counter below 0.
     pub max_cost: u64,
+    /// `reserve: true`: admission took `max_cost` (the policy's `cost` is `max_cost`), and the
+    /// response's cost is settled by refunding `max_cost - total`: the counter never goes below 0.
+    pub reserve: bool,
+}
+
+/// Where a response reports its cost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CostSource {
+    /// A number in this response header, when the head arrives.
+    Header(HeaderName),
+    /// Token usage in the JSON body or the event stream, when the body ends.
+    Usage(super::usage::UsageCost),
 }
 
 impl ResponseCost {
@@ -165,7 +178,28 @@ impl ResponseCost {
         let reported = value
             .and_then(|v| reported_units(v.as_bytes()))
             .unwrap_or(self.fallback);
-        reported.clamp(self.min_cost, self.max_cost.max(self.min_cost))
+        self.clamp(reported)
+    }
+
+    /// `units` clamped to `[min_cost, max_cost]`.
+    pub fn clamp(&self, units: u64) -> u64 {
+        units.clamp(self.min_cost, self.max_cost.max(self.min_cost))
+    }
+
+    /// The response header that reports the cost, if it comes from one.
+    pub fn header(&self) -> Option<&HeaderName> {
+        match &self.source {
+            CostSource::Header(name) => Some(name),
+            CostSource::Usage(_) => None,
+        }
+    }
+
+    /// The token usage the response body reports the cost in, if it comes from there.
+    pub fn usage(&self) -> Option<&super::usage::UsageCost> {
+        match &self.source {
+            CostSource::Usage(usage) => Some(usage),
+            CostSource::Header(_) => None,
+        }
     }
 }
 

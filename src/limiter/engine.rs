@@ -396,6 +396,11 @@ impl Engine {
         self.store.charge(checks).await
     }
 
+    /// Gives back the unused part of reservations (token buckets), whatever the counters hold.
+    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        self.store.refund(checks).await
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }
