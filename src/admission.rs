@@ -167,6 +167,9 @@ async fn admit_with<'l>(
                 Some(rc) if !inline => rc.total(None).min(crate::inflight::most_charged(rc, rule)),
                 _ => policy.cost,
             };
+            if inline && policy.response_cost.as_ref().is_some_and(|rc| rc.reserve) {
+                checks.refundable();
+            }
             let i = checks.push(key, rule, cost, policy.shadow, tally);
             if let Some(slot) = pushed.get_mut(i) {
                 *slot = p as u8;

@@ -47,6 +47,9 @@ pub struct AfterAdmission {
     leased: Vec<(String, Rule)>,
     /// (counter key, rule, policy index in the route) of each cost from the response.
     charges: Vec<(String, Rule, usize)>,
+    /// The store decided (and so took what admission asked): a request admitted because the
+    /// store failed may have taken nothing, so its reservations are never refunded.
+    decided: bool,
 }
 
 impl AfterAdmission {
@@ -57,6 +60,7 @@ impl AfterAdmission {
             lease: verdict.lease(),
             unconfirmed: verdict.unconfirmed_lease(),
             local: verdict.take_local(),
+            decided: verdict.kind == crate::limiter::Kind::Allowed,
             ..AfterAdmission::default()
         };
         for &(i, j) in later {
@@ -134,7 +138,7 @@ impl AfterAdmission {
             .into_iter()
             .partition(|(_, _, j)| is_usage(*j));
         self.charges = header;
-        Meter::new(state, route, resources, usage)
+        Meter::new(state, route, resources, usage, self.decided)
     }
 
     /// Charges each cost from a response header now that the head is here: the header's amount
@@ -163,6 +167,9 @@ impl AfterAdmission {
                 continue;
             };
             let total = rc.total(headers.get(header)).min(most_charged(rc, rule));
+            if rc.reserve && !self.decided {
+                continue;
+            }
             if rc.reserve {
                 let back = policy.cost.saturating_sub(total);
                 if back > 0 {

@@ -53,12 +53,14 @@ pub struct Meter {
 
 impl Meter {
     /// The meter of `charges` ((key, rule, policy index) of each usage cost), reservations
-    /// counted outstanding from now.
+    /// counted outstanding from now. Unless the store `decided` the admission, a reservation
+    /// may not have been taken: nothing is refunded then (`docs/llm.md`, "When usage is missing").
     pub(super) fn new(
         state: &Arc<AppState>,
         route: &Route,
         resources: &RouteResources,
         charges: Vec<(String, Rule, usize)>,
+        decided: bool,
     ) -> Option<Meter> {
         let due: Vec<Due> = charges
             .into_iter()
@@ -67,14 +69,19 @@ impl Meter {
                 let metrics = resources.policies.get(j)?;
                 let cost = policy.response_cost.clone()?;
                 let series = metrics.usage().clone();
+                let taken = if cost.reserve && !decided {
+                    0
+                } else {
+                    policy.cost
+                };
                 if cost.reserve {
-                    series.reserved.add(gauge_units(policy.cost));
+                    series.reserved.add(gauge_units(taken));
                 }
                 Some(Due {
                     key,
                     rule,
                     cost,
-                    taken: policy.cost,
+                    taken,
                     reported: Reported::default(),
                     charged: metrics.cost_charged().clone(),
                     series,

@@ -165,7 +165,7 @@ async fn an_exhausted_budget_refuses_before_the_upstream(store: TestStore) {
     );
 }
 
-super::support::store_matrix!(
+crate::store_matrix!(
     a_stream_cut_before_its_usage_is_charged_the_reservation,
     a_stream_without_include_usage_is_charged_the_reservation,
     an_upstream_error_is_charged_min_cost,

@@ -25,8 +25,8 @@ const BUDGET: u64 = 1000;
 /// What admission reserves (`max_cost`).
 const RESERVE: u64 = 100;
 
-/// Two routes on `upstream`: Anthropic Messages (key `x-api-key`) and every other `/v1/` path as
-/// OpenAI (key `Authorization`), each a reserving token budget.
+/// Two routes on `upstream`: Anthropic Messages and every other `/v1/` path as OpenAI, each a
+/// reserving token budget per `Authorization` (which the Python SDKs both send).
 fn config(store: &TestStore, extra: &str) -> String {
     store.config(&format!(
         r#"
@@ -38,7 +38,7 @@ routes:
     upstream: llm
     policies:
       - name: tokens
-        key: ["header:x-api-key"]
+        key: ["header:authorization"]
         token_bucket: {{ rate: 1/d, burst: {BUDGET} }}
         cost: {{ usage: anthropic, reserve: true, max_cost: {RESERVE}{extra} }}
   - name: openai
@@ -241,7 +241,7 @@ async fn streams_settle_from_their_final_events(store: TestStore) {
     );
 }
 
-support::store_matrix!(
+crate::store_matrix!(
     a_json_body_settles_to_its_usage,
     streams_settle_from_their_final_events
 );

@@ -60,7 +60,10 @@ async fn the_sdks_see_a_spent_budget_as_a_429_with_retry_after() {
             &gw,
             "/v1/messages",
             r#"{"model":"c","stream":true,"max_tokens":5,"messages":[]}"#,
-            &[("x-api-key", "sk-test-1"), ("x-test-mode", "cut")],
+            &[
+                ("authorization", "Bearer sk-test-1"),
+                ("x-test-mode", "cut"),
+            ],
         )
         .await;
         assert_eq!(status, 200);

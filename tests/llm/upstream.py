@@ -290,8 +290,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_stream()
 
 
+class Server(ThreadingHTTPServer):
+    # Many concurrent streams connect at once: the default backlog of 5 would drop some.
+    request_queue_size = 256
+
+
 def main():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print(server.server_address[1], flush=True)
     server.serve_forever()
