@@ -87,8 +87,40 @@ pub fn handle(
 
         let route = &live.config.routes[index];
         let resources = &live.routes[index];
+        // Only where a policy needs it: the body's first bytes, forwarded unchanged after.
+        let body = if route.reads_body() {
+            let server = &live.config.server;
+            match req
+                .body_mut()
+                .read_prefix(server.json_body_limit, server.body_read_timeout)
+                .await
+            {
+                Ok(whole) => whole.and_then(|bytes| crate::usage::request::parse(&bytes)),
+                Err(_) => {
+                    let refusal = Refusal::BadRequest("malformed request body".to_string());
+                    let response = crate::inflight::refusal(route, &refusal);
+                    resources
+                        .metrics
+                        .record_response(response.status().as_u16(), seconds_since(started));
+                    return Ok(response);
+                }
+            }
+        } else {
+            None
+        };
+        let host = normalize::host::host(req.headers());
         // Admission reads the request (and the host found above); only then is it moved on.
-        let admitted = admit(&state, &live, route, resources, &params, peer, &req, host).await;
+        let admitted = admit(
+            &state,
+            &live,
+            route,
+            resources,
+            &params,
+            peer,
+            &req,
+            (host, body.as_ref()),
+        )
+        .await;
         // The act phase, its steps synchronous but the upstream's: this future holds the request's
         // state itself, and a nested future would be copied whole into it (`proxy::Outgoing`).
         let served = match admitted {
@@ -162,7 +194,7 @@ async fn admit<'l>(
     params: &PathParams,
     peer: SocketAddr,
     req: &Request<ClientBody>,
-    host: Option<&str>,
+    (host, body): (Option<&str>, Option<&crate::keys::JsonBody>),
 ) -> Result<Admission, Refusal<'l>> {
     if matches!(route.action, Action::CheckOnly) {
         // Nowhere to send it; answered before any counter is touched.
@@ -186,6 +218,7 @@ async fn admit<'l>(
         params,
         client_ip,
         client_prefix: live.config.client_prefix,
+        body,
     };
     let (admitted, after) = admission::admit_inline(state, route, resources, &view).await?;
     Ok(Admission {

@@ -45,8 +45,9 @@ pub struct AfterAdmission {
     local: Option<LocalSlots>,
     /// (counter key, rule) of each concurrency check holding `lease` or `local`.
     leased: Vec<(String, Rule)>,
-    /// (counter key, rule, policy index in the route) of each cost from the response.
-    charges: Vec<(String, Rule, usize)>,
+    /// (counter key, rule, policy index in the route, units admission took) of each cost from
+    /// the response.
+    charges: Vec<(String, Rule, usize, u64)>,
     /// The store decided (and so took what admission asked): a request admitted because the
     /// store failed may have taken nothing, so its reservations are never refunded.
     decided: bool,
@@ -54,8 +55,12 @@ pub struct AfterAdmission {
 
 impl AfterAdmission {
     /// From an admitting `verdict`: `later` pairs the index each check was pushed at with its
-    /// policy's index in `route`.
-    pub(crate) fn new(route: &Route, verdict: &mut Verdict<'_>, later: &[(usize, usize)]) -> Self {
+    /// policy's index in `route` and the units it took.
+    pub(crate) fn new(
+        route: &Route,
+        verdict: &mut Verdict<'_>,
+        later: &[(usize, usize, u64)],
+    ) -> Self {
         let mut after = AfterAdmission {
             lease: verdict.lease(),
             unconfirmed: verdict.unconfirmed_lease(),
@@ -63,7 +68,7 @@ impl AfterAdmission {
             decided: verdict.kind == crate::limiter::Kind::Allowed,
             ..AfterAdmission::default()
         };
-        for &(i, j) in later {
+        for &(i, j, taken) in later {
             let Some(policy) = route.policies.get(j) else {
                 continue;
             };
@@ -78,7 +83,7 @@ impl AfterAdmission {
                     after.leased.push((key, rule));
                 }
             } else if policy.response_cost.is_some() {
-                after.charges.push((key, rule, j));
+                after.charges.push((key, rule, j, taken));
             }
         }
         after
@@ -131,12 +136,12 @@ impl AfterAdmission {
                 .and_then(|p| p.response_cost.as_ref())
                 .is_some_and(|rc| rc.usage().is_some())
         };
-        if !self.charges.iter().any(|(_, _, j)| is_usage(*j)) {
+        if !self.charges.iter().any(|(_, _, j, _)| is_usage(*j)) {
             return None;
         }
         let (usage, header): (Vec<_>, Vec<_>) = std::mem::take(&mut self.charges)
             .into_iter()
-            .partition(|(_, _, j)| is_usage(*j));
+            .partition(|(_, _, j, _)| is_usage(*j));
         self.charges = header;
         Meter::new(state, route, resources, usage, self.decided)
     }
@@ -154,7 +159,7 @@ impl AfterAdmission {
     ) {
         let mut due: Vec<(String, Rule, u64, IntCounter)> = Vec::new();
         let mut refunds: Vec<(String, Rule, u64, ())> = Vec::new();
-        for (key, rule, j) in &self.charges {
+        for (key, rule, j, taken) in &self.charges {
             let (Some(policy), Some(metrics)) =
                 (route.policies.get(*j), resources.policies.get(*j))
             else {
@@ -171,7 +176,7 @@ impl AfterAdmission {
                 continue;
             }
             if rc.reserve {
-                let back = policy.cost.saturating_sub(total);
+                let back = taken.saturating_sub(total);
                 if back > 0 {
                     refunds.push((key.clone(), *rule, back, ()));
                 }

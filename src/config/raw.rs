@@ -135,6 +135,9 @@ pub struct RawSentinel {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub max_body_size: Option<String>,
+    /// The most of a JSON request body read for `body:` key parts and a reservation's
+    /// `max_tokens` (default 64KiB).
+    pub json_body_limit: Option<String>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
     /// Idle time allowed between request-body chunks (`408` or an aborted upstream request).

@@ -48,6 +48,9 @@ pub struct MinBodyRate {
 pub struct ServerSettings {
     /// Request bodies past this size get 413.
     pub max_body_size: u64,
+    /// The most of a JSON request body read before admission (`body:` key parts, a
+    /// reservation's `max_tokens`); a larger body is forwarded unread (`docs/llm.md`).
+    pub json_body_limit: u64,
     /// A client must send its whole request head within this time (slowloris).
     pub header_read_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM.
@@ -302,6 +305,19 @@ pub struct Route {
     pub limited_response: super::limited::LimitedResponse,
     /// `strip_prefix` or `rewrite`: the path forwarded instead of the request's.
     pub rewrite: Option<super::rewrite::PathRewrite>,
+}
+
+impl Route {
+    /// Whether admission reads the JSON request body (`server.json_body_limit` bytes at most): a
+    /// policy keys on `body:`, or reserves a usage cost the body can bound (`docs/llm.md`).
+    pub fn reads_body(&self) -> bool {
+        self.policies.iter().any(|p| {
+            p.key.iter().any(|k| matches!(k, KeyPart::Body(_)))
+                || p.response_cost
+                    .as_ref()
+                    .is_some_and(|rc| rc.reserve && rc.usage().is_some())
+        })
+    }
 }
 
 impl AsRef<RouteMatch> for Route {

@@ -26,7 +26,7 @@ struct Due {
     key: String,
     rule: Rule,
     cost: ResponseCost,
-    /// What admission took: `max_cost` with `reserve`, else `min_cost`.
+    /// What admission took: the reservation with `reserve`, else `min_cost`.
     taken: u64,
     reported: Reported,
     charged: IntCounter,
@@ -59,21 +59,17 @@ impl Meter {
         state: &Arc<AppState>,
         route: &Route,
         resources: &RouteResources,
-        charges: Vec<(String, Rule, usize)>,
+        charges: Vec<(String, Rule, usize, u64)>,
         decided: bool,
     ) -> Option<Meter> {
         let due: Vec<Due> = charges
             .into_iter()
-            .filter_map(|(key, rule, j)| {
+            .filter_map(|(key, rule, j, taken)| {
                 let policy = route.policies.get(j)?;
                 let metrics = resources.policies.get(j)?;
                 let cost = policy.response_cost.clone()?;
                 let series = metrics.usage().clone();
-                let taken = if cost.reserve && !decided {
-                    0
-                } else {
-                    policy.cost
-                };
+                let taken = if cost.reserve && !decided { 0 } else { taken };
                 if cost.reserve {
                     series.reserved.add(gauge_units(taken));
                 }
@@ -180,9 +176,19 @@ impl Meter {
             if rc.reserve {
                 released.push((due.series.reserved.clone(), gauge_units(due.taken)));
                 let back = due.taken.saturating_sub(total);
+                // More than a reservation the body bounded (its bytes do not bound every
+                // token): the rest is charged, as in the optimistic mode.
+                let beyond = if due.taken > 0 {
+                    total.saturating_sub(due.taken)
+                } else {
+                    0
+                };
                 if back > 0 {
                     due.series.refunded.inc_by(back);
                     refunds.push((std::mem::take(&mut due.key), due.rule, back));
+                } else if beyond > 0 {
+                    due.charged.inc_by(beyond);
+                    charges.push((std::mem::take(&mut due.key), due.rule, beyond));
                 }
             } else {
                 let extra = total.saturating_sub(rc.min_cost);

@@ -5,6 +5,7 @@
 //! Pure functions over bytes and `serde_json` values: nothing here knows about HTTP bodies, the
 //! engine or the config's YAML (the formats and weights are [`crate::config::usage`]).
 
+pub mod request;
 pub mod scan;
 
 use serde_json::Value;

@@ -36,12 +36,21 @@ async fn case(
 
 /// Cut off before the usage chunk: charged the fallback, the whole reservation.
 async fn a_stream_cut_before_its_usage_is_charged_the_reservation(store: TestStore) {
-    let (status, body, clean) = case(store, CHAT_STREAM, &[("x-test-mode", "cut")], RESERVE).await;
+    let (status, body, clean) = case(
+        store,
+        CHAT_STREAM,
+        &[("x-test-mode", "cut"), ("x-test-delay-ms", "10")],
+        RESERVE,
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(!clean, "the client sees the stream break");
+    // Events a few milliseconds apart reach the client as they come (what hyper had not yet
+    // written when the upstream broke may be lost with the connection).
+    let text = String::from_utf8_lossy(&body);
     assert!(
-        String::from_utf8_lossy(&body).contains("w19"),
-        "the words before the cut arrived"
+        text.contains("\"w0 \""),
+        "the first words arrived: {text:?}"
     );
 }
 

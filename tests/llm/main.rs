@@ -9,6 +9,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod body;
 mod failures;
 mod fleet;
 mod sdk;
@@ -226,18 +227,15 @@ async fn streams_settle_from_their_final_events(store: TestStore) {
     .await;
     assert!(messages.text().contains("event: message_stop"));
     let (refunded, _, unreported, tokens) = wait_settled(&gw, "anthropic").await;
-    // 4 input not cached + 2 cache reads + 9 output.
+    // 4 input not cached + 2 cache reads + 9 output; its 97 bytes + 9 are more than max_cost,
+    // which it reserved.
     assert_eq!((unreported, tokens, refunded), (0.0, 15.0, 85.0));
-    let again = post(
-        &gw,
-        "/v1/messages",
-        r#"{"model":"c","max_tokens":1,"messages":[]}"#,
-        &[("x-api-key", "sk-a")],
-    )
-    .await;
+    // This one reserves its 42 bytes and max_tokens 1.
+    let small = r#"{"model":"c","max_tokens":1,"messages":[]}"#;
+    let again = post(&gw, "/v1/messages", small, &[("x-api-key", "sk-a")]).await;
     assert_eq!(
         again.header_u64("x-ratelimit-remaining"),
-        BUDGET - 15 - RESERVE
+        BUDGET - 15 - (small.len() as u64 + 1)
     );
 }
 

@@ -5,7 +5,7 @@
 use super::support::llm::{sdk, LlmUpstream};
 use super::support::stores::TestStore;
 use super::support::TestGateway;
-use super::{config, post_lossy, wait_settled, BUDGET, CHAT_STREAM, RESERVE};
+use super::{config, post_lossy, remaining, wait_settled, BUDGET, CHAT, CHAT_STREAM, RESERVE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_are_metered_exactly_streamed_and_not() {
@@ -29,14 +29,31 @@ async fn the_official_sdks_are_metered_exactly_streamed_and_not() {
         out["chat_stream_words"], 12,
         "the stream reached the SDK whole"
     );
+    assert_eq!(upstream.reported().await, openai + anthropic);
     let (refunded, reserved, unreported, tokens) = wait_settled(&gw, "openai").await;
     assert_eq!((reserved, unreported), (0.0, 0.0));
     assert_eq!(tokens, openai as f64, "{out}");
-    assert_eq!(refunded, (4 * RESERVE - openai) as f64);
+    // Each call reserved at most max_cost (less where its bytes and max_tokens bound it) and
+    // was refunded to its usage: the budget holds exactly the usage less the probe's own.
+    assert!(refunded >= (4 * RESERVE - openai) as f64 - 2.0 * RESERVE as f64);
+    let probe = [("authorization", "Bearer sk-test-1")];
+    assert_eq!(
+        remaining(&gw, "/v1/chat/completions", CHAT, &probe).await,
+        BUDGET - openai - RESERVE
+    );
     let (refunded, _, unreported, tokens) = wait_settled(&gw, "anthropic").await;
     assert_eq!((unreported, tokens), (0.0, anthropic as f64), "{out}");
-    assert_eq!(refunded, (2 * RESERVE - anthropic) as f64);
-    assert_eq!(upstream.reported().await, openai + anthropic);
+    assert!(refunded > 0.0);
+    assert_eq!(
+        remaining(
+            &gw,
+            "/v1/messages",
+            r#"{"model":"c","messages":[]}"#,
+            &probe
+        )
+        .await,
+        BUDGET - anthropic - RESERVE
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,7 @@ max_output_tokens. Test switches, as request headers:
 - x-test-cached: N       N of the input tokens read from the prompt cache
 - x-test-report-output: N  report N output tokens (an absurd usage), whatever was generated
 
-GET /_stats answers {"requests", "reported", "cut", "by_key"}: `reported` is the sum of input +
+GET /_stats answers {"requests", "reported", "cut", "by_key", "last_body"}: `reported` is the sum of input +
 output tokens of every usage the server sent, `by_key` the same per Authorization (or x-api-key)
 value. The first line on stdout is the port it listens on.
 """
@@ -94,6 +94,7 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         with LOCK:
             STATS["requests"] += 1
+            STATS["last_body"] = raw.decode("utf-8", "replace")
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
