@@ -25,7 +25,9 @@
 //!   [`route`] and [`keys`] (which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load), [`jwt`] (bearer tokens verified, keys loaded once per
 //!   config load, before a claim becomes a key part), [`rate_limit_headers`] (a route's
-//!   rate-limit fields: the plan compiled with the config and its writer);
+//!   rate-limit fields: the plan compiled with the config and its writer), [`usage`] (token
+//!   usage read from LLM response bodies and event streams as they go by, and the request
+//!   body's bound on a reservation);
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
 //!   the [`limiter::Engine`] whose `decide` every door calls: it merges duplicate keys, applies
 //!   the failure mode, counts decisions and picks the governing outcome; with the [`clock`] it
@@ -38,7 +40,7 @@
 //!   [`overrides`]: the per-key overrides in force, from the file and the admin API, shared
 //!   through Redis, applied by [`admission`] from a local copy; [`proxy`] (forwarding, the
 //!   upstream pool, streaming bodies), [`inflight`] (concurrency leases and response costs after
-//!   admission) and [`respond`] (every response the gateway writes itself, refusals included):
+//!   admission, usage costs settled as the body ends) and [`respond`] (every response the gateway writes itself, refusals included):
 //!   the request runtime, which still forms one allowed cycle;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   the doors: [`gateway`], [`forward_auth`], [`rls`];
