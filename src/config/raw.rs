@@ -292,7 +292,7 @@ pub struct RawConcurrency {
 #[serde(untagged)]
 pub enum RawCost {
     Fixed(u64),
-    Response(RawResponseCost),
+    Response(Box<RawResponseCost>),
 }
 
 /// `cost: {response_header: x-usage-tokens, fallback: 1, min_cost: 1, max_cost: N}`, or
