@@ -313,8 +313,11 @@ fn end_act(
         Some(raw) => fields.insert(raw, limits, false),
         None => fields.insert(response.headers_mut(), limits, false),
     }
-    if lease.is_some() || meter.is_some() {
-        response = response.map(|body| crate::inflight::Leased::wrap(body, lease, meter));
+    if let Some(lease) = lease {
+        response = response.map(|body| ResponseBody::riding(body, lease));
+    }
+    if let Some(meter) = meter {
+        response = response.map(|body| ResponseBody::riding(body, meter));
     }
     response
 }

@@ -3,33 +3,29 @@
 //! from the response").
 //!
 //! A lease is a [`LeaseGuard`]: taken from [`AfterAdmission::lease`] right after the decision, it
-//! lives in the request's future and then in the response body ([`Leased`]), so it is released
+//! lives in the request's future and then in the response body ([`ResponseBody::riding`]), so it is released
 //! when the body ends, when the client goes away (hyper drops the body or the future), and when
 //! the request fails after admission (the guard is dropped with the error). Release is one more
 //! store call (Redis: spawned, off the client's path); a release that never happens (a crash) is
 //! bounded by the lease TTL.
 //!
-//! A cost from token usage in the body is a [`Meter`] (`meter.rs`), carried by the same body
-//! wrapper and settled when the body ends or is dropped.
+//! A cost from token usage in the body is a [`Meter`] (`meter.rs`), which rides on the response
+//! body too: it reads each data frame going by and settles when the body ends or is dropped.
 
 mod meter;
 
 pub use meter::Meter;
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderMap;
-use http_body::{Body, Frame, SizeHint};
 use prometheus::{IntCounter, IntGauge};
 
 use crate::config::{ResponseCost, Route};
 use crate::limiter::leases::LocalSlots;
 use crate::limiter::{Check, Rule, Store, Verdict};
-use crate::proxy::body::{BoxError, ResponseBody};
+use crate::proxy::body::{ResponseBody, Rider};
 use crate::state::{AppState, RouteResources};
 
 /// What the inline gateway owes an admitted request: the lease its concurrency policies hold and
@@ -318,82 +314,11 @@ impl Drop for LeaseGuard {
     }
 }
 
-/// A response body that holds a lease until it ends (or is dropped: the client went away), and
-/// that feeds a [`Meter`] the bytes going by, settling it when it ends or drops.
-#[derive(Debug)]
-pub struct Leased {
-    body: ResponseBody,
-    guard: Option<LeaseGuard>,
-    meter: Option<Meter>,
-}
-
-impl Leased {
-    /// `body` holding `guard` and feeding `meter`; `body` itself when there are neither.
-    pub fn wrap(
-        body: ResponseBody,
-        guard: Option<LeaseGuard>,
-        meter: Option<Meter>,
-    ) -> ResponseBody {
-        if guard.is_none() && meter.is_none() {
-            return body;
-        }
-        ResponseBody::Leased(Box::new(Leased { body, guard, meter }))
-    }
-
-    pub fn body(&self) -> &ResponseBody {
-        &self.body
-    }
-
-    pub fn body_mut(&mut self) -> &mut ResponseBody {
-        &mut self.body
-    }
-
-    /// The body is done with: the lease released, the meter settled (from the whole body when
-    /// it `ended`, else from what went by).
-    fn done(&mut self, ended: bool) {
-        if let Some(guard) = &mut self.guard {
-            guard.release();
-        }
-        if let Some(meter) = &mut self.meter {
-            if ended {
-                meter.finish();
-            } else {
-                meter.settle();
-            }
-        }
-    }
-}
-
-impl Body for Leased {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if let (Some(meter), Poll::Ready(Some(Ok(frame)))) = (&mut this.meter, &polled) {
-            if let Some(data) = frame.data_ref() {
-                meter.feed(data);
-            }
-        }
-        match &polled {
-            Poll::Ready(None) => this.done(true),
-            Poll::Ready(Some(Err(_))) => this.done(false),
-            _ if this.body.is_end_stream() => this.done(true),
-            _ => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+/// A lease rides on the response body ([`ResponseBody::riding`]): given back when the body
+/// ends, or dropped with it when the client goes away.
+impl Rider for LeaseGuard {
+    fn ended(&mut self, _complete: bool) {
+        self.release();
     }
 }
 

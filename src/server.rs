@@ -85,14 +85,14 @@ pub async fn start(
     let engine = Engine::new(store, Arc::new(MonotonicClock::new()), &metrics);
     let live = Live::attach(snapshot, &metrics);
     let state = Arc::new(AppState::new(live, engine, metrics));
-    state.overrides.rebuild(&state);
+    state.rebuild_overrides();
     let mut background = Shutdown::new();
     if matches!(state.engine.store(), Store::Redis(_)) {
         // The shared overrides: applied before the first request, then kept current.
-        crate::overrides::refresh(&state).await;
+        state.refresh_overrides().await;
         background.spawn_until_stopped(
             "overrides sync",
-            crate::overrides::sync(Arc::downgrade(&state)),
+            crate::state::sync_overrides(Arc::downgrade(&state)),
         );
     }
     let shutdown_rx = background.signal();
@@ -312,7 +312,7 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
         .live
         .store(Arc::new(Live::attach(next, &state.metrics)));
     // The file's overrides came with the config; the API's may name routes it changed.
-    state.overrides.rebuild(state);
+    state.rebuild_overrides();
     Ok(pending)
 }
 

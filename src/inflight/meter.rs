@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use prometheus::{IntCounter, IntGauge};
 
@@ -17,6 +18,7 @@ use crate::config::usage::{UsageCost, UsageFormat};
 use crate::config::{ResponseCost, Route};
 use crate::limiter::{Check, Rule, Store};
 use crate::metrics::UsageSeries;
+use crate::proxy::body::Rider;
 use crate::state::{AppState, RouteResources};
 use crate::usage::{Framing, Reported, Scanner};
 
@@ -199,6 +201,23 @@ impl Meter {
             }
         }
         apply(&self.state, charges, refunds, released);
+    }
+}
+
+/// A meter rides on the response body ([`crate::proxy::body::ResponseBody::riding`]): it reads
+/// each data frame, and settles when the body ends (a complete JSON body is read then) or, the
+/// client gone, when it is dropped with the body.
+impl Rider for Meter {
+    fn data(&mut self, data: &Bytes) {
+        self.feed(data);
+    }
+
+    fn ended(&mut self, complete: bool) {
+        if complete {
+            self.finish();
+        } else {
+            self.settle();
+        }
     }
 }
 
