@@ -171,19 +171,21 @@ impl ClientBody {
     }
 
     /// Reads the body's first bytes, up to `limit` + 1 (so that a larger body is known to be
-    /// one), waiting at most `idle` for each chunk. Returns the whole body when it ended within
-    /// `limit`, else `None`; either way every byte read is kept and forwarded first, so the
-    /// upstream gets the body unchanged. A client whose body breaks gets [`BadClientBody`].
+    /// one), for `wait` at most in all. Returns the whole body when it ended within `limit`,
+    /// else `None` (too large, or too slow: the rest is forwarded under the body's own
+    /// timeouts); either way every byte read is kept and forwarded first, so the upstream gets
+    /// the body unchanged. A client whose body breaks gets [`BadClientBody`].
     pub async fn read_prefix(
         &mut self,
         limit: u64,
-        idle: Duration,
+        wait: Duration,
     ) -> Result<Option<Bytes>, BadClientBody> {
         use http_body_util::BodyExt;
         let Some(inner) = &mut self.inner else {
             return Ok(Some(Bytes::new()));
         };
         let mut read = bytes::BytesMut::new();
+        let deadline = Instant::now() + wait;
         let whole = loop {
             if read.len() as u64 > limit {
                 break false;
@@ -191,7 +193,7 @@ impl ClientBody {
             if inner.is_end_stream() {
                 break true;
             }
-            match tokio::time::timeout(idle, inner.frame()).await {
+            match tokio::time::timeout_at(deadline, inner.frame()).await {
                 // Slow: forwarded as it comes, under the body's own timeouts.
                 Err(_) => break false,
                 Ok(None) => break true,
