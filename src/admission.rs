@@ -156,8 +156,9 @@ async fn admit_with<'l>(
     // The route's policy index of each pushed check, and the enforced ones that applied.
     let mut pushed = [0u8; MAX_POLICIES];
     let mut applied = 0u64;
-    // (pushed index, policy index) of the checks that need something after admission.
-    let mut later: Vec<(usize, usize)> = Vec::new();
+    // (pushed index, policy index, units taken) of the checks that need something after
+    // admission.
+    let mut later: Vec<(usize, usize, u64)> = Vec::new();
     for (p, (policy, metrics)) in route.policies.iter().zip(&resources.policies).enumerate() {
         let concurrency = matches!(policy.rule, Rule::Concurrency(_));
         if concurrency && !inline {
@@ -177,8 +178,13 @@ async fn admit_with<'l>(
             let rule = overrides.rule(&key).unwrap_or(&policy.rule);
             let cost = match &policy.response_cost {
                 Some(rc) if !inline => rc.total(None).min(crate::inflight::most_charged(rc, rule)),
+                // At most `max_cost`, less when the request body bounds it.
+                Some(rc) if rc.reserve => crate::usage::request::reservation(rc, view.body),
                 _ => policy.cost,
             };
+            if inline && policy.response_cost.as_ref().is_some_and(|rc| rc.reserve) {
+                checks.refundable();
+            }
             let i = checks.push(key, rule, cost, policy.shadow, tally);
             if let Some(slot) = pushed.get_mut(i) {
                 *slot = p as u8;
@@ -187,7 +193,7 @@ async fn admit_with<'l>(
                 applied |= 1 << p;
             }
             if inline && (concurrency || policy.response_cost.is_some()) {
-                later.push((i, p));
+                later.push((i, p, cost));
             }
         }
     }
@@ -201,7 +207,7 @@ async fn admit_with<'l>(
     let mut verdict = state.engine.decide(checks, failure_mode).await;
     // A shadow policy that would have refused consumed nothing: no lease to hold or release, no
     // response cost to charge.
-    later.retain(|&(i, p)| {
+    later.retain(|&(i, p, _)| {
         !route.policies.get(p).is_some_and(|policy| policy.shadow)
             || verdict.outcome(i).is_some_and(|o| o.allowed)
     });
@@ -352,6 +358,8 @@ pub async fn check<'l, B>(
             .trusted_proxies
             .client_ip(peer.to_canonical(), req.headers()),
         client_prefix: live.config.client_prefix,
+        // forward-auth never sees the body: a `body:` key part is absent there.
+        body: None,
     };
     let resources = &live.routes[index];
     let checked = match admit(state, route, resources, &view, note).await {

@@ -99,12 +99,11 @@ pub fn handle(
             if let Some((index, params)) = crate::quota::endpoint_for(&live, &head) {
                 let answer = crate::quota::answer(&state, &live, index, &params, peer, &req, host);
                 let response = Box::pin(answer).await;
-                if let Some(resources) = live.routes.get(index) {
-                    resources
-                        .metrics
-                        .record_response(response.status().as_u16(), seconds_since(started));
-                }
-                return Ok(response);
+                let metrics = live
+                    .routes
+                    .get(index)
+                    .map_or(&live.unmatched, |r| &r.metrics);
+                return Ok(tag.finish(response, metrics, record, false));
             }
         }
         // One pass over the routes that could match decides both 404 and 405.
@@ -129,10 +128,38 @@ pub fn handle(
         if let Some(record) = &mut record {
             record.decided.route = Some(route.name.clone());
         }
+        // Only where a policy needs it: the body's first bytes, forwarded unchanged after.
+        let body = if route.reads_body() {
+            let server = &live.config.server;
+            match req
+                .body_mut()
+                .read_prefix(server.json_body_limit, server.body_read_timeout)
+                .await
+            {
+                Ok(whole) => whole.and_then(|bytes| crate::usage::request::parse(&bytes)),
+                Err(_) => {
+                    let refusal = Refusal::BadRequest("malformed request body".to_string());
+                    let response = crate::inflight::refusal(route, &refusal);
+                    return Ok(tag.finish(response, &resources.metrics, record, true));
+                }
+            }
+        } else {
+            None
+        };
+        // Read again: the body's read above needed the request whole.
+        let host = normalize::host::host(req.headers());
         // Admission reads the request (and the host found above); only then is it moved on.
         let note = record.as_mut().map(|r| &mut r.decided);
         let admitted = admit(
-            &state, &live, route, resources, &params, peer_ip, &req, host, note,
+            &state,
+            &live,
+            route,
+            resources,
+            &params,
+            peer_ip,
+            &req,
+            (host, body.as_ref()),
+            note,
         )
         .await;
         // The act phase, its steps synchronous but the upstream's: this future holds the request's
@@ -145,6 +172,8 @@ pub fn handle(
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
                 let mut lease = after.lease(&state, resources.metrics.in_flight());
+                // Likewise settled from here at the latest (charged its fallback unread).
+                let meter = after.meter(&state, route, resources);
                 // Bound before the await, so the step's result is not kept in this future's state.
                 let answered = 'act: {
                     let (outgoing, upgrade) =
@@ -167,7 +196,9 @@ pub fn handle(
                         })
                 };
                 answered.map(|response| {
-                    end_act(&state, route, resources, response, &limits, after, lease)
+                    end_act(
+                        &state, route, resources, response, &limits, after, lease, meter,
+                    )
                 })
             }
             Err(refusal) => {
@@ -250,7 +281,7 @@ async fn admit<'l>(
     params: &PathParams,
     peer_ip: std::net::IpAddr,
     req: &Request<ClientBody>,
-    host: Option<&str>,
+    (host, body): (Option<&str>, Option<&crate::keys::JsonBody>),
     note: Option<&mut Decided>,
 ) -> Result<Admission, Refusal<'l>> {
     if matches!(route.action, Action::CheckOnly) {
@@ -274,6 +305,7 @@ async fn admit<'l>(
         params,
         client_ip,
         client_prefix: live.config.client_prefix,
+        body,
     };
     let (admitted, after) = admission::admit_inline(state, route, resources, &view, note).await?;
     Ok(Admission {
@@ -318,6 +350,15 @@ fn begin_act<'l>(
                     None => return Err(Refusal::BadRequest("unforwardable path".to_string())),
                 }
             }
+            // A compressed body hides its usage: the upstream is asked for identity
+            // (`docs/llm.md`); the client gets the body uncompressed.
+            if route.policies.iter().any(|p| {
+                p.response_cost
+                    .as_ref()
+                    .is_some_and(|rc| rc.usage().is_some())
+            }) {
+                req.headers_mut().remove(http::header::ACCEPT_ENCODING);
+            }
             let client_side = ClientSide {
                 peer: peer_ip,
                 peer_trusted: live.config.trusted_proxies.contains(&peer_ip),
@@ -334,7 +375,8 @@ fn begin_act<'l>(
 }
 
 /// The act phase, after the answer: the response's cost charged, the rate-limit fields added,
-/// the lease carried by the body.
+/// the lease and the usage meter carried by the body.
+#[allow(clippy::too_many_arguments)]
 fn end_act(
     state: &Arc<AppState>,
     route: &Route,
@@ -343,9 +385,13 @@ fn end_act(
     limits: &crate::respond::Limits,
     after: crate::inflight::AfterAdmission,
     lease: Option<crate::inflight::LeaseGuard>,
+    mut meter: Option<crate::inflight::Meter>,
 ) -> Response<ResponseBody> {
-    if after.reads_response() {
+    if after.reads_response() || meter.is_some() {
         crate::proxy::fields::materialize(&mut response);
+    }
+    if let Some(meter) = &mut meter {
+        meter.head(response.status(), response.headers());
     }
     after.charge(state, route, resources, response.headers());
     // A lean upstream response keeps its fields raw: the gateway's go beside them, unformatted.
@@ -356,6 +402,9 @@ fn end_act(
     }
     if let Some(lease) = lease {
         response = response.map(|body| ResponseBody::riding(body, lease));
+    }
+    if let Some(meter) = meter {
+        response = response.map(|body| ResponseBody::riding(body, meter));
     }
     response
 }

@@ -8,6 +8,13 @@
 //! the request fails after admission (the guard is dropped with the error). Release is one more
 //! store call (Redis: spawned, off the client's path); a release that never happens (a crash) is
 //! bounded by the lease TTL.
+//!
+//! A cost from token usage in the body is a [`Meter`] (`meter.rs`), which rides on the response
+//! body too: it reads each data frame going by and settles when the body ends or is dropped.
+
+mod meter;
+
+pub use meter::Meter;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,21 +41,30 @@ pub struct AfterAdmission {
     local: Option<LocalSlots>,
     /// (counter key, rule) of each concurrency check holding `lease` or `local`.
     leased: Vec<(String, Rule)>,
-    /// (counter key, rule, policy index in the route) of each cost from the response.
-    charges: Vec<(String, Rule, usize)>,
+    /// (counter key, rule, policy index in the route, units admission took) of each cost from
+    /// the response.
+    charges: Vec<(String, Rule, usize, u64)>,
+    /// The store decided (and so took what admission asked): a request admitted because the
+    /// store failed may have taken nothing, so its reservations are never refunded.
+    decided: bool,
 }
 
 impl AfterAdmission {
     /// From an admitting `verdict`: `later` pairs the index each check was pushed at with its
-    /// policy's index in `route`.
-    pub(crate) fn new(route: &Route, verdict: &mut Verdict<'_>, later: &[(usize, usize)]) -> Self {
+    /// policy's index in `route` and the units it took.
+    pub(crate) fn new(
+        route: &Route,
+        verdict: &mut Verdict<'_>,
+        later: &[(usize, usize, u64)],
+    ) -> Self {
         let mut after = AfterAdmission {
             lease: verdict.lease(),
             unconfirmed: verdict.unconfirmed_lease(),
             local: verdict.take_local(),
+            decided: verdict.kind == crate::limiter::Kind::Allowed,
             ..AfterAdmission::default()
         };
-        for &(i, j) in later {
+        for &(i, j, taken) in later {
             let Some(policy) = route.policies.get(j) else {
                 continue;
             };
@@ -63,7 +79,7 @@ impl AfterAdmission {
                     after.leased.push((key, rule));
                 }
             } else if policy.response_cost.is_some() {
-                after.charges.push((key, rule, j));
+                after.charges.push((key, rule, j, taken));
             }
         }
         after
@@ -95,15 +111,41 @@ impl AfterAdmission {
         })
     }
 
-    /// Whether [`charge`](Self::charge) reads the response's fields: a policy of the request
-    /// charges a cost from a response header.
+    /// Whether [`charge`](Self::charge) or a [`Meter`] reads the response's fields: a policy of
+    /// the request charges a cost from the response.
     pub fn reads_response(&self) -> bool {
         !self.charges.is_empty()
     }
 
-    /// Charges each cost from the response now that its head is here: the header's amount (or
-    /// the fallback) less the `min_cost` admission took. In-process at once; on Redis in a
-    /// spawned task, so the client's response is not held up by the extra round trip.
+    /// The meter of the request's costs from token usage in the body (taken out of this), to be
+    /// told the response head and fed its body; settled at the latest when dropped.
+    pub fn meter(
+        &mut self,
+        state: &Arc<AppState>,
+        route: &Route,
+        resources: &RouteResources,
+    ) -> Option<Meter> {
+        let is_usage = |j: usize| {
+            route
+                .policies
+                .get(j)
+                .and_then(|p| p.response_cost.as_ref())
+                .is_some_and(|rc| rc.usage().is_some())
+        };
+        if !self.charges.iter().any(|(_, _, j, _)| is_usage(*j)) {
+            return None;
+        }
+        let (usage, header): (Vec<_>, Vec<_>) = std::mem::take(&mut self.charges)
+            .into_iter()
+            .partition(|(_, _, j, _)| is_usage(*j));
+        self.charges = header;
+        Meter::new(state, route, resources, usage, self.decided)
+    }
+
+    /// Charges each cost from a response header now that the head is here: the header's amount
+    /// (or the fallback) less the `min_cost` admission took, or with `reserve` the `max_cost`
+    /// admission took less that amount refunded. In-process at once; on Redis in a spawned task,
+    /// so the client's response is not held up by the extra round trip.
     pub fn charge(
         &self,
         state: &Arc<AppState>,
@@ -112,7 +154,8 @@ impl AfterAdmission {
         headers: &HeaderMap,
     ) {
         let mut due: Vec<(String, Rule, u64, IntCounter)> = Vec::new();
-        for (key, rule, j) in &self.charges {
+        let mut refunds: Vec<(String, Rule, u64, ())> = Vec::new();
+        for (key, rule, j, taken) in &self.charges {
             let (Some(policy), Some(metrics)) =
                 (route.policies.get(*j), resources.policies.get(*j))
             else {
@@ -121,24 +164,44 @@ impl AfterAdmission {
             let Some(rc) = &policy.response_cost else {
                 continue;
             };
-            let total = rc
-                .total(headers.get(&rc.header))
-                .min(most_charged(rc, rule));
+            let Some(header) = rc.header() else {
+                continue;
+            };
+            let total = rc.total(headers.get(header)).min(most_charged(rc, rule));
+            if rc.reserve && !self.decided {
+                continue;
+            }
+            if rc.reserve {
+                let back = taken.saturating_sub(total);
+                if back > 0 {
+                    refunds.push((key.clone(), *rule, back, ()));
+                }
+                continue;
+            }
             let extra = total.saturating_sub(rc.min_cost);
             if extra > 0 {
                 due.push((key.clone(), *rule, extra, metrics.cost_charged().clone()));
             }
         }
-        if due.is_empty() {
+        if due.is_empty() && refunds.is_empty() {
             return;
         }
         if let Store::Memory(store) = state.engine.store() {
             store.charge(&checks(&due));
+            store.refund(&checks(&refunds));
             due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra));
             return;
         }
         let state = state.clone();
         tokio::spawn(async move {
+            if !refunds.is_empty() {
+                if let Err(error) = state.engine.refund(&checks(&refunds)).await {
+                    tracing::warn!(%error, "refunding a reservation failed");
+                }
+            }
+            if due.is_empty() {
+                return;
+            }
             match state.engine.charge(&checks(&due)).await {
                 Ok(()) => due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra)),
                 Err(error) => tracing::warn!(%error, "charging a cost from the response failed"),

@@ -31,6 +31,19 @@ pub enum KeyPart {
     Host,
     /// A claim of the request's bearer token, once verified ([`crate::jwt`]).
     Jwt(Box<str>),
+    /// A string or number in the JSON request body, at this JSON pointer (`body:model` is
+    /// `/model`); read only on routes that name one, up to `server.json_body_limit` bytes.
+    Body(Box<str>),
+}
+
+/// A JSON request body read before admission (`crate::usage::request`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonBody {
+    pub value: serde_json::Value,
+    /// The body's length in bytes.
+    pub bytes: u64,
+    /// It names content whose tokens its bytes do not bound (an image, audio, a file).
+    pub opaque: bool,
 }
 
 /// What key extraction may read from a request, after [`crate::normalize::canonicalize`].
@@ -45,6 +58,8 @@ pub struct RequestView<'a> {
     pub params: &'a PathParams,
     pub client_ip: IpAddr,
     pub client_prefix: ClientPrefix,
+    /// The JSON request body, when the route reads it and it was JSON within the limit.
+    pub body: Option<&'a JsonBody>,
 }
 
 /// A request that names a key part more than once: it is refused with 400, since the limiter
@@ -125,12 +140,28 @@ pub fn write_key(
                     continue;
                 }
             },
+            KeyPart::Body(pointer) => match req.body.and_then(|b| body_value(&b.value, pointer)) {
+                Some(v) => v,
+                None => {
+                    present = false;
+                    continue;
+                }
+            },
         };
         if present {
             push_bounded(&value, out);
         }
     }
     Ok(present)
+}
+
+/// The string or number at `pointer` in `body`; anything else is absent.
+fn body_value<'b>(body: &'b serde_json::Value, pointer: &str) -> Option<Cow<'b, [u8]>> {
+    match body.pointer(pointer)? {
+        serde_json::Value::String(s) => Some(Cow::Borrowed(s.as_bytes())),
+        serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string().into_bytes())),
+        _ => None,
+    }
 }
 
 /// How much of the client's address names its counter: a network, since whoever holds an IPv6

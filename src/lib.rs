@@ -27,7 +27,9 @@
 //!   [`route`] and [`keys`] (which route a request belongs to and which counters it touches, as
 //!   pure functions compiled at load), [`jwt`] (bearer tokens verified, keys loaded once per
 //!   config load, before a claim becomes a key part), [`rate_limit_headers`] (a route's
-//!   rate-limit fields: the plan compiled with the config and its writer);
+//!   rate-limit fields: the plan compiled with the config and its writer), [`usage`] (token
+//!   usage read from LLM response bodies and event streams as they go by, and the request
+//!   body's bound on a reservation);
 //! - [`limiter`]: the algorithm spec ([`limiter::algorithm`]), the stores that keep counters, and
 //!   the [`limiter::Engine`] whose `decide` every door calls: it merges duplicate keys, applies
 //!   the failure mode, counts decisions and picks the governing outcome; with the [`clock`] it
@@ -43,7 +45,7 @@
 //!   ([`state::AppState`]): the snapshot with its runtime resources attached ([`state::Live`],
 //!   swapped whole on reload), the engine, the metrics and the overrides, with the task keeping
 //!   them current; [`inflight`] (concurrency leases riding on the response body, and response
-//!   costs, after admission);
+//!   costs after admission: usage costs settled by a meter riding on the body as it ends);
 //! - [`request_id`] (the id a request is known by, kept or made) and [`access_log`] (the record
 //!   a door fills per request, queued to a writer thread that formats and writes it), below
 //!   admission and the doors;
@@ -94,6 +96,7 @@ pub mod state;
 pub mod tls;
 pub mod top_limited;
 pub mod units;
+pub mod usage;
 pub mod watch;
 
 pub use server::{start, Running};

@@ -42,6 +42,7 @@ pub struct Families {
     rls: rls::RlsMetricVecs,
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
+    usage: UsageVecs,
     quota_units: IntCounterVec,
     upstream_requests: IntCounterVec,
     upstream_ejections: IntCounterVec,
@@ -195,7 +196,35 @@ pub struct PolicyMetrics {
     /// Calendar quota policies also count `turnstile_quota_used_units_total`.
     quota: bool,
     series: OnceLock<PolicySeries>,
+    /// A cost from token usage: resolved on the first response settled.
+    usage: OnceLock<UsageSeries>,
 }
+
+/// The token-usage families (`docs/llm.md`, "Metrics").
+#[derive(Debug, Clone)]
+struct UsageVecs {
+    tokens: IntCounterVec,
+    reserved: IntGaugeVec,
+    refunded: IntCounterVec,
+    unreported: IntCounterVec,
+}
+
+/// One policy's token-usage series, for [`crate::inflight`]'s settlement.
+#[derive(Debug, Clone)]
+pub struct UsageSeries {
+    /// Tokens the responses reported, by kind: input (not cached), cached_input, output (not
+    /// reasoning), reasoning.
+    pub tokens: [IntCounter; 4],
+    /// Units reserved at admission and not yet settled.
+    pub reserved: IntGauge,
+    /// Units given back by settlements.
+    pub refunded: IntCounter,
+    /// Responses that reported no usage (charged the fallback).
+    pub unreported: IntCounter,
+}
+
+/// The `kind` label of [`UsageSeries::tokens`], in its order.
+pub const TOKEN_KINDS: [&str; 4] = ["input", "cached_input", "output", "reasoning"];
 
 #[derive(Debug, Clone)]
 struct PolicySeries {
@@ -244,6 +273,21 @@ impl PolicyMetrics {
     /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
     pub fn cost_charged(&self) -> &IntCounter {
         &self.series().cost_charged
+    }
+
+    /// The token-usage series of this policy, exported from the first response settled.
+    pub fn usage(&self) -> &UsageSeries {
+        self.usage.get_or_init(|| {
+            let v = &self.metrics.usage;
+            let labels = [&*self.route, &*self.policy];
+            UsageSeries {
+                tokens: TOKEN_KINDS
+                    .map(|kind| v.tokens.with_label_values(&[labels[0], labels[1], kind])),
+                reserved: v.reserved.with_label_values(&labels),
+                refunded: v.refunded.with_label_values(&labels),
+                unreported: v.unreported.with_label_values(&labels),
+            }
+        })
     }
 
     /// Units an admitted request charged to this policy, counted for quota policies only.
@@ -505,6 +549,40 @@ impl Metrics {
                 "Units charged after the response (cost from a response header), per policy.",
                 &["route", "policy"],
             ),
+            usage: UsageVecs {
+                tokens: counter(
+                    "turnstile_tokens_total",
+                    "Tokens the responses reported, per policy and kind (input, cached_input, \
+                     output, reasoning; each token counted in one kind).",
+                    &["route", "policy", "kind"],
+                ),
+                reserved: {
+                    let name = "turnstile_cost_reserved_units";
+                    let g = IntGaugeVec::new(
+                        Opts::new(
+                            name,
+                            "Units reserved at admission (reserve: true) and not yet settled.",
+                        ),
+                        &["route", "policy"],
+                    )
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                    registry
+                        .register(Box::new(g.clone()))
+                        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                    g
+                },
+                refunded: counter(
+                    "turnstile_cost_refunded_total",
+                    "Units of reservations given back when the response reported its usage.",
+                    &["route", "policy"],
+                ),
+                unreported: counter(
+                    "turnstile_usage_unreported_total",
+                    "Responses that reported no token usage (cut off, malformed, too large, no \
+                     usage asked for) and were charged the fallback.",
+                    &["route", "policy"],
+                ),
+            },
             upstream_requests: counter(
                 "turnstile_upstream_requests_total",
                 "Attempts on each upstream target, by outcome (a connect error retried elsewhere \
@@ -605,6 +683,7 @@ impl Metrics {
             policy: policy.into(),
             quota: false,
             series: OnceLock::new(),
+            usage: OnceLock::new(),
         }
     }
 

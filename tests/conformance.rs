@@ -633,6 +633,8 @@ enum Op {
     Renew(u64, usize, u64),
     /// At `now`, peek these (counter, cost) checks: the expected outcomes, and nothing written.
     Peek(u64, Vec<(usize, u64)>, Vec<(bool, u64, u64, u64, u64)>),
+    /// At `now`, give back `cost` to counter `i` (a reservation settled below what it took).
+    Refund(u64, usize, u64),
 }
 
 fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
@@ -819,6 +821,26 @@ fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
             ],
         ),
         (
+            "reserve_then_refund_bucket",
+            vec![tb(1.0, 10), tb(1.0, 10)],
+            vec![
+                // A reservation of 8, of which the response used 3: 5 come back.
+                Take(T, vec![(0, 8)], 0, vec![(true, 10, 2, 8 * S, 0)]),
+                Refund(T, 0, 5),
+                Take(T, vec![(0, 8)], 0, vec![(false, 10, 7, 3 * S, S)]),
+                Take(T, vec![(0, 7)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                // Never above the burst: 0 + 20 is 10, full.
+                Refund(T + 2 * S, 0, 20),
+                Take(T + 2 * S, vec![(0, 10)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                // Added before the refill since T + 2 s: 4 + 3 s of refill.
+                Refund(T + 5 * S, 0, 4),
+                Take(T + 5 * S, vec![(0, 0)], 0, vec![(true, 10, 7, 3 * S, 0)]),
+                // A counter never taken from (or forgotten full) gets nothing: still 10.
+                Refund(T + 5 * S, 1, 4),
+                Take(T + 5 * S, vec![(1, 0)], 0, vec![(true, 10, 10, 0, 0)]),
+            ],
+        ),
+        (
             "charge_window",
             vec![sw(5, 10 * S, 0)],
             vec![
@@ -921,6 +943,11 @@ async fn leases_and_charges_follow_the_spec() {
                         writes,
                         "the peek wrote, {name} op {n}"
                     );
+                }
+                Op::Refund(now, i, cost) => {
+                    clock.set(*now);
+                    memory.refund(&[check(*i, *cost)]);
+                    remote.refund(&[check(*i, *cost)]).await.expect("refund");
                 }
             }
         }

@@ -91,6 +91,18 @@ routes:
       - name: daily
         key: [client_ip]
         quota: {{ limit: 1000000, per: day, time_zone: UTC }}
+  - name: llm
+    match:
+      prefix: /llm
+    respond:
+      status: 200
+      content_type: application/json
+      body: '{{"usage":{{"prompt_tokens":3,"completion_tokens":4}}}}'
+    policies:
+      - name: tokens
+        key: [client_ip]
+        token_bucket: {{ rate: 1/h, burst: 1000 }}
+        cost: {{ usage: openai, reserve: true, max_cost: 100 }}
   - name: broken
     match:
       prefix: /broken
@@ -127,6 +139,10 @@ routes:
     for _ in 0..4 {
         assert_eq!(get_status(public, "/broken"), 502);
     }
+    // Token usage read from a JSON body (the token panels).
+    for _ in 0..2 {
+        assert_eq!(get_status(public, "/llm"), 200);
+    }
     for _ in 0..2 {
         assert_eq!(get_status(public, "/slow/x"), 504);
     }
@@ -140,7 +156,8 @@ routes:
             .wait_for_value(expr, want, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log()));
     };
-    scraped("sum(turnstile_requests_total)", 309.0);
+    scraped("sum(turnstile_requests_total)", 311.0);
+    scraped("sum(turnstile_tokens_total{route=\"llm\"})", 14.0);
     scraped(
         "sum(turnstile_requests_total{route=\"users\",code=\"429\"})",
         200.0,
@@ -168,8 +185,9 @@ routes:
         3.0,
     );
     // The memory store holds one counter per user (per_user), and one each for the client's
-    // address (per_ip) and its quota (daily); the public listener has no connection left open.
-    scraped("sum(turnstile_memory_store_keys)", 22.0);
+    // address (per_ip), its quota (daily) and its token budget (llm); the public listener has no
+    // connection left open.
+    scraped("sum(turnstile_memory_store_keys)", 23.0);
     scraped("sum(turnstile_memory_store_max_keys)", 1_000_000.0);
     scraped("sum(turnstile_open_connections{listener=\"public\"})", 0.0);
     std::thread::sleep(Duration::from_secs(2));

@@ -1,24 +1,31 @@
-//! `concurrency:` and `cost: {response_header}` on a policy: the parts of
+//! `concurrency:` and `cost: {response_header}` / `cost: {usage}` on a policy: the parts of
 //! [`super::policies::policy`] for requests in flight and costs known only from the response
-//! (`docs/algorithms.md`).
+//! (`docs/algorithms.md`, `docs/llm.md`).
 
 use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
 
 use super::{parse_duration, Errors};
-use crate::config::raw::{RawCost, RawPolicy};
-use crate::config::snapshot::{Action, Policy, ResponseCost};
+use crate::config::raw::{RawCost, RawPolicy, RawResponseCost};
+use crate::config::snapshot::{Action, CostSource, Policy, ResponseCost};
+use crate::config::units::parse_size;
+use crate::config::usage::{self, UsageCost, DEFAULT_MAX_BODY, MAX_MAX_BODY};
 use crate::limiter::{Concurrency, Rule};
 
 /// A lease outlives its request by at most this when the instance holding it dies.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(60);
 
-/// The units taken at admission: the fixed `cost`, or a response cost's `min_cost` (default 1).
+/// The units taken at admission: the fixed `cost`, or a response cost's `min_cost` (default 1),
+/// or with `reserve: true` its `max_cost` (default: the burst).
 pub(super) fn admission_cost(raw: &RawPolicy) -> u64 {
     match &raw.cost {
         None => 1,
         Some(RawCost::Fixed(cost)) => *cost,
+        Some(RawCost::Response(rc)) if rc.reserve == Some(true) => rc
+            .max_cost
+            .or(raw.token_bucket.as_ref().map(|tb| tb.burst))
+            .unwrap_or(1),
         Some(RawCost::Response(rc)) => rc.min_cost.unwrap_or(1),
     }
 }
@@ -83,40 +90,127 @@ pub(super) fn finish(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut P
     let Some(RawCost::Response(rc)) = &raw.cost else {
         return;
     };
+    let at = |field: &str| format!("{path}.cost.{field}");
+    let source = source(e, path, rc);
     if !matches!(policy.rule, Rule::TokenBucket(_) | Rule::SlidingWindow(_)) {
         e.add(
-            format!("{path}.cost.response_header"),
+            at(source_field(rc)),
             "a cost from the response applies to a token bucket or a sliding window only",
         );
         return;
     }
-    let header = e.take(
-        format!("{path}.cost.response_header"),
-        HeaderName::from_bytes(rc.response_header.as_bytes())
-            .map_err(|_| format!("`{}` is not a header name", rc.response_header)),
-    );
+    let reserve = rc.reserve == Some(true);
+    if reserve && !matches!(policy.rule, Rule::TokenBucket(_)) {
+        e.add(
+            at("reserve"),
+            "a reservation is refunded to a token bucket only (a window's entries keep their \
+             admission time): use a token_bucket, or leave reserve out",
+        );
+    }
+    if reserve && rc.min_cost.is_some() {
+        e.add(
+            at("min_cost"),
+            "with reserve: true admission takes max_cost; min_cost does not apply",
+        );
+    }
     let limit = policy.rule.limit();
     let max_cost = rc.max_cost.unwrap_or(limit);
     if max_cost == 0 || max_cost > limit {
         e.add(
-            format!("{path}.cost.max_cost"),
+            at("max_cost"),
             format!("must be 1 to the burst or limit ({limit})"),
         );
     }
-    let fallback = rc.fallback.unwrap_or(1);
-    if max_cost < policy.cost {
+    // A reservation settles down to `min_cost` (1) at least; admission took `max_cost`.
+    let min_cost = if reserve { 1 } else { policy.cost };
+    if max_cost < min_cost {
         e.add(
-            format!("{path}.cost.max_cost"),
-            format!("{max_cost} is less than min_cost ({})", policy.cost),
+            at("max_cost"),
+            format!("{max_cost} is less than min_cost ({min_cost})"),
         );
     }
-    if let Some(header) = header {
-        policy.response_cost = Some(ResponseCost {
-            header,
-            fallback,
-            min_cost: policy.cost,
-            max_cost,
-        });
+    // No usage in the body: charged in full, the conservative reading (docs/llm.md).
+    let usage = rc.usage.is_some();
+    let fallback = match usage {
+        false => rc.fallback.unwrap_or(1),
+        true => rc.fallback.unwrap_or(max_cost),
+    };
+    if usage && fallback > max_cost {
+        e.add(
+            at("fallback"),
+            format!("{fallback} is more than max_cost ({max_cost})"),
+        );
+    }
+    let Some(source) = source else {
+        return;
+    };
+    policy.response_cost = Some(ResponseCost {
+        source,
+        fallback,
+        min_cost,
+        max_cost,
+        reserve,
+    });
+}
+
+/// The field a response cost names its source in, for errors.
+fn source_field(rc: &RawResponseCost) -> &'static str {
+    if rc.response_header.is_some() {
+        "response_header"
+    } else {
+        "usage"
+    }
+}
+
+/// `response_header` or `usage` (with its `weights` and `max_body`): exactly one.
+fn source(e: &mut Errors, path: &str, rc: &RawResponseCost) -> Option<CostSource> {
+    let at = |field: &str| format!("{path}.cost.{field}");
+    match (&rc.response_header, &rc.usage) {
+        (Some(_), Some(_)) | (None, None) => {
+            e.add(
+                format!("{path}.cost"),
+                "give one of `response_header` or `usage`",
+            );
+            None
+        }
+        (Some(header), None) => {
+            for (field, given) in [
+                ("weights", rc.weights.is_some()),
+                ("max_body", rc.max_body.is_some()),
+            ] {
+                if given {
+                    e.add(at(field), "applies to `usage` only");
+                }
+            }
+            e.take(
+                at("response_header"),
+                HeaderName::from_bytes(header.as_bytes())
+                    .map_err(|_| format!("`{header}` is not a header name")),
+            )
+            .map(CostSource::Header)
+        }
+        (None, Some(raw)) => {
+            let format = e.take(at("usage"), usage::format(raw));
+            let weights = e.take(at("weights"), usage::weights(rc.weights.as_ref()));
+            let max_body = match &rc.max_body {
+                None => Some(DEFAULT_MAX_BODY),
+                Some(text) => e.take(
+                    at("max_body"),
+                    parse_size(text).and_then(|n| {
+                        if n == 0 || n > MAX_MAX_BODY {
+                            Err(format!("`{text}`: must be 1 byte to 64MiB"))
+                        } else {
+                            Ok(n as usize)
+                        }
+                    }),
+                ),
+            };
+            Some(CostSource::Usage(UsageCost {
+                format: format?,
+                weights: weights?,
+                max_body: max_body?,
+            }))
+        }
     }
 }
 
@@ -227,7 +321,7 @@ mod tests {
         let p = &s.routes[0].policies[0];
         assert_eq!(p.cost, 2, "admission takes min_cost");
         let rc = p.response_cost.as_ref().expect("response cost");
-        assert_eq!(rc.header, "x-usage-tokens");
+        assert_eq!(rc.header().map(|h| h.as_str()), Some("x-usage-tokens"));
         assert_eq!(rc.max_cost, 50, "max_cost defaults to the burst");
         let total = |v: Option<&'static str>| rc.total(v.map(HeaderValue::from_static).as_ref());
         assert_eq!(total(Some("17")), 17);
@@ -318,5 +412,88 @@ mod tests {
                 .any(|m| m.contains("cost.max_cost: must be 1 to the burst or limit (5)")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_usage_cost_reserves_max_cost_and_weighs_its_tokens() {
+        let s = parse(
+            &format!(
+                "{BASE}        token_bucket: {{ rate: 1000/m, burst: 20000 }}\n        \
+                 cost: {{ usage: openai, reserve: true, max_cost: 4000, \
+                 weights: {{ output: 4, cached_input: 0.5 }} }}\n"
+            ),
+            Path::new("p.yaml"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let p = &s.routes[0].policies[0];
+        assert_eq!(p.cost, 4000, "admission reserves max_cost");
+        let rc = p.response_cost.as_ref().expect("response cost");
+        assert!(rc.reserve);
+        assert_eq!((rc.min_cost, rc.max_cost, rc.fallback), (1, 4000, 4000));
+        let usage = rc.usage().expect("usage");
+        assert_eq!(usage.format, crate::config::usage::UsageFormat::OpenAi);
+        assert_eq!(usage.max_body, 1 << 20);
+        let w = usage.weights;
+        assert_eq!(
+            (w.input, w.output, w.cached_input, w.reasoning),
+            (1.0, 4.0, 0.5, 4.0)
+        );
+    }
+
+    #[test]
+    fn usage_cost_mistakes_are_errors_at_their_field() {
+        let tb = "        token_bucket: { rate: 1/s, burst: 50 }\n";
+        let sw = "        sliding_window: { limit: 50, window: 1m }\n";
+        for (rule, cost, want) in [
+            (
+                sw,
+                "{ usage: openai, reserve: true }",
+                "cost.reserve: a reservation is refunded to a token bucket only",
+            ),
+            (
+                tb,
+                "{ usage: openai, reserve: true, min_cost: 2 }",
+                "cost.min_cost: with reserve: true",
+            ),
+            (
+                tb,
+                "{ usage: gemini }",
+                "cost.usage: `gemini`: give `openai`, `anthropic`",
+            ),
+            (
+                tb,
+                "{ usage: { output: usage.out } }",
+                "cost.usage: `usage.out` is not a JSON pointer",
+            ),
+            (
+                tb,
+                "{ usage: openai, weights: { output: -1 } }",
+                "cost.weights: output: `-1` must be a number at least 0",
+            ),
+            (
+                tb,
+                "{ usage: openai, response_header: x-cost }",
+                "cost: give one of `response_header` or `usage`",
+            ),
+            (
+                tb,
+                "{ response_header: x-cost, weights: { output: 2 } }",
+                "cost.weights: applies to `usage` only",
+            ),
+            (
+                tb,
+                "{ usage: openai, fallback: 60 }",
+                "cost.fallback: 60 is more than max_cost (50)",
+            ),
+            (
+                tb,
+                "{ usage: openai, max_body: 1GiB }",
+                "cost.max_body: `1GiB`: must be 1 byte to 64MiB",
+            ),
+        ] {
+            let e = errors(&format!("{rule}        cost: {cost}\n"));
+            assert!(e.iter().any(|m| m.contains(want)), "{cost}: {e:?}");
+            assert!(e.iter().all(|m| m.starts_with("p.yaml:")), "{e:?}");
+        }
     }
 }

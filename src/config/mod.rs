@@ -15,6 +15,7 @@ pub mod rls;
 pub mod snapshot;
 pub mod source;
 pub mod tls;
+pub mod usage;
 pub use crate::units;
 
 use std::fmt;

@@ -140,6 +140,9 @@ pub struct RawSentinel {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub max_body_size: Option<String>,
+    /// The most of a JSON request body read for `body:` key parts and a reservation's
+    /// `max_tokens` (default 64KiB).
+    pub json_body_limit: Option<String>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
     /// Idle time allowed between request-body chunks (`408` or an aborted upstream request).
@@ -297,20 +300,61 @@ pub struct RawConcurrency {
 #[serde(untagged)]
 pub enum RawCost {
     Fixed(u64),
-    Response(RawResponseCost),
+    Response(Box<RawResponseCost>),
 }
 
-/// `cost: {response_header: x-usage-tokens, fallback: 1, min_cost: 1, max_cost: N}`.
+/// `cost: {response_header: x-usage-tokens, fallback: 1, min_cost: 1, max_cost: N}`, or
+/// `cost: {usage: openai, weights: {...}, reserve: true, max_cost: N}` (token usage read from the
+/// response body, `docs/llm.md`).
 #[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawResponseCost {
-    pub response_header: String,
-    /// Charged when the header is absent or not a whole number (default 1).
+    /// The response header that reports the cost (one of this or `usage`).
+    pub response_header: Option<String>,
+    /// Token usage from the response body: `openai`, `anthropic`, or JSON pointers per kind.
+    pub usage: Option<RawUsage>,
+    /// The units one token of each kind costs (usage only; default 1 each).
+    pub weights: Option<RawWeights>,
+    /// `true`: admission reserves `max_cost` and the response's cost is settled by a refund of
+    /// the difference, so the counter never goes below zero (token buckets only).
+    pub reserve: Option<bool>,
+    /// The most of a JSON (not streamed) response body read for its usage (default 1MiB).
+    pub max_body: Option<String>,
+    /// Charged when the header is absent or not a whole number (default 1), or when the body
+    /// reports no usage (default `max_cost`).
     pub fallback: Option<u64>,
     /// Required at admission and taken then (default 1).
     pub min_cost: Option<u64>,
     /// The most one response may be charged (default: the burst or limit).
     pub max_cost: Option<u64>,
+}
+
+/// `usage: openai | anthropic`, or `usage: {input: /ptr, output: /ptr, ...}`.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum RawUsage {
+    Format(String),
+    Pointers(RawUsagePointers),
+}
+
+/// JSON pointers (RFC 6901) to each kind of token count in a response body or stream event.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUsagePointers {
+    pub input: Option<String>,
+    pub output: Option<String>,
+    pub cached_input: Option<String>,
+    pub reasoning: Option<String>,
+}
+
+/// `weights: {input, output, cached_input, reasoning}`: units per token of each kind.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWeights {
+    pub input: Option<f64>,
+    pub output: Option<f64>,
+    pub cached_input: Option<f64>,
+    pub reasoning: Option<f64>,
 }
 
 #[derive(Debug, PartialEq, Deserialize)]

@@ -48,6 +48,9 @@ pub struct MinBodyRate {
 pub struct ServerSettings {
     /// Request bodies past this size get 413.
     pub max_body_size: u64,
+    /// The most of a JSON request body read before admission (`body:` key parts, a
+    /// reservation's `max_tokens`); a larger body is forwarded unread (`docs/llm.md`).
+    pub json_body_limit: u64,
     /// A client must send its whole request head within this time (slowloris).
     pub header_read_timeout: Duration,
     /// How long in-flight requests may finish after SIGTERM.
@@ -146,15 +149,28 @@ pub struct Policy {
 }
 
 /// The cost a response reports (`docs/algorithms.md`, "Cost from the response").
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResponseCost {
-    pub header: HeaderName,
-    /// Charged when the header is absent or unparsable.
+    /// Where the response reports it: a header, or token usage in the body.
+    pub source: CostSource,
+    /// Charged when the response reports no cost (`docs/llm.md`, "When usage is missing").
     pub fallback: u64,
     /// Taken at admission (the policy's `cost`); the response's amount is never charged below it.
     pub min_cost: u64,
     /// The most one response is charged: bounds how far one request can take the counter below 0.
     pub max_cost: u64,
+    /// `reserve: true`: admission took `max_cost` (the policy's `cost` is `max_cost`), and the
+    /// response's cost is settled by refunding `max_cost - total`: the counter never goes below 0.
+    pub reserve: bool,
+}
+
+/// Where a response reports its cost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CostSource {
+    /// A number in this response header, when the head arrives.
+    Header(HeaderName),
+    /// Token usage in the JSON body or the event stream, when the body ends.
+    Usage(super::usage::UsageCost),
 }
 
 impl ResponseCost {
@@ -165,7 +181,28 @@ impl ResponseCost {
         let reported = value
             .and_then(|v| reported_units(v.as_bytes()))
             .unwrap_or(self.fallback);
-        reported.clamp(self.min_cost, self.max_cost.max(self.min_cost))
+        self.clamp(reported)
+    }
+
+    /// `units` clamped to `[min_cost, max_cost]`.
+    pub fn clamp(&self, units: u64) -> u64 {
+        units.clamp(self.min_cost, self.max_cost.max(self.min_cost))
+    }
+
+    /// The response header that reports the cost, if it comes from one.
+    pub fn header(&self) -> Option<&HeaderName> {
+        match &self.source {
+            CostSource::Header(name) => Some(name),
+            CostSource::Usage(_) => None,
+        }
+    }
+
+    /// The token usage the response body reports the cost in, if it comes from there.
+    pub fn usage(&self) -> Option<&super::usage::UsageCost> {
+        match &self.source {
+            CostSource::Usage(usage) => Some(usage),
+            CostSource::Header(_) => None,
+        }
     }
 }
 
@@ -294,6 +331,19 @@ pub const QUOTA_ASK_POLICY: &str = "quota_endpoint";
 pub const QUOTA_ASK_RATE: f64 = 1.0;
 /// The asks a client network may make at once.
 pub const QUOTA_ASK_BURST: u64 = 10;
+
+impl Route {
+    /// Whether admission reads the JSON request body (`server.json_body_limit` bytes at most): a
+    /// policy keys on `body:`, or reserves a usage cost the body can bound (`docs/llm.md`).
+    pub fn reads_body(&self) -> bool {
+        self.policies.iter().any(|p| {
+            p.key.iter().any(|k| matches!(k, KeyPart::Body(_)))
+                || p.response_cost
+                    .as_ref()
+                    .is_some_and(|rc| rc.reserve && rc.usage().is_some())
+        })
+    }
+}
 
 impl AsRef<RouteMatch> for Route {
     fn as_ref(&self) -> &RouteMatch {

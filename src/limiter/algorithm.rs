@@ -76,6 +76,13 @@ impl BucketState {
         self.ts = plan.ts;
     }
 
+    /// Gives back `units` a reservation took and did not use (decide.lua's `refund` of a `tb`
+    /// key): added to the tokens as stored, before any refill, and capped at the burst, so a
+    /// refund never lifts the bucket above what it would hold had the units never been taken.
+    pub fn refund(&mut self, rule: &TokenBucket, units: u64) {
+        self.tokens = (self.tokens + units as f64).min(rule.burst as f64);
+    }
+
     /// A full bucket holds no information: the store may forget it.
     pub fn is_idle(&self, rule: &TokenBucket, now: u64) -> bool {
         let elapsed = now.saturating_sub(self.ts) as f64;

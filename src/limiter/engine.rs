@@ -89,6 +89,9 @@ struct Item<'a> {
 pub struct Checks<'a> {
     items: Vec<Item<'a>>,
     distinct: usize,
+    /// A check's units may come back before its refusal's `retry_after` (a reservation settled
+    /// by a refund): no refusal of this decision is certain enough for the deny cache.
+    refundable: bool,
     /// Room to reserve at the first push: a request none of whose checks apply allocates nothing.
     capacity: usize,
 }
@@ -99,6 +102,7 @@ impl<'a> Checks<'a> {
         Checks {
             items: Vec::new(),
             distinct: 0,
+            refundable: false,
             capacity: n,
         }
     }
@@ -149,6 +153,12 @@ impl<'a> Checks<'a> {
 
     pub fn len(&self) -> usize {
         self.items.len()
+    }
+
+    /// Marks the decision as one whose refusals the deny cache must not keep: a check of it
+    /// reserves units that a refund may give back at any time (`reserve: true`).
+    pub fn refundable(&mut self) {
+        self.refundable = true;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -396,6 +406,11 @@ impl Engine {
         self.store.charge(checks).await
     }
 
+    /// Gives back the unused part of reservations (token buckets), whatever the counters hold.
+    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        self.store.refund(checks).await
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -490,7 +505,9 @@ impl Engine {
                 .await;
             self.observe_since(started);
             if let Ok(decision) = &result {
-                self.remember_refusals(&store_checks, decision, (now, epoch));
+                if !checks.refundable {
+                    self.remember_refusals(&store_checks, decision, (now, epoch));
+                }
             }
             result
         };

@@ -416,6 +416,24 @@ impl MemoryStore {
         }
     }
 
+    /// Gives back every token-bucket check's `cost` (the unused part of a reservation), capped at
+    /// the burst; a counter no longer held (forgotten when full) has nothing to give back, and
+    /// other kinds are skipped.
+    pub fn refund(&self, checks: &[Check<'_>]) {
+        for check in checks.iter().filter(|c| c.cost > 0) {
+            let Rule::TokenBucket(tb) = check.rule else {
+                continue;
+            };
+            let hash = self.hasher.hash_one(check.key);
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            if let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) {
+                if let State::Bucket(state) = &mut entry.state {
+                    state.refund(tb, check.cost);
+                }
+            }
+        }
+    }
+
     /// Extends lease `lease` on every concurrency check of `checks` to now + its TTL.
     pub fn renew(&self, checks: &[Check<'_>], lease: u64) {
         let now = self.clock.now_us();

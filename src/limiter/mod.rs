@@ -297,6 +297,20 @@ impl Store {
         }
     }
 
+    /// Gives back the token-bucket checks' `cost`: the part of a reservation the response did not
+    /// use (`docs/algorithms.md`, "Reserve, then settle"), capped at the burst.
+    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.refund(checks);
+                Ok(())
+            }
+            Store::Redis(store) => Box::pin(store.refund(checks)).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(()),
+        }
+    }
+
     /// Extends lease `lease` on the concurrency checks among `checks` (a request still running).
     pub async fn renew(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
         match self {

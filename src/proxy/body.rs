@@ -155,18 +155,68 @@ impl Riding<dyn Rider> {
 /// request the lean HTTP/1.1 server read whole (`crate::listener::h1`), which takes only requests
 /// that declare no body.
 #[derive(Debug)]
-pub struct ClientBody(Option<Incoming>);
+pub struct ClientBody {
+    inner: Option<Incoming>,
+    /// The start of the body, read before admission ([`ClientBody::read_prefix`]): sent first.
+    prefix: Option<Bytes>,
+}
 
 impl ClientBody {
     /// No body: nothing to read, and the request says so.
     pub fn empty() -> Self {
-        ClientBody(None)
+        ClientBody {
+            inner: None,
+            prefix: None,
+        }
+    }
+
+    /// Reads the body's first bytes, up to `limit` + 1 (so that a larger body is known to be
+    /// one), for `wait` at most in all. Returns the whole body when it ended within `limit`,
+    /// else `None` (too large, or too slow: the rest is forwarded under the body's own
+    /// timeouts); either way every byte read is kept and forwarded first, so the upstream gets
+    /// the body unchanged. A client whose body breaks gets [`BadClientBody`].
+    pub async fn read_prefix(
+        &mut self,
+        limit: u64,
+        wait: Duration,
+    ) -> Result<Option<Bytes>, BadClientBody> {
+        use http_body_util::BodyExt;
+        let Some(inner) = &mut self.inner else {
+            return Ok(Some(Bytes::new()));
+        };
+        let mut read = bytes::BytesMut::new();
+        let deadline = Instant::now() + wait;
+        let whole = loop {
+            if read.len() as u64 > limit {
+                break false;
+            }
+            if inner.is_end_stream() {
+                break true;
+            }
+            match tokio::time::timeout_at(deadline, inner.frame()).await {
+                // Slow: forwarded as it comes, under the body's own timeouts.
+                Err(_) => break false,
+                Ok(None) => break true,
+                Ok(Some(Err(e))) => return Err(BadClientBody(e)),
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => read.extend_from_slice(&data),
+                    // Trailers end the data: the body is whole.
+                    Err(_) => break true,
+                },
+            }
+        };
+        let read = read.freeze();
+        self.prefix = (!read.is_empty()).then(|| read.clone());
+        Ok(whole.then_some(read))
     }
 }
 
 impl From<Incoming> for ClientBody {
     fn from(body: Incoming) -> Self {
-        ClientBody(Some(body))
+        ClientBody {
+            inner: Some(body),
+            prefix: None,
+        }
     }
 }
 
@@ -180,6 +230,8 @@ impl From<Incoming> for ClientBody {
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Option<Incoming>,
+    /// Bytes read before admission, sent before `inner`'s.
+    prefix: Option<Bytes>,
     limit: u64,
     remaining: u64,
     idle_timeout: Duration,
@@ -223,7 +275,8 @@ impl RequestBody {
         min_rate: Option<MinBodyRate>,
     ) -> Self {
         RequestBody {
-            inner: inner.0,
+            inner: inner.inner,
+            prefix: inner.prefix,
             limit,
             remaining: limit,
             idle_timeout,
@@ -286,6 +339,14 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(prefix) = this.prefix.take() {
+            let len = prefix.len() as u64;
+            if len > this.remaining {
+                return Poll::Ready(Some(Err(Box::new(BodyTooLarge))));
+            }
+            this.remaining -= len;
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
         let Some(inner) = &mut this.inner else {
             return Poll::Ready(None);
         };
@@ -311,12 +372,20 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.prefix.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
+        let rest = self
+            .inner
             .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let first = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(first));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(first));
+        }
+        hint
     }
 }

@@ -22,6 +22,7 @@ pub mod ext_authz;
 pub mod fleet;
 pub mod gateway;
 pub mod ingress;
+pub mod llm;
 pub mod nginx;
 pub mod process;
 pub mod prometheus;

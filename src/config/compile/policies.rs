@@ -17,7 +17,8 @@ use crate::limiter::{Quota, Rule, SlidingWindow, TokenBucket};
 const MAX_REFILL_S: f64 = 100.0 * 365.0 * 86_400.0;
 
 const KEY_HELP: &str =
-    "key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host, jwt:CLAIM";
+    "key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host, jwt:CLAIM, \
+     body:FIELD (or body:/json/pointer)";
 
 pub(super) fn policy(
     e: &mut Errors,
@@ -251,6 +252,8 @@ fn key_part(text: &str, params: &[String], jwt_block: bool) -> Result<KeyPart, S
                 .to_string(),
         ),
         ("jwt", claim) if !claim.is_empty() => Ok(KeyPart::Jwt(claim.into())),
+        ("body", field) if field.starts_with('/') => Ok(KeyPart::Body(field.into())),
+        ("body", field) if !field.is_empty() => Ok(KeyPart::Body(format!("/{field}").into())),
         ("path", name) if !name.is_empty() => match params.iter().position(|p| p == name) {
             Some(index) => Ok(KeyPart::PathParam(index)),
             None if params.is_empty() => Err(format!(

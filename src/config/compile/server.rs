@@ -49,6 +49,19 @@ pub(super) fn server_settings(e: &mut Errors, raw: &RawServer) -> ServerSettings
             .as_deref()
             .and_then(|t| e.take("server.max_body_size", parse_size(t)))
             .unwrap_or(10 << 20),
+        json_body_limit: raw
+            .json_body_limit
+            .as_deref()
+            .and_then(|t| {
+                e.take(
+                    "server.json_body_limit",
+                    parse_size(t).and_then(|n| match n {
+                        1..=16_777_216 => Ok(n),
+                        _ => Err(format!("`{t}`: must be 1 byte to 16MiB")),
+                    }),
+                )
+            })
+            .unwrap_or(64 << 10),
         header_read_timeout: timeout_or(
             e,
             "server.header_read_timeout",

@@ -335,6 +335,21 @@ impl RedisStore {
         Ok(Decision::from_checks(checks, outcomes))
     }
 
+    /// Gives back every token-bucket check's `cost` (decide.lua's refund of a `tb` key, which
+    /// needs no stamp); other kinds are skipped. One call, or on a Cluster one per check.
+    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        let buckets: Vec<Check<'_>> = checks
+            .iter()
+            .filter(|c| c.cost > 0 && matches!(c.rule, crate::limiter::Rule::TokenBucket(_)))
+            .copied()
+            .collect();
+        self.per_slot(&buckets, |subset| {
+            let entries: Vec<(Check<'_>, [i64; 2])> = subset.iter().map(|c| (*c, [0, 0])).collect();
+            wire::refund_args(&entries)
+        })
+        .await
+    }
+
     /// Releases lease `lease` on every concurrency check of `checks` (decide.lua's refund).
     pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
         self.per_slot(checks, |subset| wire::release_args(subset, lease))

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# SSE pass-through benchmark: Chat Completions streams from the test LLM upstream
+# (tests/llm/upstream.py) measured direct, behind NGINX (proxy_buffering off) and behind Turnstile
+# metering each stream's usage with a reservation (docs/llm.md), in one run, paired round by round
+# (bench/sse_client.py). Prints TTFB, the gap between events as the client gets them, events/s,
+# and each proxy's paired ratios to the direct connection.
+#
+# Usage: bench/sse.sh [--rounds N] [--streams N] [--concurrency N] [--events N] [--delay-ms N]
+#                     [--turnstile BIN]
+# Without --turnstile it builds target/release/turnstile. Every process it starts is stopped by
+# its PID on exit.
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$BENCH_DIR")
+TURNSTILE_BIN=${TURNSTILE_BIN:-}
+NGINX=${NGINX:-nginx}
+CLIENT_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --turnstile) TURNSTILE_BIN="$2"; shift 2 ;;
+    --rounds|--streams|--concurrency|--events|--delay-ms) CLIENT_ARGS+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+if [[ -z "$TURNSTILE_BIN" ]]; then
+  (cd "$REPO_DIR" && cargo build --release --quiet)
+  TURNSTILE_BIN="$REPO_DIR/target/release/turnstile"
+fi
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "nothing listens on port $1" >&2
+  exit 1
+}
+
+# The upstream prints its port first.
+python3 "$REPO_DIR/tests/llm/upstream.py" > "$WORK/upstream.out" &
+PIDS+=($!)
+for _ in $(seq 1 100); do
+  [[ -s "$WORK/upstream.out" ]] && break
+  sleep 0.05
+done
+UPSTREAM_PORT=$(head -1 "$WORK/upstream.out")
+
+NGINX_PORT=$(free_port)
+mkdir -p "$WORK/nginx/tmp"
+sed -e "s|@DIR@|$WORK/nginx|g" -e "s|@PORT@|$NGINX_PORT|g" -e "s|@UPSTREAM_PORT@|$UPSTREAM_PORT|g" \
+  "$BENCH_DIR/nginx-sse.conf.tmpl" > "$WORK/nginx/nginx.conf"
+"$NGINX" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" -g 'daemon off;' &
+PIDS+=($!)
+
+TURNSTILE_PORT=$(free_port)
+ADMIN_PORT=$(free_port)
+sed -e "s|@PORT@|$TURNSTILE_PORT|g" -e "s|@ADMIN_PORT@|$ADMIN_PORT|g" \
+  -e "s|@UPSTREAM_PORT@|$UPSTREAM_PORT|g" "$BENCH_DIR/turnstile-sse.yaml.tmpl" > "$WORK/turnstile.yaml"
+TURNSTILE_WORKERS=1 "$TURNSTILE_BIN" run --config "$WORK/turnstile.yaml" > "$WORK/turnstile.out" 2>&1 &
+PIDS+=($!)
+
+wait_port "$UPSTREAM_PORT"
+wait_port "$NGINX_PORT"
+wait_port "$TURNSTILE_PORT"
+
+python3 "$BENCH_DIR/sse_client.py" \
+  --target "direct=127.0.0.1:$UPSTREAM_PORT" \
+  --target "nginx=127.0.0.1:$NGINX_PORT" \
+  --target "turnstile=127.0.0.1:$TURNSTILE_PORT" \
+  "${CLIENT_ARGS[@]}"
+
+# Turnstile settled every stream it metered: nothing is left reserved.
+python3 - "$ADMIN_PORT" <<'EOF'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode()
+for line in text.splitlines():
+    if line.startswith(("turnstile_cost_reserved_units", "turnstile_tokens_total",
+                        "turnstile_usage_unreported_total")):
+        print("turnstile:", line)
+EOF
