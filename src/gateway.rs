@@ -139,7 +139,7 @@ pub fn handle(
                 Ok(whole) => whole.and_then(|bytes| crate::usage::request::parse(&bytes)),
                 Err(_) => {
                     let refusal = Refusal::BadRequest("malformed request body".to_string());
-                    let response = crate::inflight::refusal(route, &refusal);
+                    let response = crate::inflight::refusal(route, &refusal, request_id.as_ref());
                     return Ok(tag.finish(response, &resources.metrics, record, true));
                 }
             }

@@ -210,6 +210,8 @@ pub async fn answer<B>(
             .trusted_proxies
             .client_ip(peer.ip().to_canonical(), req.headers()),
         client_prefix: live.config.client_prefix,
+        // A quota ask is a GET: a policy keyed on the body sees its part absent.
+        body: None,
     };
     if let Some(refused) = take_ask(state, route, resources, &endpoint.ask, &view).await {
         return refused;

@@ -115,6 +115,7 @@ fn key_part(part: &KeyPart, params: &[&str]) -> String {
         KeyPart::Method => "method".into(),
         KeyPart::Host => "host".into(),
         KeyPart::Jwt(claim) => format!("jwt:{claim}"),
+        KeyPart::Body(pointer) => format!("body:{pointer}"),
     }
 }
 
