@@ -153,7 +153,8 @@ async fn a_request_no_route_takes_gets_a_json_404() {
 /// 404, then for a 405), each test scanning the whole path: about 40 ms of CPU per request in a
 /// debug build, so twenty of them took most of a second. Indexed by the first segment, no route
 /// can match it and none is tested. (A wall-clock bound, far above what the routing now costs and
-/// far below what it cost; `route::tests` bounds the same with a count of routes tested.)
+/// below what it cost, loose enough for a loaded 2-core machine; `route::tests` bounds the same
+/// exactly, with a count of routes tested.)
 #[tokio::test]
 async fn regression_a_long_path_without_a_slash_cost_every_route_twice() {
     let mut yaml = String::from("server:\n  max_header_size: 64KiB\nroutes:\n");
@@ -173,7 +174,7 @@ async fn regression_a_long_path_without_a_slash_cost_every_route_twice() {
     }
     let elapsed = started.elapsed();
     assert!(
-        elapsed < std::time::Duration::from_millis(300),
+        elapsed < std::time::Duration::from_millis(800),
         "20 long unmatched paths took {elapsed:?}"
     );
     // The routes still answer, the last one included, and a 405 is still told from a 404.
