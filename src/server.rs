@@ -280,15 +280,19 @@ pub async fn reload(state: &Arc<AppState>) -> Result<Vec<&'static str>, ConfigEr
         }])),
     };
     state.metrics.record_reload(result.is_ok());
-    {
-        let mut status = state
-            .reload_status
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Err(e) = &result {
+        let mut status = reload_status(state);
         status.last_attempt = Some(std::time::SystemTime::now());
-        status.last_error = result.as_ref().err().map(ToString::to_string);
+        status.last_error = Some(e.to_string());
     }
     result
+}
+
+fn reload_status(state: &AppState) -> std::sync::MutexGuard<'_, config::ReloadStatus> {
+    state
+        .reload_status
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static str>, ConfigErrors> {
@@ -319,9 +323,15 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
             "changed by the reload; it takes effect at the next restart"
         );
     }
-    state
-        .live
-        .store(Arc::new(Live::attach(next, &state.metrics)));
+    let live = Arc::new(Live::attach(next, &state.metrics));
+    {
+        // Held across the swap: whoever reads `/config` after it sees the new config with its
+        // status, never with the error of the attempt before.
+        let mut status = reload_status(state);
+        state.live.store(live);
+        status.last_attempt = Some(std::time::SystemTime::now());
+        status.last_error = None;
+    }
     // The file's overrides came with the config; the API's may name routes it changed.
     state.rebuild_overrides();
     Ok(pending)
