@@ -247,12 +247,60 @@ impl Tag<'_> {
         if let Some(mut record) = record {
             if self.state.access_log.wants(refused) {
                 record.status = response.status().as_u16();
-                record.bytes_out = http_body::Body::size_hint(response.body()).exact();
-                record.duration = std::time::Duration::from_secs_f64(seconds);
-                self.state.access_log.submit(record);
+                if let ResponseBody::Full(_) = response.body() {
+                    // The gateway's own answer goes out whole: its line is complete now.
+                    record.bytes_out = http_body::Body::size_hint(response.body()).exact();
+                    record.duration = std::time::Duration::from_secs_f64(seconds);
+                    self.state.access_log.submit(record);
+                } else {
+                    record.bytes_out = Some(0);
+                    let line = LogAtEnd {
+                        log: self.state.access_log.clone(),
+                        record: Some(record),
+                        started: self.started,
+                    };
+                    response = response.map(|body| ResponseBody::riding(body, line));
+                }
             }
         }
         response
+    }
+}
+
+/// An upstream response's access-log line, riding on its body: written when the body ends or
+/// the client goes away, with the bytes sent and the request's whole time (NGINX's
+/// `$body_bytes_sent` and `$request_time`).
+#[derive(Debug)]
+struct LogAtEnd {
+    log: crate::access_log::AccessLog,
+    record: Option<Box<Record>>,
+    started: Instant,
+}
+
+impl LogAtEnd {
+    fn submit(&mut self) {
+        if let Some(mut record) = self.record.take() {
+            record.duration = std::time::Duration::from_secs_f64(seconds_since(self.started));
+            self.log.submit(record);
+        }
+    }
+}
+
+impl crate::proxy::body::Rider for LogAtEnd {
+    fn data(&mut self, data: &bytes::Bytes) {
+        if let Some(record) = &mut self.record {
+            *record.bytes_out.get_or_insert(0) += data.len() as u64;
+        }
+    }
+
+    fn ended(&mut self, _complete: bool) {
+        self.submit();
+    }
+}
+
+impl Drop for LogAtEnd {
+    fn drop(&mut self) {
+        self.submit();
     }
 }
 

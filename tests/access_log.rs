@@ -143,6 +143,8 @@ async fn the_gateway_writes_one_line_per_request_with_the_id_the_client_and_upst
     assert_eq!(first["upstream"], "up");
     assert!(first["upstream_ms"].as_f64().is_some(), "{first}");
     assert!(first["duration_ms"].as_f64().unwrap() >= first["upstream_ms"].as_f64().unwrap());
+    // Counted as the body went out, not read off its head.
+    assert_eq!(first["bytes_out"], admitted.body.len() as u64, "{first}");
     assert!(first["time"].as_str().unwrap().ends_with('Z'), "{first}");
     let second = &lines[1];
     assert_eq!(second["request_id"], refused_id.as_str());
