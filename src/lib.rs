@@ -41,8 +41,9 @@
 //!   admission) and [`respond`] (every response the gateway writes itself, refusals included):
 //!   the request runtime, which still forms one allowed cycle;
 //! - [`request_id`] (the id a request is known by, kept or made) and [`access_log`] (the record
-//!   a door fills per request, queued to a writer thread that formats and writes it), below
-//!   admission and the doors;
+//!   a door fills per request, queued to a writer thread that formats and writes it), and
+//!   [`otel`] (a request's spans, exported over OTLP off the request path), below admission and
+//!   the doors;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   the doors: [`gateway`], [`forward_auth`], [`rls`];
 //! - [`admin`]: metrics and health on a separate listener; [`listener`]: the public listener and
@@ -73,6 +74,7 @@ pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
 pub mod now;
+pub mod otel;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;
