@@ -22,6 +22,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod ingress;
 pub mod nginx;
+pub mod otlp;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
