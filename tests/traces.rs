@@ -127,3 +127,81 @@ async fn an_admitted_and_a_refused_request_export_linked_spans_with_their_decisi
     assert_eq!(decision["attributes"]["turnstile.policy"], "per_key");
     assert_eq!(own["internal turnstile.store"]["parent_span_id"], decision["span_id"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ext_authz_continues_the_trace_envoy_sends_in_grpc_metadata() {
+    let receiver = OtlpReceiver::start();
+    let upstream = Upstream::start().await;
+    let extra = "forward_auth: { listen: 127.0.0.1:0, grpc_listen: 127.0.0.1:0 }";
+    let gw = TestGateway::with_upstream(&config(&receiver.addr.to_string(), extra), upstream.addr)
+        .await;
+    let grpc = gw.running().ext_authz_addr.expect("ext_authz listener");
+    let envoy_span = |trace: &str| format!("00-{trace}-b7ad6b7169203331-01");
+    let (first, second) = (
+        "0af7651916cd43dd8448eb211c80319c",
+        "1af7651916cd43dd8448eb211c80319c",
+    );
+    let ok = support::ext_authz::check_with_metadata(
+        grpc,
+        "/api/e",
+        &[("x-key", "e1")],
+        &[("traceparent", &envoy_span(first))],
+    )
+    .await;
+    assert_eq!(ok.status.map(|s| s.code), Some(0));
+    // Without metadata, the original request's traceparent (its headers) is continued.
+    let original = format!("00-{second}-00f067aa0ba902b7-01");
+    let denied = support::ext_authz::check(
+        grpc,
+        "/api/e",
+        &[("x-key", "e1"), ("traceparent", &original)],
+    )
+    .await;
+    assert_eq!(denied.status.map(|s| s.code), Some(8), "RESOURCE_EXHAUSTED");
+    gw.shutdown().await;
+    let spans = receiver.wait_spans(6).await;
+    assert_eq!(spans.len(), 6, "{spans:#?}");
+    for (trace_id, parent, decision, status) in [
+        (first, "b7ad6b7169203331", "allowed", 200),
+        (second, "00f067aa0ba902b7", "limited", 429),
+    ] {
+        let own = by_name(&spans, trace_id);
+        let server = own["server envoy.service.auth.v3.Authorization/Check"];
+        assert_eq!(server["parent_span_id"], parent);
+        assert_eq!(server["attributes"]["rpc.method"], "Check");
+        assert_eq!(server["attributes"]["http.response.status_code"], status);
+        let span = own["internal turnstile.decision"];
+        assert_eq!(span["parent_span_id"], server["span_id"]);
+        assert_eq!(span["attributes"]["turnstile.decision"], decision);
+        assert_eq!(span["attributes"]["turnstile.route"], "api");
+        assert_eq!(own["internal turnstile.store"]["parent_span_id"], span["span_id"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_collector_fails_no_request_and_its_lost_spans_are_counted() {
+    let nowhere = support::upstream::unreachable_addr().await;
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::with_upstream(&config(&nowhere.to_string(), ""), upstream.addr).await;
+    let client = Client::new();
+    const REQUESTS: usize = 10;
+    for i in 0..REQUESTS {
+        let key = format!("k{i}");
+        let reply = client.get_with(&gw.url("/api/a"), &[("x-key", &key)]).await;
+        assert_eq!(reply.status, 200, "request {i}");
+    }
+    // Server, decision, store and upstream client: four spans a request, every one lost, counted
+    // when the batch processor's export (every 5 s) fails.
+    let name = "turnstile_trace_export_failed_spans_total";
+    let deadline = std::time::Instant::now() + LIVENESS;
+    loop {
+        let failed = gw.metric(name, &[]).await;
+        if failed >= (4 * REQUESTS) as f64 {
+            assert_eq!(failed, (4 * REQUESTS) as f64);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{name} is {failed}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    gw.shutdown().await;
+}

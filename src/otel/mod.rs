@@ -97,18 +97,14 @@ impl Tracing {
         Some(Box::new(RequestTrace::start(inner, parent, name)))
     }
 
-    /// [`Tracing::begin`] for a parent given as a `traceparent` value (gRPC metadata).
+    /// [`Tracing::begin`] for a parent given as a `traceparent` value alone (gRPC metadata).
     pub fn begin_from(
         &self,
-        traceparent: Option<&HeaderValue>,
+        traceparent: Option<&str>,
         name: impl Into<Cow<'static, str>>,
     ) -> Option<Box<RequestTrace>> {
         let inner = self.0.as_ref()?;
-        let mut headers = HeaderMap::new();
-        if let Some(value) = traceparent {
-            headers.insert("traceparent", value.clone());
-        }
-        let parent = TraceContextPropagator::new().extract(&Fields(&headers));
+        let parent = TraceContextPropagator::new().extract(&Traceparent(traceparent));
         Some(Box::new(RequestTrace::start(inner, parent, name)))
     }
 }
@@ -287,5 +283,18 @@ impl Extractor for Fields<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+/// One `traceparent` value as the W3C propagator reads it.
+struct Traceparent<'a>(Option<&'a str>);
+
+impl Extractor for Traceparent<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.filter(|_| key == "traceparent")
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.map(|_| "traceparent").into_iter().collect()
     }
 }
