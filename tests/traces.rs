@@ -205,3 +205,47 @@ async fn an_unreachable_collector_fails_no_request_and_its_lost_spans_are_counte
     }
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_service_continues_the_trace_in_its_calls_metadata() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let receiver = OtlpReceiver::start();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntracing: {{ otlp_endpoint: \"http://{}\" }}\n\
+         rls: {{ listen: 127.0.0.1:0, config: ./rls }}\nroutes: []\n",
+        receiver.addr
+    );
+    let rls_config = "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n";
+    let gw = TestGateway::with_files(&yaml, &[("rls/shop.yaml", rls_config)]).await;
+    let rls = gw.rls.expect("rls listener");
+    let mut client = RateLimitServiceClient::connect(format!("http://{rls}"))
+        .await
+        .expect("connect");
+    let traces = [
+        "2af7651916cd43dd8448eb211c80319c",
+        "3af7651916cd43dd8448eb211c80319c",
+    ];
+    for trace in traces {
+        let descriptors = vec![support::rls::descriptor(&[("user", "u")])];
+        let mut request = tonic::Request::new(support::rls::request("shop", descriptors));
+        let parent = format!("00-{trace}-b7ad6b7169203331-01");
+        request
+            .metadata_mut()
+            .insert("traceparent", parent.parse().unwrap());
+        client.should_rate_limit(request).await.expect("ShouldRateLimit");
+    }
+    gw.shutdown().await;
+    let spans = receiver.wait_spans(6).await;
+    assert_eq!(spans.len(), 6, "{spans:#?}");
+    for (trace_id, decision, status) in [(traces[0], "allowed", 200), (traces[1], "limited", 429)] {
+        let own = by_name(&spans, trace_id);
+        let server = own["server envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"];
+        assert_eq!(server["parent_span_id"], "b7ad6b7169203331");
+        assert_eq!(server["attributes"]["http.response.status_code"], status);
+        let span = own["internal turnstile.decision"];
+        assert_eq!(span["parent_span_id"], server["span_id"]);
+        assert_eq!(span["attributes"]["turnstile.route"], "shop");
+        assert_eq!(span["attributes"]["turnstile.decision"], decision);
+        assert_eq!(own["internal turnstile.store"]["parent_span_id"], span["span_id"]);
+    }
+}
