@@ -96,8 +96,8 @@ pub async fn start(
     let tracing = match &snapshot.tracing {
         Some(settings) => {
             let store = match engine.store() {
-                Store::Memory(_) => "memory",
                 Store::Redis(_) => "redis",
+                _ => "memory",
             };
             let (tracing, exporter) = crate::otel::Tracing::start(settings, store, &metrics)?;
             // In the last group: it exports the spans of requests that finish while draining.

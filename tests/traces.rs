@@ -40,8 +40,15 @@ routes:
 fn by_name<'a>(spans: &'a [Value], trace_id: &str) -> HashMap<String, &'a Value> {
     let mut named = HashMap::new();
     for span in spans.iter().filter(|s| s["trace_id"] == trace_id) {
-        let name = format!("{} {}", span["kind"].as_str().unwrap(), span["name"].as_str().unwrap());
-        assert!(named.insert(name.clone(), span).is_none(), "{name} twice: {spans:#?}");
+        let name = format!(
+            "{} {}",
+            span["kind"].as_str().unwrap(),
+            span["name"].as_str().unwrap()
+        );
+        assert!(
+            named.insert(name.clone(), span).is_none(),
+            "{name} twice: {spans:#?}"
+        );
     }
     named
 }
@@ -69,7 +76,11 @@ async fn an_admitted_and_a_refused_request_export_linked_spans_with_their_decisi
     // Shutdown flushes the batch processor: every span is exported before it returns.
     gw.shutdown().await;
     let spans = receiver.wait_spans(7).await;
-    assert_eq!(spans.len(), 7, "4 for the admitted request, 3 for the refused: {spans:#?}");
+    assert_eq!(
+        spans.len(),
+        7,
+        "4 for the admitted request, 3 for the refused: {spans:#?}"
+    );
     assert!(spans.iter().all(|s| s["service"] == "gw-under-test"));
 
     // The admitted request continues the trace it brought.
@@ -78,12 +89,20 @@ async fn an_admitted_and_a_refused_request_export_linked_spans_with_their_decisi
     names.sort();
     assert_eq!(
         names,
-        ["client GET", "internal turnstile.decision", "internal turnstile.store", "server GET"]
+        [
+            "client GET",
+            "internal turnstile.decision",
+            "internal turnstile.store",
+            "server GET"
+        ]
     );
     let server = trace["server GET"];
     let client_span = trace["client GET"];
     assert_eq!(server["name"], "GET");
-    assert_eq!(server["parent_span_id"], "00f067aa0ba902b7", "the incoming span");
+    assert_eq!(
+        server["parent_span_id"], "00f067aa0ba902b7",
+        "the incoming span"
+    );
     assert_eq!(server["attributes"]["http.request.method"], "GET");
     assert_eq!(server["attributes"]["url.path"], "/api/a");
     assert_eq!(server["attributes"]["turnstile.route"], "api");
@@ -125,7 +144,10 @@ async fn an_admitted_and_a_refused_request_export_linked_spans_with_their_decisi
     assert_eq!(decision["parent_span_id"], root["span_id"]);
     assert_eq!(decision["attributes"]["turnstile.decision"], "limited");
     assert_eq!(decision["attributes"]["turnstile.policy"], "per_key");
-    assert_eq!(own["internal turnstile.store"]["parent_span_id"], decision["span_id"]);
+    assert_eq!(
+        own["internal turnstile.store"]["parent_span_id"],
+        decision["span_id"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,8 +155,8 @@ async fn ext_authz_continues_the_trace_envoy_sends_in_grpc_metadata() {
     let receiver = OtlpReceiver::start();
     let upstream = Upstream::start().await;
     let extra = "forward_auth: { listen: 127.0.0.1:0, grpc_listen: 127.0.0.1:0 }";
-    let gw = TestGateway::with_upstream(&config(&receiver.addr.to_string(), extra), upstream.addr)
-        .await;
+    let gw =
+        TestGateway::with_upstream(&config(&receiver.addr.to_string(), extra), upstream.addr).await;
     let grpc = gw.running().ext_authz_addr.expect("ext_authz listener");
     let envoy_span = |trace: &str| format!("00-{trace}-b7ad6b7169203331-01");
     let (first, second) = (
@@ -174,7 +196,10 @@ async fn ext_authz_continues_the_trace_envoy_sends_in_grpc_metadata() {
         assert_eq!(span["parent_span_id"], server["span_id"]);
         assert_eq!(span["attributes"]["turnstile.decision"], decision);
         assert_eq!(span["attributes"]["turnstile.route"], "api");
-        assert_eq!(own["internal turnstile.store"]["parent_span_id"], span["span_id"]);
+        assert_eq!(
+            own["internal turnstile.store"]["parent_span_id"],
+            span["span_id"]
+        );
     }
 }
 
@@ -232,7 +257,10 @@ async fn the_envoy_service_continues_the_trace_in_its_calls_metadata() {
         request
             .metadata_mut()
             .insert("traceparent", parent.parse().unwrap());
-        client.should_rate_limit(request).await.expect("ShouldRateLimit");
+        client
+            .should_rate_limit(request)
+            .await
+            .expect("ShouldRateLimit");
     }
     gw.shutdown().await;
     let spans = receiver.wait_spans(6).await;
@@ -246,6 +274,9 @@ async fn the_envoy_service_continues_the_trace_in_its_calls_metadata() {
         assert_eq!(span["parent_span_id"], server["span_id"]);
         assert_eq!(span["attributes"]["turnstile.route"], "shop");
         assert_eq!(span["attributes"]["turnstile.decision"], decision);
-        assert_eq!(own["internal turnstile.store"]["parent_span_id"], span["span_id"]);
+        assert_eq!(
+            own["internal turnstile.store"]["parent_span_id"],
+            span["span_id"]
+        );
     }
 }

@@ -85,7 +85,9 @@ impl ExtAuthz {
             None => {
                 let original = request.attributes.as_ref().and_then(|a| a.request.as_ref());
                 let headers = original.and_then(|r| r.http.as_ref()).map(|h| &h.headers);
-                let parent = headers.and_then(|h| h.get("traceparent")).map(String::as_str);
+                let parent = headers
+                    .and_then(|h| h.get("traceparent"))
+                    .map(String::as_str);
                 self.state.tracing.begin_from(parent, CHECK_SPAN)
             }
         };

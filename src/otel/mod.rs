@@ -63,9 +63,8 @@ impl Tracing {
         metrics: &Metrics,
     ) -> std::io::Result<(Tracing, Exporter)> {
         let exporter = export::Counted::build(settings, metrics)?;
-        let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            settings.sample_ratio,
-        )));
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio)));
         let resource = Resource::builder_empty()
             .with_service_name(settings.service_name.clone())
             .build();

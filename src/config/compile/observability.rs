@@ -126,7 +126,10 @@ pub(super) fn access_log(e: &mut Errors, raw: &RawAccessLog, source: &Path) -> A
 pub(super) fn tracing(e: &mut Errors, raw: &RawTracing) -> Option<TracingSettings> {
     let endpoint = match raw.otlp_endpoint.as_deref() {
         None => {
-            e.add("tracing.otlp_endpoint", "is required: the collector's `http://host:port`");
+            e.add(
+                "tracing.otlp_endpoint",
+                "is required: the collector's `http://host:port`",
+            );
             None
         }
         Some(text) => match text.parse::<http::Uri>() {
