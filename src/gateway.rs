@@ -62,15 +62,11 @@ pub fn handle(
             Box::new(record)
         });
         // Boxed too, and only when tracing is on: off, no span is made.
-        let mut trace = state.tracing.begin(req.headers(), req.method().to_string());
-        if let Some(trace) = &mut trace {
-            trace.server_attributes([
-                opentelemetry::KeyValue::new("http.request.method", req.method().to_string()),
-                opentelemetry::KeyValue::new("url.path", req.uri().path().to_string()),
-            ]);
-            if let Some(record) = &mut record {
-                record.trace_id = Some(trace.trace_id());
-            }
+        let mut trace = state
+            .tracing
+            .begin(req.method(), req.uri().path(), req.headers());
+        if let (Some(trace), Some(record)) = (&trace, &mut record) {
+            record.trace_id = Some(trace.trace_id());
         }
         let tag = Tag {
             state: &state,

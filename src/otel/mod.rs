@@ -84,16 +84,23 @@ impl Tracing {
         self.0.is_some()
     }
 
-    /// Starts the server span of a request with `headers` (continuing their `traceparent`), when
-    /// tracing is on. `name` is the span's name (a method, or an RPC's name).
+    /// Starts the server span of an HTTP request (continuing its `traceparent`), when tracing is
+    /// on; nothing is made or copied when it is off.
+    #[inline]
     pub fn begin(
         &self,
+        method: &Method,
+        path: &str,
         headers: &HeaderMap,
-        name: impl Into<Cow<'static, str>>,
     ) -> Option<Box<RequestTrace>> {
         let inner = self.0.as_ref()?;
         let parent = TraceContextPropagator::new().extract(&Fields(headers));
-        Some(Box::new(RequestTrace::start(inner, parent, name)))
+        let mut trace = RequestTrace::start(inner, parent, method.as_str().to_string());
+        trace.server_attributes([
+            KeyValue::new("http.request.method", method.as_str().to_string()),
+            KeyValue::new("url.path", path.to_string()),
+        ]);
+        Some(Box::new(trace))
     }
 
     /// [`Tracing::begin`] for a parent given as a `traceparent` value alone (gRPC metadata).
