@@ -12,6 +12,8 @@ use axum::{Json, Router};
 
 use crate::state::AppState;
 
+mod overrides;
+
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
 pub struct AdminState {
@@ -23,7 +25,7 @@ pub struct AdminState {
 /// `/metrics`, `/healthz` (the process is up), `/readyz` (it can decide: the store answers and
 /// we are not draining), `/debug/top-limited` (the keys limited most, `?n=` of them) and `/config`
 /// (the active config's hash and the last reload error), `/overrides` (per-key limits,
-/// `crate::overrides::api`); for the
+/// [`overrides`]); for the
 /// Envoy rate limit service, envoyproxy/ratelimit's `POST /json` and `/healthcheck`.
 pub fn router(state: AdminState) -> Router {
     let rls = crate::rls::RlsService::new(state.state.clone());
@@ -36,7 +38,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/config", get(config_status))
         .with_state(state.clone())
         .merge(crate::rls::json::router(rls))
-        .merge(crate::overrides::api::router(state.state))
+        .merge(overrides::router(state.state))
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {

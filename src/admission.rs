@@ -101,10 +101,10 @@ async fn admit_with<'l>(
         resources.metrics.record_jwt(counted);
         Some(result)
     };
-    let mut note = note.map(|note| {
+    let mut note = note;
+    if let Some(note) = note.as_deref_mut() {
         note.route = Some(route.name.clone());
-        note
-    });
+    }
     let mut verified = None;
     if route.require_jwt {
         match verify() {

@@ -375,7 +375,7 @@ fn end_act(
         None => fields.insert(response.headers_mut(), limits, false),
     }
     if let Some(lease) = lease {
-        response = response.map(|body| crate::inflight::Leased::wrap(body, lease));
+        response = response.map(|body| ResponseBody::riding(body, lease));
     }
     response
 }

@@ -3,26 +3,22 @@
 //! from the response").
 //!
 //! A lease is a [`LeaseGuard`]: taken from [`AfterAdmission::lease`] right after the decision, it
-//! lives in the request's future and then in the response body ([`Leased`]), so it is released
+//! lives in the request's future and then in the response body ([`ResponseBody::riding`]), so it is released
 //! when the body ends, when the client goes away (hyper drops the body or the future), and when
 //! the request fails after admission (the guard is dropped with the error). Release is one more
 //! store call (Redis: spawned, off the client's path); a release that never happens (a crash) is
 //! bounded by the lease TTL.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderMap;
-use http_body::{Body, Frame, SizeHint};
 use prometheus::{IntCounter, IntGauge};
 
 use crate::config::{ResponseCost, Route};
 use crate::limiter::leases::LocalSlots;
 use crate::limiter::{Check, Rule, Store, Verdict};
-use crate::proxy::body::{BoxError, ResponseBody};
+use crate::proxy::body::{ResponseBody, Rider};
 use crate::state::{AppState, RouteResources};
 
 /// What the inline gateway owes an admitted request: the lease its concurrency policies hold and
@@ -255,49 +251,11 @@ impl Drop for LeaseGuard {
     }
 }
 
-/// A response body that holds a lease until it ends (or is dropped: the client went away).
-#[derive(Debug)]
-pub struct Leased {
-    body: ResponseBody,
-    guard: LeaseGuard,
-}
-
-impl Leased {
-    pub fn wrap(body: ResponseBody, guard: LeaseGuard) -> ResponseBody {
-        ResponseBody::Leased(Box::new(Leased { body, guard }))
-    }
-
-    pub fn body(&self) -> &ResponseBody {
-        &self.body
-    }
-
-    pub fn body_mut(&mut self) -> &mut ResponseBody {
-        &mut self.body
-    }
-}
-
-impl Body for Leased {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || this.body.is_end_stream() {
-            this.guard.release();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+/// A lease rides on the response body ([`ResponseBody::riding`]): given back when the body
+/// ends, or dropped with it when the client goes away.
+impl Rider for LeaseGuard {
+    fn ended(&mut self, _complete: bool) {
+        self.release();
     }
 }
 

@@ -11,15 +11,17 @@
 //!   forward-auth over HTTP, and Envoy ext_authz over gRPC, answered by the gateway's own
 //!   routing and keys ([`admission`]).
 //!
-//! The tree follows the data, bottom up; `tests/layers.rs` (`cargo test --test layers`) fails on
-//! any import cycle between these modules other than the few it lists with their reasons:
+//! The tree follows the data; `tests/layers.rs` (`cargo test --test layers`) fails on any import
+//! cycle between these modules:
 //!
 //! - [`config`]: `policies.yaml` is parsed ([`config::raw`]) and validated into an immutable
 //!   [`config::Snapshot`] of plain data ([`config::compile`]): no pools, no metric handles, so
 //!   `turnstile check` builds neither. It also holds the compiled pieces the runtime reads: a
 //!   route's refusal ([`config::limited`]), its path rewrite ([`config::rewrite`]), the overrides
 //!   file and its validation ([`config::overrides`]) and the Envoy service's config files and
-//!   descriptor tree ([`config::rls`]). It imports nothing from the runtime or the doors;
+//!   descriptor tree ([`config::rls`]). Besides the pure modules below, it names only the
+//!   limiter's rule types and [`tls`]'s certificate loading: nothing of the request runtime or
+//!   the doors;
 //! - below it, pure modules: [`units`] (durations, rates, sizes as written), [`normalize`] (every
 //!   request rewritten into one canonical spelling, path and host, before anything reads it),
 //!   [`route`] and [`keys`] (which route a request belongs to and which counters it touches, as
@@ -33,21 +35,23 @@
 //!   pre-resolved handles) it counts in;
 //! - [`tls`]: rustls for the HTTPS listener (certificates reloaded as their files change) and for
 //!   `https://` upstreams;
-//! - [`state`]: what every listener shares ([`state::AppState`]): the snapshot with its runtime
-//!   resources attached ([`state::Live`], swapped whole on reload), the engine and the metrics;
-//!   [`overrides`]: the per-key overrides in force, from the file and the admin API, shared
-//!   through Redis, applied by [`admission`] from a local copy; [`proxy`] (forwarding, the
-//!   upstream pool, streaming bodies), [`inflight`] (concurrency leases and response costs after
-//!   admission) and [`respond`] (every response the gateway writes itself, refusals included):
-//!   the request runtime, which still forms one allowed cycle;
+//! - the request runtime: [`proxy`] (forwarding, the upstream pool, streaming bodies, which carry
+//!   a [`proxy::body::Rider`] to their end without knowing what it is);
+//!   [`respond`] (every response the gateway writes itself, refusals included); [`overrides`]
+//!   (the per-key overrides in force, from the file and the admin API, shared through Redis,
+//!   applied by [`admission`] from a local copy); [`state`]: what every listener shares
+//!   ([`state::AppState`]): the snapshot with its runtime resources attached ([`state::Live`],
+//!   swapped whole on reload), the engine, the metrics and the overrides, with the task keeping
+//!   them current; [`inflight`] (concurrency leases riding on the response body, and response
+//!   costs, after admission);
 //! - [`request_id`] (the id a request is known by, kept or made) and [`access_log`] (the record
 //!   a door fills per request, queued to a writer thread that formats and writes it), and
 //!   [`otel`] (a request's spans, exported over OTLP off the request path), below admission and
 //!   the doors;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   the doors: [`gateway`], [`forward_auth`], [`rls`];
-//! - [`admin`]: metrics and health on a separate listener; [`listener`]: the public listener and
-//!   the bounds on each connection;
+//! - [`admin`]: metrics, health and the overrides API on a separate listener; [`listener`]: the
+//!   public listener and the bounds on each connection;
 //! - [`server`]: start-up, the one reload path and graceful shutdown, whose background tasks one
 //!   [`shutdown::Shutdown`] owns and awaits; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal; [`log_throttle`]:

@@ -111,13 +111,13 @@ pub async fn start(
     state.access_log = access_log;
     state.tracing = tracing;
     let state = Arc::new(state);
-    state.overrides.rebuild(&state);
+    state.rebuild_overrides();
     if matches!(state.engine.store(), Store::Redis(_)) {
         // The shared overrides: applied before the first request, then kept current.
-        crate::overrides::refresh(&state).await;
+        state.refresh_overrides().await;
         background.spawn_until_stopped(
             "overrides sync",
-            crate::overrides::sync(Arc::downgrade(&state)),
+            crate::state::sync_overrides(Arc::downgrade(&state)),
         );
     }
     let shutdown_rx = background.signal();
@@ -337,7 +337,7 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
         .live
         .store(Arc::new(Live::attach(next, &state.metrics)));
     // The file's overrides came with the config; the API's may name routes it changed.
-    state.overrides.rebuild(state);
+    state.rebuild_overrides();
     Ok(pending)
 }
 

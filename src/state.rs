@@ -44,6 +44,37 @@ impl AppState {
             tracing: crate::otel::Tracing::off(),
         }
     }
+
+    /// Rebuilds the overrides in force from the live config and the API's (after a reload or a
+    /// change through the API).
+    pub fn rebuild_overrides(&self) {
+        self.overrides
+            .rebuild(&self.live.load().config, &self.engine);
+    }
+
+    /// One refresh of the shared overrides from Redis (a no-op on the in-process store).
+    pub async fn refresh_overrides(&self) {
+        if let crate::limiter::Store::Redis(store) = self.engine.store() {
+            if self.overrides.fetch(store).await {
+                self.rebuild_overrides();
+            }
+        }
+    }
+}
+
+/// Keeps this instance's copy of Redis's overrides current until the state is dropped: one small
+/// call every [`crate::overrides::SYNC_EVERY`], which returns the entries only when their version
+/// changed.
+pub async fn sync_overrides(state: std::sync::Weak<AppState>) {
+    let mut tick = tokio::time::interval(crate::overrides::SYNC_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        state.refresh_overrides().await;
+    }
 }
 
 /// A config snapshot (plain data) and the resources it needs to run: connection pools and metric

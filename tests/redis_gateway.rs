@@ -584,6 +584,28 @@ async fn slow_burst(gw: &GatewayProcess, n: usize, hold_ms: u64) -> Vec<u16> {
     statuses
 }
 
+/// Returns once Redis on `port` stops answering (`DEBUG SLEEP` has begun): a `PING` on a fresh
+/// connection gets no reply within 100 ms. On a loaded machine `redis-cli` can take longer to
+/// start than any fixed pause. Gives up after 2 s.
+async fn wait_until_asleep(port: u16) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+            continue;
+        };
+        if conn.write_all(b"PING\r\n").await.is_err() {
+            continue;
+        }
+        let mut reply = [0u8; 16];
+        match tokio::time::timeout(Duration::from_millis(100), conn.read(&mut reply)).await {
+            Err(_) => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    panic!("Redis on port {port} kept answering: DEBUG SLEEP did not begin");
+}
+
 /// Regression (issue 34): a route failing open admitted every request whose decision timed out,
 /// with no lease, so a slow Redis let 36 requests in flight past a limit of 5. With the store's
 /// defaults (`timeout: 50ms`, `failure_mode: open`), 100 slow requests at once put exactly the
@@ -620,7 +642,7 @@ async fn a_slowed_redis_failing_open_keeps_a_concurrency_limit_per_instance() {
                 .map(|o| o.status.success())
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until_asleep(redis.port).await;
     let sent = Instant::now();
     let statuses = slow_burst(&gw, CC_REQUESTS, 1000).await;
     let took = sent.elapsed();
@@ -647,7 +669,7 @@ async fn a_slowed_redis_failing_open_keeps_a_concurrency_limit_per_instance() {
     assert_eq!(
         failed_open,
         count(&statuses, 200) as f64,
-        "every request admitted during the stall failed open"
+        "every request admitted during the stall failed open; {statuses:?}"
     );
     assert!(store_errors(&gw, "timeout").await >= 1.0);
 }

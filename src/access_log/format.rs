@@ -109,9 +109,7 @@ fn write_json(out: &mut Vec<u8>, value: &Value<'_>) {
     match value {
         Value::None => out.extend_from_slice(b"null"),
         Value::Str(s) => json_string(out, s),
-        Value::Int(n) => {
-            let _ = write!(out, "{n}");
-        }
+        Value::Int(n) => write_int(out, *n),
         Value::Ms(d) => write_ms(out, *d),
         Value::Time(t) => {
             out.push(b'"');
@@ -136,9 +134,7 @@ fn write_text(out: &mut Vec<u8>, value: &Value<'_>) {
             out.extend_from_slice(s.as_bytes())
         }
         Value::Str(s) => json_string(out, s),
-        Value::Int(n) => {
-            let _ = write!(out, "{n}");
-        }
+        Value::Int(n) => write_int(out, *n),
         Value::Ms(d) => write_ms(out, *d),
         Value::Time(t) => {
             out.push(b'[');
@@ -160,6 +156,13 @@ fn plain_text(b: u8) -> bool {
 /// A JSON string: `"` and `\` escaped, control characters as `\u00XX` (RFC 8259 §7).
 fn json_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    if s.bytes()
+        .all(|b| b >= 0x20 && b != 0x7f && b != b'"' && b != b'\\')
+    {
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     for &b in s.as_bytes() {
         match b {
             b'"' => out.extend_from_slice(b"\\\""),
@@ -173,10 +176,28 @@ fn json_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+fn write_int(out: &mut Vec<u8>, n: u64) {
+    let mut buf = [0u8; 20];
+    out.extend_from_slice(crate::rate_limit_headers::digits(n, &mut buf));
+}
+
+/// `n` in `width` digits, zero-padded (`n` has at most `width` digits).
+fn write_padded(out: &mut Vec<u8>, n: u64, width: usize) {
+    let mut buf = [0u8; 20];
+    let digits = crate::rate_limit_headers::digits(n, &mut buf);
+    out.extend(std::iter::repeat_n(
+        b'0',
+        width.saturating_sub(digits.len()),
+    ));
+    out.extend_from_slice(digits);
+}
+
 /// Milliseconds with three decimals (microseconds).
 fn write_ms(out: &mut Vec<u8>, d: Duration) {
-    let us = d.as_micros();
-    let _ = write!(out, "{}.{:03}", us / 1000, us % 1000);
+    let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    write_int(out, us / 1000);
+    out.push(b'.');
+    write_padded(out, us % 1000, 3);
 }
 
 fn write_digest(out: &mut Vec<u8>, key: &str) {
@@ -195,14 +216,19 @@ fn write_time(out: &mut Vec<u8>, t: std::time::SystemTime) {
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    let _ = write!(
-        out,
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
-    );
+    write_padded(out, y.max(0) as u64, 4);
+    for (sep, n, width) in [
+        (b'-', u64::from(m), 2),
+        (b'-', u64::from(d), 2),
+        (b'T', rem / 3600, 2),
+        (b':', rem % 3600 / 60, 2),
+        (b':', rem % 60, 2),
+        (b'.', u64::from(since.subsec_millis()), 3),
+    ] {
+        out.push(sep);
+        write_padded(out, n, width);
+    }
+    out.push(b'Z');
 }
 
 /// The proleptic Gregorian date of a day count since 1970-01-01 (H. Hinnant's algorithm).

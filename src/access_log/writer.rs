@@ -10,7 +10,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
@@ -80,7 +80,7 @@ impl Output {
     }
 }
 
-fn append(path: &PathBuf) -> io::Result<File> {
+fn append(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .create(true)
         .append(true)

@@ -2,18 +2,16 @@
 //! without a restart.
 //!
 //! Two sources, layered: the `overrides:` file named by `policies.yaml` (validated with the
-//! config, reloaded with it, and on its own change), and the admin API ([`api`]), which wins over
+//! config, reloaded with it, and on its own change), and the admin API (`crate::admin`), which wins over
 //! the file for the same key. With the Redis store the API's overrides live in Redis, so every
 //! instance applies them: each keeps a local copy that a background task refreshes
-//! ([`sync`], every [`SYNC_EVERY`]), and the hot path reads only that copy, so an override adds
+//! (`crate::state::sync_overrides`, every [`SYNC_EVERY`]), and the hot path reads only that copy, so an override adds
 //! no Redis round trip to any request. The price is staleness: an instance applies a change made
 //! on another within one refresh interval (plus one Redis call).
 //!
 //! An override keeps the policy's algorithm, key and window or period; it changes the numbers
 //! only (`limit`, or a bucket's `rate` and `burst`). The counter keeps its state: a tenant who
 //! used 90 of 100 and gets 1000 has 910 left.
-
-pub mod api;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,8 +23,9 @@ use serde::Serialize;
 pub use crate::config::overrides::{
     load_file, resolve, rule_for, Invalid, Limits, Override, MAX_KEY_BYTES, MAX_OVERRIDES,
 };
-use crate::limiter::Rule;
-use crate::state::AppState;
+use crate::config::Snapshot;
+use crate::limiter::redis::RedisStore;
+use crate::limiter::{Engine, Rule};
 
 /// How often an instance on the Redis store refreshes its copy of the shared overrides: the bound
 /// on how long another instance's change takes to apply here.
@@ -92,10 +91,9 @@ impl Overrides {
         self.api.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Rebuilds the table from the live config (its routes and file overrides) and the API's.
-    pub fn rebuild(&self, state: &AppState) {
-        let live = state.live.load();
-        let config = &live.config;
+    /// Rebuilds the table from `config` (the live one: its routes and file overrides) and the
+    /// API's overrides; `engine` forgets the refusals it cached under the rules before.
+    pub fn rebuild(&self, config: &Snapshot, engine: &Engine) {
         let mut rules = HashMap::new();
         let api = self.api();
         for o in config.overrides.iter().chain(api.values()) {
@@ -113,13 +111,11 @@ impl Overrides {
         self.active.store(Arc::new(Table { rules }));
         // Every reload and every change of an override comes through here: refusals cached under
         // the rules before are not replayed under these.
-        state.engine.rules_changed();
+        engine.rules_changed();
     }
 
-    /// Every override, file first, with whether it applies.
-    pub fn list(&self, state: &AppState) -> Vec<Listed> {
-        let live = state.live.load();
-        let config = &live.config;
+    /// Every override, file first, with whether it applies to `config` (the live one).
+    pub fn list(&self, config: &Snapshot) -> Vec<Listed> {
         let api = self.api();
         let listed = |o: &Override, source| Listed {
             o: o.clone(),
@@ -135,45 +131,34 @@ impl Overrides {
     }
 }
 
-/// Keeps this instance's copy of Redis's overrides current until the state is dropped: one small
-/// call every [`SYNC_EVERY`], which returns the entries only when their version changed.
-pub async fn sync(state: std::sync::Weak<AppState>) {
-    let mut tick = tokio::time::interval(SYNC_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(state) = state.upgrade() else {
-            return;
-        };
-        refresh(&state).await;
-    }
-}
-
-/// One refresh from Redis (a no-op on the in-process store).
-pub async fn refresh(state: &AppState) {
-    let crate::limiter::Store::Redis(store) = state.engine.store() else {
-        return;
-    };
-    let _one = state.overrides.refreshing.lock().await;
-    let known = state.overrides.version.lock().ok().and_then(|v| v.clone());
-    match store.overrides_fetch(known.as_deref()).await {
-        Ok(Some((version, entries))) => {
-            let mut api = BTreeMap::new();
-            for (field, json) in entries.into_iter().take(MAX_OVERRIDES) {
-                match serde_json::from_str::<Override>(&json) {
-                    Ok(o) if o.counter_key() == field => {
-                        api.insert(field, o);
+impl Overrides {
+    /// Replaces the API's overrides with Redis's when their version changed: true then, and the
+    /// table wants a [`Overrides::rebuild`] (`crate::state::AppState::refresh_overrides`).
+    pub async fn fetch(&self, store: &RedisStore) -> bool {
+        let _one = self.refreshing.lock().await;
+        let known = self.version.lock().ok().and_then(|v| v.clone());
+        match store.overrides_fetch(known.as_deref()).await {
+            Ok(Some((version, entries))) => {
+                let mut api = BTreeMap::new();
+                for (field, json) in entries.into_iter().take(MAX_OVERRIDES) {
+                    match serde_json::from_str::<Override>(&json) {
+                        Ok(o) if o.counter_key() == field => {
+                            api.insert(field, o);
+                        }
+                        _ => tracing::warn!(field, "ignoring a malformed override in Redis"),
                     }
-                    _ => tracing::warn!(field, "ignoring a malformed override in Redis"),
                 }
+                *self.api() = api;
+                if let Ok(mut v) = self.version.lock() {
+                    *v = Some(version);
+                }
+                true
             }
-            *state.overrides.api() = api;
-            if let Ok(mut v) = state.overrides.version.lock() {
-                *v = Some(version);
+            Ok(None) => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "overrides refresh failed; keeping the last copy");
+                false
             }
-            state.overrides.rebuild(state);
         }
-        Ok(None) => {}
-        Err(e) => tracing::debug!(error = %e, "overrides refresh failed; keeping the last copy"),
     }
 }

@@ -21,8 +21,27 @@ pub enum ResponseBody {
     /// An upstream body whose target counts it in flight until it ends or drops.
     Balanced(super::pool::UpstreamBody, super::balance::InFlight),
     Full(Option<Bytes>),
-    /// Either of the above holding a concurrency lease until it ends (`crate::inflight`).
-    Leased(Box<crate::inflight::Leased>),
+    /// Any of the above carrying a [`Rider`] (a concurrency lease, `crate::inflight`) to its end.
+    Riding(Box<Riding<dyn Rider>>),
+}
+
+/// What rides on a response body to its end without the proxy knowing what it is: a concurrency
+/// lease released when the body ends, say.
+pub trait Rider: Send + Sync + std::fmt::Debug {
+    /// A data frame on its way to the client.
+    fn data(&mut self, _data: &Bytes) {}
+
+    /// The body ended: `complete` when its last frame went out, false when it failed. Called
+    /// once; a body dropped before its end (the client went away) drops its rider without it.
+    fn ended(&mut self, complete: bool);
+}
+
+/// A body carrying `R` ([`ResponseBody::riding`]).
+#[derive(Debug)]
+pub struct Riding<R: ?Sized> {
+    body: ResponseBody,
+    ended: bool,
+    rider: R,
 }
 
 impl ResponseBody {
@@ -34,6 +53,15 @@ impl ResponseBody {
         ResponseBody::Full(None)
     }
 
+    /// `body`, carrying `rider` to its end (one allocation, as any boxed variant).
+    pub fn riding(body: ResponseBody, rider: impl Rider + 'static) -> Self {
+        ResponseBody::Riding(Box::new(Riding {
+            body,
+            ended: false,
+            rider,
+        }))
+    }
+
     /// The upstream's fields still kept raw ([`super::fields`]): part of the response's fields,
     /// beside its `HeaderMap`.
     pub fn upstream_fields(&self) -> Option<&super::fields::RawFields> {
@@ -41,7 +69,7 @@ impl ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
                 body.upstream_fields()
             }
-            ResponseBody::Leased(body) => body.body().upstream_fields(),
+            ResponseBody::Riding(riding) => riding.body.upstream_fields(),
             ResponseBody::Full(_) => None,
         }
     }
@@ -52,7 +80,7 @@ impl ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => {
                 body.upstream_fields_mut()
             }
-            ResponseBody::Leased(body) => body.body_mut().upstream_fields_mut(),
+            ResponseBody::Riding(riding) => riding.body.upstream_fields_mut(),
             ResponseBody::Full(_) => None,
         }
     }
@@ -78,7 +106,7 @@ impl Body for ResponseBody {
                 Pin::new(body).poll_frame(cx).map_err(Into::into)
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ResponseBody::Leased(body) => Pin::new(&mut **body).poll_frame(cx),
+            ResponseBody::Riding(riding) => riding.poll_frame(cx),
         }
     }
 
@@ -86,7 +114,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Leased(body) => body.is_end_stream(),
+            ResponseBody::Riding(riding) => riding.body.is_end_stream(),
         }
     }
 
@@ -95,8 +123,31 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) | ResponseBody::Balanced(body, _) => body.size_hint(),
             ResponseBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
-            ResponseBody::Leased(body) => body.size_hint(),
+            ResponseBody::Riding(riding) => riding.body.size_hint(),
         }
+    }
+}
+
+impl Riding<dyn Rider> {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let complete = match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.rider.data(data);
+                }
+                self.body.is_end_stream().then_some(true)
+            }
+            Poll::Ready(Some(Err(_))) => Some(false),
+            Poll::Ready(None) => Some(true),
+            Poll::Pending => None,
+        };
+        if let Some(complete) = complete {
+            if !std::mem::replace(&mut self.ended, true) {
+                self.rider.ended(complete);
+            }
+        }
+        polled
     }
 }
 

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use super::{resolve, Limits, Override, MAX_OVERRIDES};
 use crate::limiter::Store;
+use crate::overrides::{resolve, Limits, Override, MAX_OVERRIDES};
 use crate::state::AppState;
 
 /// The routes to merge into the admin router.
@@ -30,7 +30,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 async fn list(State(state): State<Arc<AppState>>) -> Response {
-    let overrides = state.overrides.list(&state);
+    let overrides = state.overrides.list(&state.live.load().config);
     Json(serde_json::json!({
         "max": MAX_OVERRIDES,
         "active": state.overrides.active().len(),
@@ -66,7 +66,7 @@ async fn put(
         let json = serde_json::to_string(&o).unwrap_or_default();
         match store.overrides_put(&field, &json, MAX_OVERRIDES).await {
             // Applied here from Redis itself, after any refresh already under way.
-            Ok(true) => super::refresh(&state).await,
+            Ok(true) => state.refresh_overrides().await,
             Ok(false) => return full(),
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
@@ -77,7 +77,7 @@ async fn put(
         }
         api.insert(field, o.clone());
         drop(api);
-        state.overrides.rebuild(&state);
+        state.rebuild_overrides();
     }
     (StatusCode::OK, Json(o)).into_response()
 }
@@ -99,14 +99,14 @@ async fn delete(
     let existed = if let Store::Redis(store) = state.engine.store() {
         match store.overrides_delete(&field).await {
             Ok(existed) => {
-                super::refresh(&state).await;
+                state.refresh_overrides().await;
                 existed
             }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
     } else {
         let existed = state.overrides.api().remove(&field).is_some();
-        state.overrides.rebuild(&state);
+        state.rebuild_overrides();
         existed
     };
     if existed {
