@@ -332,7 +332,14 @@ fn every_config_snippet_in_the_docs_loads() {
 fn compose_tracing_profile_adds_a_traced_gateway_a_collector_and_jaeger() {
     run_ok(
         "docker-compose",
-        &["-f", "docker-compose.yml", "--profile", "tracing", "config", "-q"],
+        &[
+            "-f",
+            "docker-compose.yml",
+            "--profile",
+            "tracing",
+            "config",
+            "-q",
+        ],
         INSTALL_COMPOSE,
     );
     let compose = resolved_compose();
@@ -345,7 +352,10 @@ fn compose_tracing_profile_adds_a_traced_gateway_a_collector_and_jaeger() {
         );
     }
     for name in ["redis", "api", "turnstile", "prometheus", "grafana"] {
-        assert!(services[name]["profiles"].is_null(), "{name} runs without a profile");
+        assert!(
+            services[name]["profiles"].is_null(),
+            "{name} runs without a profile"
+        );
     }
     let volumes = services["turnstile-traced"]["volumes"].to_string();
     assert!(
@@ -358,7 +368,8 @@ fn compose_tracing_profile_adds_a_traced_gateway_a_collector_and_jaeger() {
     assert_eq!(tracing.otlp_endpoint, "http://otel-collector:4317/");
 
     // The collector receives OTLP/gRPC where Turnstile sends it and forwards to Jaeger's OTLP port.
-    let text = std::fs::read_to_string(repo_path("deploy/compose/otel-collector.yaml")).expect("read");
+    let text =
+        std::fs::read_to_string(repo_path("deploy/compose/otel-collector.yaml")).expect("read");
     let collector: Value = serde_norway::from_str(&text).expect("YAML");
     assert_eq!(
         collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"],
@@ -369,5 +380,8 @@ fn compose_tracing_profile_adds_a_traced_gateway_a_collector_and_jaeger() {
         collector["service"]["pipelines"]["traces"]["exporters"],
         serde_json::json!(["otlp"])
     );
-    assert_eq!(services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"], "true");
+    assert_eq!(
+        services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"],
+        "true"
+    );
 }
