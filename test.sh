@@ -87,6 +87,10 @@ pip_module() {
 }
 pip_module openai openai
 pip_module anthropic anthropic
+# grpcio and the official opentelemetry-proto definitions, for the OTLP receiver that
+# tests/traces.rs (and bench/tracing.sh) export spans to (tests/fixtures/otlp/receiver.py).
+pip_module grpc grpcio
+pip_module opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc opentelemetry-proto
 
 # Kubernetes manifests: rendered by kubectl's kustomize (validated by kubernetes-validate above).
 if ! command -v kubectl >/dev/null 2>&1; then

@@ -204,7 +204,9 @@ async fn admit_with<'l>(
         route.failure_mode
     };
     let pushed_len = checks.len();
+    let store_began = note.is_some().then(std::time::SystemTime::now);
     let mut verdict = state.engine.decide(checks, failure_mode).await;
+    let store_call = store_began.map(|began| (began, std::time::SystemTime::now()));
     // A shadow policy that would have refused consumed nothing: no lease to hold or release, no
     // response cost to charge.
     later.retain(|&(i, p, _)| {
@@ -233,6 +235,7 @@ async fn admit_with<'l>(
     if let Some(note) = note {
         let pushed = &pushed[..pushed_len.min(MAX_POLICIES)];
         *note = decided(route, &verdict, governing.map(|(i, _)| i), pushed);
+        note.store_call = store_call;
     }
     match (verdict.kind, governing) {
         (Kind::Limited, Some((_, outcome))) => Err(Refusal::RateLimited {
@@ -295,6 +298,7 @@ fn decided(
         decision,
         policy: speaks.and_then(policy_of).map(|p| p.name.clone()),
         key: speaks.map(|i| verdict.key(i).to_string()),
+        store_call: None,
     }
 }
 

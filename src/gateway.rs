@@ -61,6 +61,13 @@ pub fn handle(
             record.client_ip = Some(proxies.client_ip(peer_ip, req.headers()));
             Box::new(record)
         });
+        // Boxed too, and only when tracing is on: off, no span is made.
+        let mut trace = state
+            .tracing
+            .begin(req.method(), req.uri().path(), req.headers());
+        if let (Some(trace), Some(record)) = (&trace, &mut record) {
+            record.trace_id = Some(trace.trace_id());
+        }
         let tag = Tag {
             state: &state,
             live: &live,
@@ -85,7 +92,7 @@ pub fn handle(
         }
         if let Err(e) = canonical {
             let response = respond::refusal(&Refusal::BadRequest(e));
-            return Ok(tag.finish(response, &live.unmatched, record, true));
+            return Ok(tag.finish(response, &live.unmatched, record, trace, true));
         }
         let head = RequestHead {
             method: req.method(),
@@ -119,7 +126,7 @@ pub fn handle(
                     None => Refusal::NoRoute,
                 };
                 let response = respond::refusal(&refusal);
-                return Ok(tag.finish(response, &live.unmatched, record, true));
+                return Ok(tag.finish(response, &live.unmatched, record, trace, true));
             }
         };
 
@@ -148,8 +155,17 @@ pub fn handle(
         };
         // Read again: the body's read above needed the request whole.
         let host = normalize::host::host(req.headers());
+        if let Some(trace) = &mut trace {
+            let route = opentelemetry::KeyValue::new("turnstile.route", route.name.to_string());
+            trace.server_attributes([route]);
+            trace.begin_decision();
+        }
         // Admission reads the request (and the host found above); only then is it moved on.
-        let note = record.as_mut().map(|r| &mut r.decided);
+        let note = match (&mut record, &mut trace) {
+            (Some(record), _) => Some(&mut record.decided),
+            (None, Some(trace)) => Some(&mut trace.decided),
+            (None, None) => None,
+        };
         let admitted = admit(
             &state,
             &live,
@@ -162,6 +178,13 @@ pub fn handle(
             note,
         )
         .await;
+        if let Some(trace) = &mut trace {
+            let decided = match &record {
+                Some(record) => record.decided.clone(),
+                None => std::mem::take(&mut trace.decided),
+            };
+            trace.end_decision(&decided);
+        }
         // The act phase, its steps synchronous but the upstream's: this future holds the request's
         // state itself, and a nested future would be copied whole into it (`proxy::Outgoing`).
         let served = match admitted {
@@ -175,6 +198,10 @@ pub fn handle(
                 // Likewise settled from here at the latest (charged its fallback unread).
                 let meter = after.meter(&state, route, resources);
                 // Bound before the await, so the step's result is not kept in this future's state.
+                if let (Some(trace), Action::Forward(upstream)) = (&mut trace, &route.action) {
+                    let method = req.method().clone();
+                    trace.begin_upstream(req.headers_mut(), &method, &upstream.name);
+                }
                 let answered = 'act: {
                     let (outgoing, upgrade) =
                         match begin_act(&live, route, resources, &params, req, peer_ip) {
@@ -195,6 +222,9 @@ pub fn handle(
                             upstream_failed(route, resources, e, live.config.server.max_body_size)
                         })
                 };
+                if let Some(trace) = &mut trace {
+                    trace.end_upstream(answered.as_ref().ok().map(|r| r.status().as_u16()));
+                }
                 answered.map(|response| {
                     end_act(
                         &state, route, resources, response, &limits, after, lease, meter,
@@ -211,7 +241,7 @@ pub fn handle(
         let response = served.unwrap_or_else(|refusal| {
             crate::inflight::refusal(route, &refusal, request_id.as_ref())
         });
-        Ok(tag.finish(response, &resources.metrics, record, refused))
+        Ok(tag.finish(response, &resources.metrics, record, trace, refused))
     }
 }
 
@@ -231,8 +261,12 @@ impl Tag<'_> {
         mut response: Response<ResponseBody>,
         metrics: &crate::metrics::RouteMetrics,
         record: Option<Box<Record>>,
+        trace: Option<Box<crate::otel::RequestTrace>>,
         refused: bool,
     ) -> Response<ResponseBody> {
+        if let Some(trace) = trace {
+            trace.finish(response.status().as_u16());
+        }
         if let Some(id) = self.id {
             let name = &self.live.config.request_id.header;
             match response.body_mut().upstream_fields_mut() {

@@ -47,8 +47,9 @@
 //!   them current; [`inflight`] (concurrency leases riding on the response body, and response
 //!   costs after admission: usage costs settled by a meter riding on the body as it ends);
 //! - [`request_id`] (the id a request is known by, kept or made) and [`access_log`] (the record
-//!   a door fills per request, queued to a writer thread that formats and writes it), below
-//!   admission and the doors;
+//!   a door fills per request, queued to a writer thread that formats and writes it), and
+//!   [`otel`] (a request's spans, exported over OTLP off the request path), below admission and
+//!   the doors;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   [`quota`]: the same keys peeked without consuming (a route's quota endpoint, the status
 //!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`];
@@ -81,6 +82,7 @@ pub mod log_throttle;
 pub mod metrics;
 pub mod normalize;
 pub mod now;
+pub mod otel;
 pub mod overrides;
 pub mod probe;
 pub mod proxy;

@@ -93,9 +93,23 @@ pub async fn start(
         }
         None => crate::access_log::AccessLog::off(),
     };
+    let tracing = match &snapshot.tracing {
+        Some(settings) => {
+            let store = match engine.store() {
+                Store::Redis(_) => "redis",
+                _ => "memory",
+            };
+            let (tracing, exporter) = crate::otel::Tracing::start(settings, store, &metrics)?;
+            // In the last group: it exports the spans of requests that finish while draining.
+            background.spawn_last("trace exporter", exporter.run(background.last_signal()));
+            tracing
+        }
+        None => crate::otel::Tracing::off(),
+    };
     let live = Live::attach(snapshot, &metrics);
     let mut state = AppState::new(live, engine, metrics);
     state.access_log = access_log;
+    state.tracing = tracing;
     let state = Arc::new(state);
     state.rebuild_overrides();
     if matches!(state.engine.store(), Store::Redis(_)) {
@@ -376,6 +390,7 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
         ),
         ("store", current.store != next.store),
         ("access_log", current.access_log != next.access_log),
+        ("tracing", current.tracing != next.tracing),
         (
             "server.header_read_timeout",
             current.server.header_read_timeout != next.server.header_read_timeout,

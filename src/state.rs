@@ -28,6 +28,8 @@ pub struct AppState {
     pub overrides: crate::overrides::Overrides,
     /// Where every door's request lines go (`access_log:`, read at start); off by default.
     pub access_log: crate::access_log::AccessLog,
+    /// Spans per request (`tracing:`, read at start); off by default.
+    pub tracing: crate::otel::Tracing,
 }
 
 impl AppState {
@@ -39,6 +41,7 @@ impl AppState {
             reload_status: std::sync::Mutex::default(),
             overrides: crate::overrides::Overrides::default(),
             access_log: crate::access_log::AccessLog::off(),
+            tracing: crate::otel::Tracing::off(),
         }
     }
 

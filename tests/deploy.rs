@@ -327,3 +327,61 @@ fn every_config_snippet_in_the_docs_loads() {
     }
     assert!(checked >= 15, "only {checked} config snippets found");
 }
+
+#[test]
+fn compose_tracing_profile_adds_a_traced_gateway_a_collector_and_jaeger() {
+    run_ok(
+        "docker-compose",
+        &[
+            "-f",
+            "docker-compose.yml",
+            "--profile",
+            "tracing",
+            "config",
+            "-q",
+        ],
+        INSTALL_COMPOSE,
+    );
+    let compose = resolved_compose();
+    let services = compose["services"].as_object().expect("services");
+    for name in ["turnstile-traced", "otel-collector", "jaeger"] {
+        assert_eq!(
+            services[name]["profiles"],
+            serde_json::json!(["tracing"]),
+            "{name} is in the tracing profile only"
+        );
+    }
+    for name in ["redis", "api", "turnstile", "prometheus", "grafana"] {
+        assert!(
+            services[name]["profiles"].is_null(),
+            "{name} runs without a profile"
+        );
+    }
+    let volumes = services["turnstile-traced"]["volumes"].to_string();
+    assert!(
+        volumes.contains("deploy/compose/policies-tracing.yaml:/etc/turnstile/policies.yaml:ro"),
+        "{volumes}"
+    );
+    let snapshot = turnstile::config::load(&repo_path("deploy/compose/policies-tracing.yaml"))
+        .unwrap_or_else(|e| panic!("deploy/compose/policies-tracing.yaml:\n{e}"));
+    let tracing = snapshot.tracing.expect("tracing on");
+    assert_eq!(tracing.otlp_endpoint, "http://otel-collector:4317/");
+
+    // The collector receives OTLP/gRPC where Turnstile sends it and forwards to Jaeger's OTLP port.
+    let text =
+        std::fs::read_to_string(repo_path("deploy/compose/otel-collector.yaml")).expect("read");
+    let collector: Value = serde_norway::from_str(&text).expect("YAML");
+    assert_eq!(
+        collector["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"],
+        "0.0.0.0:4317"
+    );
+    assert_eq!(collector["exporters"]["otlp"]["endpoint"], "jaeger:4317");
+    assert_eq!(
+        collector["service"]["pipelines"]["traces"]["exporters"],
+        serde_json::json!(["otlp"])
+    );
+    assert_eq!(
+        services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"],
+        "true"
+    );
+}

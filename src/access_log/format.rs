@@ -278,6 +278,7 @@ mod tests {
             decision: Decision::Limited,
             policy: Some("per_key".into()),
             key: Some("api:per_key:k1".to_string()),
+            store_call: None,
         };
         r
     }

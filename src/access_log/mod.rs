@@ -92,6 +92,8 @@ pub struct Decided {
     pub decision: Decision,
     pub policy: Option<Arc<str>>,
     pub key: Option<String>,
+    /// When the engine's store call began and ended (the trace's store span, `crate::otel`).
+    pub store_call: Option<(SystemTime, SystemTime)>,
 }
 
 /// One request, as a door saw it. Every field is optional but the time, door and status: a door

@@ -1,5 +1,6 @@
-//! `request_id:` and `access_log:`: what a request is called and the line it leaves, as plain
-//! data (the runtime is `crate::request_id` and `crate::access_log`).
+//! `request_id:`, `access_log:` and `tracing:`: what a request is called, the line it leaves and
+//! the spans it exports, as plain data (the runtime is `crate::request_id`, `crate::access_log`
+//! and `crate::otel`).
 
 use std::path::PathBuf;
 
@@ -193,3 +194,28 @@ pub struct AccessLogSettings {
 pub const DEFAULT_LOG_BUFFER: usize = 16 * 1024;
 /// The most `access_log.buffer` may be.
 pub const MAX_LOG_BUFFER: u64 = 1 << 20;
+
+/// `tracing: {otlp_endpoint, sample_ratio, service_name}` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    pub otlp_endpoint: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
+}
+
+/// `tracing:` validated: spans exported over OTLP/gRPC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// The collector's OTLP/gRPC address, `http://host:port` (`https://` is refused: the
+    /// exporter is built without TLS).
+    pub otlp_endpoint: http::Uri,
+    /// The fraction of new traces sampled (0 to 1); a request continuing a trace follows its
+    /// parent's choice.
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+}
+
+/// The default of `tracing.service_name`.
+pub const DEFAULT_SERVICE_NAME: &str = "turnstile";

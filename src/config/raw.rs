@@ -42,6 +42,8 @@ pub struct RawConfig {
     pub request_id: super::observability::RawRequestId,
     /// One line per request (`crate::access_log`).
     pub access_log: Option<super::observability::RawAccessLog>,
+    /// Spans exported over OTLP (`crate::otel`).
+    pub tracing: Option<super::observability::RawTracing>,
 }
 
 /// `listen_tls: {listen, cert, key, handshake_timeout}`: files relative to the config file.

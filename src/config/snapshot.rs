@@ -411,6 +411,8 @@ pub struct Snapshot {
     pub request_id: super::observability::RequestIdSettings,
     /// One line per request, when `access_log:` is set (read at start).
     pub access_log: Option<super::observability::AccessLogSettings>,
+    /// Spans exported over OTLP, when `tracing:` is set (read at start).
+    pub tracing: Option<super::observability::TracingSettings>,
     /// `overrides:`, resolved against the config's directory.
     pub overrides_file: Option<PathBuf>,
     /// The overrides file's entries, validated against `routes` (`crate::overrides`).

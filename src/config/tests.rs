@@ -769,3 +769,45 @@ fn request_ids_are_on_by_default_and_the_access_log_off() {
     );
     assert_eq!((log.sample_admitted, log.sample_refused), (1.0, 1.0));
 }
+
+#[test]
+fn tracing_errors_name_their_fields_and_lines() {
+    let yaml = format!(
+        "tracing:\n  otlp_endpoint: 'collector:4317'\n  sample_ratio: 2\n  service_name: ''\n{BASE}{ROUTE}"
+    );
+    let e = errors(&yaml);
+    let expect = [
+        "p.yaml:2:18: tracing.otlp_endpoint: `collector:4317` is not an `http://host:port` address",
+        "p.yaml:3:17: tracing.sample_ratio: `2` is not a fraction",
+        "p.yaml:4:17: tracing.service_name: must be 1 to 255 characters",
+    ];
+    for want in expect {
+        assert!(e.iter().any(|m| m.contains(want)), "{want}\nin {e:#?}");
+    }
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+    let e = errors(&format!(
+        "tracing: {{ otlp_endpoint: 'https://c:4317' }}\n{BASE}{ROUTE}"
+    ));
+    assert!(
+        e[0].contains("tracing.otlp_endpoint: `https://c:4317`: https is not supported"),
+        "{e:#?}"
+    );
+    let e = errors(&format!("tracing: {{ sample_ratio: 0.5 }}\n{BASE}{ROUTE}"));
+    assert!(
+        e[0].contains("tracing.otlp_endpoint: is required"),
+        "{e:#?}"
+    );
+}
+
+#[test]
+fn tracing_is_off_by_default_and_samples_every_trace_when_set() {
+    let s = parse(&format!("{BASE}{ROUTE}"), Path::new("p.yaml")).unwrap();
+    assert_eq!(s.tracing, None);
+    let yaml = format!("tracing: {{ otlp_endpoint: 'http://127.0.0.1:4317' }}\n{BASE}{ROUTE}");
+    let t = parse(&yaml, Path::new("p.yaml")).unwrap().tracing.unwrap();
+    assert_eq!(t.otlp_endpoint, "http://127.0.0.1:4317/");
+    assert_eq!(
+        (t.sample_ratio, t.service_name.as_str()),
+        (1.0, "turnstile")
+    );
+}

@@ -44,6 +44,9 @@ use crate::metrics::{CheckResult, DoorMetrics, RouteMetrics};
 use crate::respond::{self, Refusal};
 use crate::state::{AppState, Live};
 
+/// The server span of one `Check` (OpenTelemetry's RPC span name: `service/method`).
+const CHECK_SPAN: &str = "envoy.service.auth.v3.Authorization/Check";
+
 /// google.rpc.Code values (google/rpc/code.proto).
 const RPC_OK: i32 = 0;
 const RPC_INVALID_ARGUMENT: i32 = 3;
@@ -67,14 +70,40 @@ impl ExtAuthz {
     /// Decides one `CheckRequest`. Each answer is counted in `turnstile_requests_total` and
     /// `turnstile_request_duration_seconds` under the route it names (or `unmatched`), by the
     /// status it tells the proxy to send (200 when allowed).
-    pub async fn decide(&self, request: &CheckRequest) -> CheckResponse {
+    ///
+    /// `traceparent` is the one in the call's gRPC metadata (Envoy's span of the check): the
+    /// check's server span continues it; without it, the original request's.
+    pub async fn decide(&self, request: &CheckRequest, traceparent: Option<&str>) -> CheckResponse {
         let started = crate::now::read();
         let live = self.state.live.load_full();
         let log = &self.state.access_log;
         let mut record = log
             .is_on()
             .then(|| Box::new(Record::new(Door::ExtAuthz, std::time::SystemTime::now())));
-        let (response, status, counted) = self.answer(&live, request, record.as_deref_mut()).await;
+        let mut trace = match traceparent {
+            Some(_) => self.state.tracing.begin_from(traceparent, CHECK_SPAN),
+            None => {
+                let original = request.attributes.as_ref().and_then(|a| a.request.as_ref());
+                let headers = original.and_then(|r| r.http.as_ref()).map(|h| &h.headers);
+                let parent = headers
+                    .and_then(|h| h.get("traceparent"))
+                    .map(String::as_str);
+                self.state.tracing.begin_from(parent, CHECK_SPAN)
+            }
+        };
+        if let Some(trace) = &mut trace {
+            trace.server_attributes([
+                opentelemetry::KeyValue::new("rpc.system", "grpc"),
+                opentelemetry::KeyValue::new("rpc.service", "envoy.service.auth.v3.Authorization"),
+                opentelemetry::KeyValue::new("rpc.method", "Check"),
+            ]);
+        }
+        let (response, status, counted) = self
+            .answer(&live, request, record.as_deref_mut(), trace.as_deref_mut())
+            .await;
+        if let Some(trace) = trace {
+            trace.finish(status);
+        }
         let seconds = crate::now::read()
             .saturating_duration_since(started)
             .as_secs_f64();
@@ -97,6 +126,7 @@ impl ExtAuthz {
         live: &'l Live,
         request: &CheckRequest,
         mut record: Option<&mut Record>,
+        mut trace: Option<&mut crate::otel::RequestTrace>,
     ) -> (CheckResponse, u16, Option<&'l RouteMetrics>) {
         let (mut original, peer) = match original_request(request) {
             Ok(pair) => pair,
@@ -123,9 +153,23 @@ impl ExtAuthz {
             let proxies = &live.config.trusted_proxies;
             record.client_ip = Some(proxies.client_ip(peer.to_canonical(), original.headers()));
         }
-        let note = record.as_mut().map(|r| &mut r.decided);
+        if let Some(trace) = &mut trace {
+            trace.begin_decision();
+        }
+        let note = match (&mut record, &mut trace) {
+            (Some(record), _) => Some(&mut record.decided),
+            (None, Some(trace)) => Some(&mut trace.decided),
+            (None, None) => None,
+        };
         let (checked, counted) =
             admission::check(&self.state, live, &mut original, peer, note).await;
+        if let Some(trace) = &mut trace {
+            let decided = match &record {
+                Some(record) => record.decided.clone(),
+                None => std::mem::take(&mut trace.decided),
+            };
+            trace.end_decision(&decided);
+        }
         self.metrics.record(result_of(&checked));
         if let Some(record) = &mut record {
             record.method = Some(original.method().clone());
@@ -290,7 +334,13 @@ impl Authorization for ExtAuthz {
         &self,
         request: Request<CheckRequest>,
     ) -> Result<Response<CheckResponse>, Status> {
-        Ok(Response::new(self.decide(request.get_ref()).await))
+        let traceparent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok());
+        Ok(Response::new(
+            self.decide(request.get_ref(), traceparent).await,
+        ))
     }
 }
 

@@ -25,6 +25,9 @@ use crate::limiter::{Checks, Clock, Kind, Outcome, StoreError, SystemClock, Tall
 use crate::state::AppState;
 
 /// Why a call got no rate-limit answer.
+/// The server span of one call (OpenTelemetry's RPC span name: `service/method`).
+const RLS_SPAN: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
 #[derive(Debug, thiserror::Error)]
 pub enum RlsError {
     /// The request itself is wrong (gRPC `INVALID_ARGUMENT`, HTTP 400).
@@ -60,11 +63,16 @@ impl RlsService {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RlsError> {
-        self.answer(&Ask::of(request)).await
+        self.answer(&Ask::of(request), None).await
     }
 
-    /// [`Self::should_rate_limit`] on the request's fields, however they were read.
-    pub(crate) async fn answer(&self, request: &Ask<'_>) -> Result<RateLimitResponse, RlsError> {
+    /// [`Self::should_rate_limit`] on the request's fields, however they were read; the call's
+    /// server span continues `traceparent` (its gRPC metadata) when tracing is on.
+    pub(crate) async fn answer(
+        &self,
+        request: &Ask<'_>,
+        traceparent: Option<&str>,
+    ) -> Result<RateLimitResponse, RlsError> {
         let live = self.state.live.load();
         let (Some(rls), Some(resources)) = (live.config.rls.as_ref(), live.rls.as_ref()) else {
             return Err(RlsError::NotConfigured);
@@ -73,18 +81,47 @@ impl RlsService {
         let mut record = log
             .is_on()
             .then(|| Box::new(Record::new(Door::Rls, std::time::SystemTime::now())));
+        let mut trace = self.state.tracing.begin_from(traceparent, RLS_SPAN);
+        if let Some(trace) = &mut trace {
+            trace.server_attributes([
+                opentelemetry::KeyValue::new("rpc.system", "grpc"),
+                opentelemetry::KeyValue::new(
+                    "rpc.service",
+                    "envoy.service.ratelimit.v3.RateLimitService",
+                ),
+                opentelemetry::KeyValue::new("rpc.method", "ShouldRateLimit"),
+            ]);
+            trace.begin_decision();
+            if let Some(record) = &mut record {
+                record.trace_id = Some(trace.trace_id());
+            }
+        }
         let started = crate::now::read();
-        let note = record.as_mut().map(|r| &mut r.decided);
+        let note = match (&mut record, &mut trace) {
+            (Some(record), _) => Some(&mut record.decided),
+            (None, Some(trace)) => Some(&mut trace.decided),
+            (None, None) => None,
+        };
         let result = self.decide(rls, resources, request, note).await;
-        if let Some(mut record) = record {
-            let (status, decision) = match &result {
-                Ok((_, Kind::FailedOpen)) => (200, Decision::FailedOpen),
-                Ok((_, Kind::FailedClosed)) => (429, Decision::FailedClosed),
-                Ok((r, _)) if r.overall_code == Code::OverLimit as i32 => (429, Decision::Limited),
-                Ok(_) => (200, Decision::Allowed),
-                Err(RlsError::Invalid(_)) => (400, Decision::None),
-                Err(_) => (503, Decision::FailedClosed),
+        let (status, decision) = match &result {
+            Ok((_, Kind::FailedOpen)) => (200, Decision::FailedOpen),
+            Ok((_, Kind::FailedClosed)) => (429, Decision::FailedClosed),
+            Ok((r, _)) if r.overall_code == Code::OverLimit as i32 => (429, Decision::Limited),
+            Ok(_) => (200, Decision::Allowed),
+            Err(RlsError::Invalid(_)) => (400, Decision::None),
+            Err(_) => (503, Decision::FailedClosed),
+        };
+        if let Some(mut trace) = trace {
+            let mut decided = match &record {
+                Some(record) => record.decided.clone(),
+                None => std::mem::take(&mut trace.decided),
             };
+            decided.decision = decision;
+            decided.route = Some(Arc::from(request.domain));
+            trace.end_decision(&decided);
+            trace.finish(status);
+        }
+        if let Some(mut record) = record {
             if log.wants(status != 200) {
                 record.status = status;
                 record.decided.decision = decision;
@@ -131,10 +168,12 @@ impl RlsService {
                 checks.push(l.key.as_str(), &l.core, l.cost, shadow, tally);
             }
         }
+        let store_began = note.is_some().then(std::time::SystemTime::now);
         let verdict = self.state.engine.decide(checks, rls.failure_mode).await;
         let governing = verdict.governing().map(|(i, _)| i);
-        if let (Some(note), Some(i)) = (note, governing) {
-            note.key = Some(verdict.key(i).to_string());
+        if let Some(note) = note {
+            note.store_call = store_began.map(|began| (began, std::time::SystemTime::now()));
+            note.key = governing.map(|i| verdict.key(i).to_string());
         }
         let mut check = 0;
         let mut governing_status = None;

@@ -180,7 +180,12 @@ async fn call(
                     Err(e) => return send_status(&mut respond, INTERNAL, &decode_error(&e)),
                 },
             };
-            match service.answer(&request).await {
+            // gRPC metadata is the stream's header block: Envoy's span of this call.
+            let traceparent = parts
+                .headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok());
+            match service.answer(&request, traceparent).await {
                 Ok(response) => send_message(&mut respond, &response),
                 Err(e) => {
                     let status = super::grpc::status(&e);

@@ -11,6 +11,16 @@ use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, 
 
 /// The whole answer to one `Check`.
 pub async fn check(grpc: SocketAddr, path: &str, headers: &[(&str, &str)]) -> CheckResponse {
+    check_with_metadata(grpc, path, headers, &[]).await
+}
+
+/// [`check`] with gRPC metadata on the call (Envoy's `traceparent`, for one).
+pub async fn check_with_metadata(
+    grpc: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    metadata: &[(&'static str, &str)],
+) -> CheckResponse {
     let mut client = AuthorizationClient::connect(format!("http://{grpc}"))
         .await
         .expect("connect");
@@ -41,6 +51,12 @@ pub async fn check(grpc: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Ch
             ..Default::default()
         }),
     };
+    let mut request = tonic::Request::new(request);
+    for (name, value) in metadata {
+        request
+            .metadata_mut()
+            .insert(*name, value.parse().expect("a metadata value"));
+    }
     client.check(request).await.expect("Check").into_inner()
 }
 

@@ -24,6 +24,7 @@ pub mod gateway;
 pub mod ingress;
 pub mod llm;
 pub mod nginx;
+pub mod otlp;
 pub mod process;
 pub mod prometheus;
 pub mod redis;

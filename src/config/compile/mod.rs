@@ -178,6 +178,10 @@ pub fn compile(
         .access_log
         .as_ref()
         .map(|a| observability::access_log(e, a, source));
+    let tracing = raw
+        .tracing
+        .as_ref()
+        .and_then(|t| observability::tracing(e, t));
 
     let forward_auth = raw
         .forward_auth
@@ -205,6 +209,7 @@ pub fn compile(
                 forward_auth,
                 request_id,
                 access_log,
+                tracing,
                 overrides_file: raw.overrides.as_ref().map(|file| match source.parent() {
                     Some(dir) => dir.join(file),
                     None => file.into(),

@@ -1,4 +1,4 @@
-//! `request_id:` and `access_log:`.
+//! `request_id:`, `access_log:` and `tracing:`.
 
 use std::path::Path;
 
@@ -121,4 +121,62 @@ pub(super) fn access_log(e: &mut Errors, raw: &RawAccessLog, source: &Path) -> A
         buffer,
         show_key_values: raw.show_key_values.unwrap_or(false),
     }
+}
+
+pub(super) fn tracing(e: &mut Errors, raw: &RawTracing) -> Option<TracingSettings> {
+    let endpoint = match raw.otlp_endpoint.as_deref() {
+        None => {
+            e.add(
+                "tracing.otlp_endpoint",
+                "is required: the collector's `http://host:port`",
+            );
+            None
+        }
+        Some(text) => match text.parse::<http::Uri>() {
+            Ok(uri)
+                if uri.scheme_str() == Some("http")
+                    && uri.authority().is_some_and(|a| a.port_u16().is_some()) =>
+            {
+                Some(uri)
+            }
+            Ok(uri) if uri.scheme_str() == Some("https") => {
+                e.add(
+                    "tracing.otlp_endpoint",
+                    format!("`{text}`: https is not supported; export over a local collector's `http://host:port`"),
+                );
+                None
+            }
+            _ => {
+                e.add(
+                    "tracing.otlp_endpoint",
+                    format!("`{text}` is not an `http://host:port` address"),
+                );
+                None
+            }
+        },
+    };
+    let sample_ratio = match raw.sample_ratio {
+        None => 1.0,
+        Some(v) if (0.0..=1.0).contains(&v) => v,
+        Some(v) => {
+            e.add(
+                "tracing.sample_ratio",
+                format!("`{v}` is not a fraction from 0 to 1"),
+            );
+            1.0
+        }
+    };
+    let service_name = match raw.service_name.as_deref() {
+        None => DEFAULT_SERVICE_NAME.to_string(),
+        Some(name) if !name.is_empty() && name.len() <= 255 => name.to_string(),
+        Some(_) => {
+            e.add("tracing.service_name", "must be 1 to 255 characters");
+            DEFAULT_SERVICE_NAME.to_string()
+        }
+    };
+    Some(TracingSettings {
+        otlp_endpoint: endpoint?,
+        sample_ratio,
+        service_name,
+    })
 }
