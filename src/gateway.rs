@@ -110,7 +110,7 @@ pub fn handle(
                     .routes
                     .get(index)
                     .map_or(&live.unmatched, |r| &r.metrics);
-                return Ok(tag.finish(response, metrics, record, false));
+                return Ok(tag.finish(response, metrics, record, trace, false));
             }
         }
         // One pass over the routes that could match decides both 404 and 405.
@@ -147,7 +147,7 @@ pub fn handle(
                 Err(_) => {
                     let refusal = Refusal::BadRequest("malformed request body".to_string());
                     let response = crate::inflight::refusal(route, &refusal, request_id.as_ref());
-                    return Ok(tag.finish(response, &resources.metrics, record, true));
+                    return Ok(tag.finish(response, &resources.metrics, record, trace, true));
                 }
             }
         } else {
