@@ -215,6 +215,27 @@ pub struct Verdict<'a> {
 }
 
 impl<'a> Verdict<'a> {
+    /// The store's decision: allowed or limited, as it says.
+    fn decided(
+        checks: Checks<'a>,
+        decision: Decision,
+        lease: u64,
+        local: Option<LocalSlots>,
+    ) -> Self {
+        Verdict {
+            kind: if decision.allowed {
+                Kind::Allowed
+            } else {
+                Kind::Limited
+            },
+            checks,
+            decision,
+            error: None,
+            lease,
+            local,
+            fallback: false,
+        }
+    }
     /// Whether the request may proceed (allowed, or failed open).
     pub fn admits(&self) -> bool {
         matches!(self.kind, Kind::Allowed | Kind::FailedOpen)
@@ -517,19 +538,7 @@ impl Engine {
                     Some(table) if lease != 0 && decision.allowed => Some(granted(table, &checks)),
                     _ => None,
                 };
-                Verdict {
-                    kind: if decision.allowed {
-                        Kind::Allowed
-                    } else {
-                        Kind::Limited
-                    },
-                    checks,
-                    decision,
-                    error: None,
-                    lease,
-                    local,
-                    fallback: false,
-                }
+                Verdict::decided(checks, decision, lease, local)
             }
             Err(error) => {
                 self.store_failed(&error, failure_mode);
@@ -571,19 +580,7 @@ impl Engine {
         } else {
             self.store.peek(&checks.store_checks()).await?
         };
-        Ok(Verdict {
-            kind: if decision.allowed {
-                Kind::Allowed
-            } else {
-                Kind::Limited
-            },
-            checks,
-            decision,
-            error: None,
-            lease: 0,
-            local: None,
-            fallback: false,
-        })
+        Ok(Verdict::decided(checks, decision, 0, None))
     }
 
     /// The store's answer from the deny cache, when it is certain: every distinct check has a live
