@@ -446,6 +446,19 @@ fn rule_cases() -> Vec<Case> {
     ]
 }
 
+/// The store checks of `step` in `case`, its counters named by `keys`.
+fn step_checks<'a>(case: &'a Case, keys: &'a [String], step: &Step) -> Vec<Check<'a>> {
+    step.checks
+        .iter()
+        .map(|&(i, cost)| Check {
+            key: &keys[i],
+            rule: &case.counters[i],
+            cost,
+            shadow: case.shadow.contains(&i),
+        })
+        .collect()
+}
+
 fn expected(step: &Step) -> Decision {
     Decision {
         allowed: step.allowed,
@@ -489,16 +502,7 @@ async fn both_stores_follow_the_spec() {
             .collect();
         for (n, step) in case.steps.iter().enumerate() {
             clock.set(step.now);
-            let checks: Vec<Check<'_>> = step
-                .checks
-                .iter()
-                .map(|&(i, cost)| Check {
-                    key: &keys[i],
-                    rule: &case.counters[i],
-                    cost,
-                    shadow: case.shadow.contains(&i),
-                })
-                .collect();
+            let checks = step_checks(&case, &keys, step);
             let want = expected(step);
             let from_memory = memory.check(&checks);
             assert_eq!(from_memory, want, "memory store, {} step {n}", case.name);
@@ -534,16 +538,7 @@ async fn a_peek_before_every_step_agrees_with_its_decision() {
             .collect();
         for (n, step) in case.steps.iter().enumerate() {
             clock.set(step.now);
-            let checks: Vec<Check<'_>> = step
-                .checks
-                .iter()
-                .map(|&(i, cost)| Check {
-                    key: &keys[i],
-                    rule: &case.counters[i],
-                    cost,
-                    shadow: case.shadow.contains(&i),
-                })
-                .collect();
+            let checks = step_checks(&case, &keys, step);
             let peeked = memory.peek(&checks);
             let writes = redis_writes(&redis);
             let remote_peek = remote.peek(&checks).await.expect("redis peek");
