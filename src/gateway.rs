@@ -18,7 +18,7 @@ use http::{Request, Response};
 
 use crate::access_log::{Decided, Door, Record};
 use crate::admission;
-use crate::config::{Action, Route};
+use crate::config::{Action, Route, UpstreamProtocol};
 use crate::keys::RequestView;
 use crate::metrics::{BodyTimeout, UpstreamErrorKind};
 use crate::normalize;
@@ -91,8 +91,10 @@ pub fn handle(
             record.path = Some(req.uri().path().to_string());
         }
         if let Err(e) = canonical {
-            let response = respond::refusal(&Refusal::BadRequest(e));
-            return Ok(tag.finish(response, &live.unmatched, record, trace, true));
+            let refusal = Refusal::BadRequest(e);
+            let response = respond::refusal(&refusal);
+            let response = tag.finish(response, &live.unmatched, record, trace, true);
+            return Ok(as_grpc_if(req.headers(), &refusal, response));
         }
         let head = RequestHead {
             method: req.method(),
@@ -126,7 +128,8 @@ pub fn handle(
                     None => Refusal::NoRoute,
                 };
                 let response = respond::refusal(&refusal);
-                return Ok(tag.finish(response, &live.unmatched, record, trace, true));
+                let response = tag.finish(response, &live.unmatched, record, trace, true);
+                return Ok(as_grpc_if(req.headers(), &refusal, response));
             }
         };
 
@@ -147,7 +150,8 @@ pub fn handle(
                 Err(_) => {
                     let refusal = Refusal::BadRequest("malformed request body".to_string());
                     let response = crate::inflight::refusal(route, &refusal, request_id.as_ref());
-                    return Ok(tag.finish(response, &resources.metrics, record, trace, true));
+                    let response = tag.finish(response, &resources.metrics, record, trace, true);
+                    return Ok(as_grpc_if(req.headers(), &refusal, response));
                 }
             }
         } else {
@@ -185,6 +189,10 @@ pub fn handle(
             };
             trace.end_decision(&decided);
         }
+        // A gRPC call's refusal is answered in gRPC's terms (`respond::grpc`). Read here only on
+        // a refused request, or on a route to an h2 upstream (where the upstream's failure may
+        // need it once the request has gone).
+        let grpc;
         // The act phase, its steps synchronous but the upstream's: this future holds the request's
         // state itself, and a nested future would be copied whole into it (`proxy::Outgoing`).
         let served = match admitted {
@@ -202,6 +210,8 @@ pub fn handle(
                     let method = req.method().clone();
                     trace.begin_upstream(req.headers_mut(), &method, &upstream.name);
                 }
+                grpc = matches!(&route.action, Action::Forward(up) if up.protocol == UpstreamProtocol::H2)
+                    && respond::grpc::is_grpc(req.headers());
                 let answered = 'act: {
                     let (outgoing, upgrade) =
                         match begin_act(&live, route, resources, &params, req, peer_ip) {
@@ -232,16 +242,39 @@ pub fn handle(
                 })
             }
             Err(refusal) => {
+                grpc = respond::grpc::is_grpc(req.headers());
                 // Refused: the request is done with, its field map serves the next one.
                 proxy::headers::recycle(std::mem::take(req.headers_mut()));
                 Err(refusal)
             }
         };
-        let refused = served.is_err();
-        let response = served.unwrap_or_else(|refusal| {
-            crate::inflight::refusal(route, &refusal, request_id.as_ref())
-        });
-        Ok(tag.finish(response, &resources.metrics, record, trace, refused))
+        match served {
+            Ok(response) => Ok(tag.finish(response, &resources.metrics, record, trace, false)),
+            Err(refusal) => {
+                let response = crate::inflight::refusal(route, &refusal, request_id.as_ref());
+                // Counted and logged under the refusal's HTTP status (429, 502, ...): what it is,
+                // whatever the wire says to a gRPC client.
+                let response = tag.finish(response, &resources.metrics, record, trace, true);
+                Ok(if grpc {
+                    respond::grpc::answer(&refusal, response)
+                } else {
+                    response
+                })
+            }
+        }
+    }
+}
+
+/// `response` to `refusal`, as a gRPC answer when the request (`headers`) is a gRPC call.
+fn as_grpc_if(
+    headers: &http::HeaderMap,
+    refusal: &Refusal<'_>,
+    response: Response<ResponseBody>,
+) -> Response<ResponseBody> {
+    if respond::grpc::is_grpc(headers) {
+        respond::grpc::answer(refusal, response)
+    } else {
+        response
     }
 }
 

@@ -3,7 +3,10 @@
 //! the response (one rescue layer); adapters never format these on their own.
 //!
 //! [`headers`] writes the rate-limit fields in a route's dialect (`rate_limit_headers`), and
-//! [`limited`] holds a route's compiled refusal (`limited_response`).
+//! [`limited`] holds a route's compiled refusal (`limited_response`), and [`grpc`] makes any
+//! refusal of a gRPC call a gRPC answer (`grpc-status`).
+
+pub mod grpc;
 
 pub use crate::config::limited;
 pub use crate::rate_limit_headers as headers;

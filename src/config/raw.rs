@@ -208,6 +208,9 @@ pub struct RawUpstream {
     pub client_cert: Option<RawClientCert>,
     /// `https://` only: `false` accepts any certificate. Never the default.
     pub tls_verify: Option<bool>,
+    /// `http1` (default) or `h2`: h2c with prior knowledge on `http://`, h2 by ALPN on
+    /// `https://` (gRPC upstreams, `docs/upstreams.md`).
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

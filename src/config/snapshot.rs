@@ -99,6 +99,18 @@ pub struct Upstream {
     /// How `https://` targets are verified and whom the gateway presents itself as; present
     /// exactly when the scheme is https.
     pub tls: Option<crate::tls::UpstreamTls>,
+    /// The HTTP version spoken to every target.
+    pub protocol: UpstreamProtocol,
+}
+
+/// Which HTTP an upstream's targets speak ([`crate::proxy::pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 on pooled kept-alive connections.
+    Http1,
+    /// HTTP/2 on one multiplexed connection per target: h2c with prior knowledge (RFC 9113
+    /// §3.3) for `http://`, TLS with ALPN `h2` for `https://`. What gRPC needs.
+    H2,
 }
 
 /// How a request picks one of its upstream's targets ([`crate::proxy::balance`]).

@@ -128,3 +128,26 @@ fn strip_prefix_outside_the_route_path_is_an_error_at_its_line() {
         e[2]
     );
 }
+
+#[test]
+fn protocol_h2_compiles_and_refuses_pool_bounds() {
+    let yaml = "upstreams:\n  api:\n    url: http://127.0.0.1:50051\n    protocol: h2\nroutes:\n  - name: a\n    upstream: api\n";
+    let snapshot = parse(yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(upstream(&snapshot).protocol, UpstreamProtocol::H2);
+    let yaml = "upstreams:\n  api:\n    url: http://127.0.0.1:3000\nroutes:\n  - name: a\n    upstream: api\n";
+    let snapshot = parse(yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(upstream(&snapshot).protocol, UpstreamProtocol::Http1);
+
+    let e = errors("upstreams:\n  api:\n    url: http://127.0.0.1:50051\n    protocol: h3\nroutes:\n  - name: a\n    upstream: api\n");
+    assert!(
+        e.iter().any(|l| l.starts_with("p.yaml:4:")
+            && l.contains("upstreams.api.protocol: `h3` is not a protocol; expected http1 or h2")),
+        "{e:#?}"
+    );
+    let e = errors("upstreams:\n  api:\n    url: http://127.0.0.1:50051\n    protocol: h2\n    max_connections: 4\nroutes:\n  - name: a\n    upstream: api\n");
+    assert!(
+        e.iter().any(|l| l.starts_with("p.yaml:5:")
+            && l.contains("upstreams.api.max_connections: does not apply to `protocol: h2`")),
+        "{e:#?}"
+    );
+}

@@ -63,6 +63,7 @@ impl Balancer {
                     authority,
                     limits,
                     upstream.tls.as_ref(),
+                    upstream.protocol,
                 ),
                 in_flight: AtomicUsize::new(0),
                 ejected_until: AtomicU64::new(0),
@@ -193,6 +194,7 @@ mod tests {
             max_connections: 1,
             pool_timeout: Duration::from_secs(1),
             tls: None,
+            protocol: crate::config::UpstreamProtocol::Http1,
         };
         Arc::new(Balancer::new(&upstream, &Metrics::new()))
     }

@@ -13,6 +13,7 @@ pub mod balance;
 pub mod body;
 pub mod fields;
 pub mod h1;
+pub mod h2;
 pub mod headers;
 pub mod held;
 pub mod pool;
@@ -144,9 +145,19 @@ pub fn prepare<'a>(
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
         );
     }
-    // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1.
+    // Requests may arrive as HTTP/2; the upstream pool speaks HTTP/1.1 (an h2 upstream's
+    // request is made HTTP/2 per target, `h2::h2_form`).
     parts.version = http::Version::HTTP_11;
+    let h2 = upstream.protocol == crate::config::UpstreamProtocol::H2;
+    // `TE` is hop-by-hop, but `te: trailers` says the client takes trailers, which a gRPC server
+    // requires to hear; HTTP/2 allows that one value (RFC 9113 §8.2.2).
+    let te_trailers = h2 && h2::wants_trailers(&parts.headers);
     headers::strip_hop_by_hop(&mut parts.headers, upgrade, Some(&server.read_fields));
+    if te_trailers {
+        parts
+            .headers
+            .insert(http::header::TE, h2::TE_TRAILERS.clone());
+    }
     // HTTP/2 carries the host in the URI; HTTP/1.1 upstreams need it as a header.
     let host = match parts.headers.get(http::header::HOST) {
         Some(h) => Some(h.clone()),
@@ -174,7 +185,9 @@ pub fn prepare<'a>(
     // A body of unknown length (chunked, or h2 DATA without `content-length`) is sent chunked
     // whatever the method: hyper's client would send a `GET`'s as no body at all, where one with
     // `Content-Length` goes whole (RFC 9110 §9.3.1: the body is part of the message either way).
+    // HTTP/2 frames its body itself (RFC 9113 §8.2.2 forbids `Transfer-Encoding`).
     if !connect
+        && !h2
         && !http_body::Body::is_end_stream(&body)
         && http_body::Body::size_hint(&body).exact().is_none()
         && !parts.headers.contains_key(http::header::CONTENT_LENGTH)

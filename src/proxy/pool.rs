@@ -12,7 +12,9 @@
 //!
 //! Requests with no body and nothing to upgrade, to a plain-TCP upstream, take the lean
 //! HTTP/1.1 exchange of [`super::h1`]; everything else takes hyper's client. The two kinds of
-//! connection idle apart (neither can carry the other's exchange) but share one bound.
+//! connection idle apart (neither can carry the other's exchange) but share one bound. An
+//! upstream with `protocol: h2` has neither: each target keeps one multiplexed HTTP/2 connection
+//! ([`super::h2`]) that every request shares.
 //!
 //! At most `max_connections` are open at once, busy and idle together: each connection holds a
 //! semaphore permit until it closes. A request that finds none idle and none free waits up to
@@ -40,7 +42,9 @@ use tower::ServiceExt;
 use super::body::{BoxError, RequestBody};
 use super::fields::RawFields;
 use super::h1;
+use super::h2::{self as h2c, H2Conn};
 use super::held::Held;
+use crate::config::UpstreamProtocol;
 use crate::tls::connect::Stream;
 use crate::tls::Connector;
 
@@ -69,6 +73,8 @@ struct Shared {
     /// Wakes a request waiting for a connection when one falls idle.
     idled: Notify,
     pool_timeout: Duration,
+    /// `protocol: h2`: the target's one HTTP/2 connection, which every request takes.
+    h2: Option<H2Conn>,
 }
 
 /// The bounds of one upstream's pool.
@@ -146,21 +152,31 @@ impl std::fmt::Debug for UpstreamClient {
 
 impl UpstreamClient {
     pub fn new(authority: &Authority, limits: Limits) -> Self {
-        Self::with_tls(&Scheme::HTTP, authority, limits, None)
+        Self::with_tls(&Scheme::HTTP, authority, limits, None, UpstreamProtocol::Http1)
     }
 
-    /// The client of an `http://` or `https://` (`tls` required) upstream.
+    /// The client of an `http://` or `https://` (`tls` required) upstream, speaking `protocol`.
     pub fn with_tls(
         scheme: &Scheme,
         authority: &Authority,
         limits: Limits,
         tls: Option<&crate::tls::UpstreamTls>,
+        protocol: UpstreamProtocol,
     ) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.set_connect_timeout(Some(limits.connect_timeout));
         tcp.set_nodelay(true);
         tcp.set_keepalive(Some(Duration::from_secs(60)));
-        let connector = Connector::new(tcp, tls, limits.connect_timeout);
+        let h2 = protocol == UpstreamProtocol::H2;
+        // The upstream's TLS settings, offering `h2` instead of `http/1.1` by ALPN (RFC 7301).
+        let h2_tls = tls.filter(|_| h2).map(|tls| {
+            let mut config = (*tls.config).clone();
+            config.alpn_protocols = vec![b"h2".to_vec()];
+            crate::tls::UpstreamTls {
+                config: Arc::new(config),
+            }
+        });
+        let connector = Connector::new(tcp, h2_tls.as_ref().or(tls), limits.connect_timeout);
         let target = Uri::builder()
             .scheme(scheme.clone())
             .authority(authority.clone())
@@ -180,10 +196,11 @@ impl UpstreamClient {
                 target,
                 default_host,
                 idle: Mutex::new(IdleSet::default()),
-                lean: *scheme == Scheme::HTTP,
+                lean: *scheme == Scheme::HTTP && !h2,
                 slots: Arc::new(Semaphore::new(limits.max_connections)),
                 idled: Notify::new(),
                 pool_timeout: limits.pool_timeout,
+                h2: h2.then(H2Conn::default),
             }),
         }
     }
@@ -223,11 +240,60 @@ impl UpstreamClient {
                     Err((e, unsent)) => Err((e, unsent.then(|| Request::from_parts(parts, body)))),
                 };
             }
+            let req = Request::from_parts(parts, body);
+            if let Some(h2) = &self.shared.h2 {
+                let sent = Box::pin(self.send_h2(h2, req));
+                return tokio::time::timeout_at(deadline, sent)
+                    .await
+                    .unwrap_or(Err((ClientError::Timeout, None)));
+            }
             // Boxed: hyper's exchange would make every request's future as large as its own.
-            let sent = Box::pin(self.send_hyper(Request::from_parts(parts, body), deadline));
+            let sent = Box::pin(self.send_hyper(req, deadline));
             tokio::time::timeout_at(deadline, sent)
                 .await
                 .unwrap_or(Err((ClientError::Timeout, None)))
+        }
+    }
+
+    /// A request on the target's HTTP/2 connection (opened first when there is none). A request
+    /// the connection refused unsent (it closed in between) is tried once on a new one; one
+    /// that could not connect comes back for another target.
+    async fn send_h2(
+        &self,
+        h2: &H2Conn,
+        mut req: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, (ClientError, Option<Request<RequestBody>>)> {
+        let target = &self.shared.target;
+        let fallback = target
+            .authority()
+            .cloned()
+            .unwrap_or_else(|| Authority::from_static("localhost"));
+        h2c::h2_form(&mut req, target.scheme().unwrap_or(&Scheme::HTTP), &fallback);
+        let mut retried = false;
+        loop {
+            let (mut sender, reused) = match h2.current() {
+                Some(sender) => (sender, true),
+                None => match h2.open(self.dial()).await {
+                    Ok(sender) => (sender, false),
+                    Err(e) => return Err((e, Some(req))),
+                },
+            };
+            match sender.try_send_request(req).await {
+                Ok(response) => {
+                    // The connection is shared, never given back: nothing to reuse.
+                    return Ok(response.map(|body| UpstreamBody {
+                        inner: Inner::Hyper { body, reuse: None },
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) if reused && !retried => {
+                        tracing::debug!(error = %e.error(), "upstream h2 connection closed; retrying on a new one");
+                        retried = true;
+                        req = back;
+                    }
+                    _ => return Err((ClientError::Request(e.into_error().into()), None)),
+                },
+            }
         }
     }
 

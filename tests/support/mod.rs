@@ -21,6 +21,7 @@ pub mod envoy;
 pub mod ext_authz;
 pub mod fleet;
 pub mod gateway;
+pub mod grpc;
 pub mod ingress;
 pub mod llm;
 pub mod nginx;

@@ -116,6 +116,32 @@ pub(super) fn upstream(
     };
     let scheme = targets[0].0.clone();
     let targets: Vec<Authority> = targets.into_iter().map(|(_, a)| a).collect();
+    let protocol = match raw.protocol.as_deref() {
+        None | Some("http1") => UpstreamProtocol::Http1,
+        Some("h2") => UpstreamProtocol::H2,
+        Some(other) => {
+            e.add(
+                format!("{path}.protocol"),
+                format!("`{other}` is not a protocol; expected http1 or h2"),
+            );
+            UpstreamProtocol::Http1
+        }
+    };
+    if protocol == UpstreamProtocol::H2 {
+        // One multiplexed connection per target: there is no pool of connections to bound.
+        for (field, set) in [
+            ("max_connections", raw.max_connections.is_some()),
+            ("pool_timeout", raw.pool_timeout.is_some()),
+        ] {
+            if set {
+                e.add(
+                    format!("{path}.{field}"),
+                    "does not apply to `protocol: h2`, which keeps one multiplexed connection \
+                     per target",
+                );
+            }
+        }
+    }
     let tls = match crate::config::tls::upstream(&path, raw, scheme == Scheme::HTTPS, source) {
         Ok((tls, warnings)) => {
             // Logged at start and on every reload, printed by `check`.
@@ -141,6 +167,7 @@ pub(super) fn upstream(
         max_connections,
         pool_timeout,
         tls,
+        protocol,
     })
 }
 
