@@ -189,10 +189,11 @@ pub fn handle(
             };
             trace.end_decision(&decided);
         }
-        // A gRPC call's refusal is answered in gRPC's terms (`respond::grpc`). Read here only on
-        // a refused request, or on a route to an h2 upstream (where the upstream's failure may
-        // need it once the request has gone).
-        let grpc;
+        // A gRPC call's refusal is answered in gRPC's terms (`respond::grpc`), on the routes that
+        // can serve gRPC: those to an h2 upstream. Read before the request goes upstream, since
+        // the upstream's failure may need it; other routes pay one comparison.
+        let grpc = matches!(&route.action, Action::Forward(up) if up.protocol == UpstreamProtocol::H2)
+            && respond::grpc::is_grpc(req.headers());
         // The act phase, its steps synchronous but the upstream's: this future holds the request's
         // state itself, and a nested future would be copied whole into it (`proxy::Outgoing`).
         let served = match admitted {
@@ -210,8 +211,6 @@ pub fn handle(
                     let method = req.method().clone();
                     trace.begin_upstream(req.headers_mut(), &method, &upstream.name);
                 }
-                grpc = matches!(&route.action, Action::Forward(up) if up.protocol == UpstreamProtocol::H2)
-                    && respond::grpc::is_grpc(req.headers());
                 let answered = 'act: {
                     let (outgoing, upgrade) =
                         match begin_act(&live, route, resources, &params, req, peer_ip) {
@@ -242,7 +241,6 @@ pub fn handle(
                 })
             }
             Err(refusal) => {
-                grpc = respond::grpc::is_grpc(req.headers());
                 // Refused: the request is done with, its field map serves the next one.
                 proxy::headers::recycle(std::mem::take(req.headers_mut()));
                 Err(refusal)
