@@ -212,9 +212,11 @@ async fn main() {
             Ok(load) => run(load).await,
             Err(e) => Err(e),
         },
-        _ => Err("usage: grpc_load upstream | grpc_load load [--addr A] [--seconds S] \
+        _ => Err(
+            "usage: grpc_load upstream | grpc_load load [--addr A] [--seconds S] \
                   [--requests N] [--connections C] [--concurrency K]"
-            .into()),
+                .into(),
+        ),
     };
     if let Err(e) = outcome {
         eprintln!("grpc_load: {e}");

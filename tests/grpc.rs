@@ -60,7 +60,10 @@ async fn exactly_the_limit_is_admitted_and_the_rest_get_resource_exhausted_with_
     assert_eq!(first["trailing"]["x-trailer"], "unary", "{first}");
 
     let codes = client.unary_many(UNARY, 4);
-    assert_eq!(codes, ["OK", "OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"]);
+    assert_eq!(
+        codes,
+        ["OK", "OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"]
+    );
 
     let refused = client.unary(UNARY, "again");
     assert_eq!(code(&refused), "RESOURCE_EXHAUSTED", "{refused}");
@@ -79,19 +82,30 @@ async fn exactly_the_limit_is_admitted_and_the_rest_get_resource_exhausted_with_
     assert_eq!(retry_after, pushback.div_ceil(1000), "{refused}");
 
     let mut direct = GrpcClient::connect(server.addr);
-    assert_eq!(direct.counts()["Unary"], 3, "only admitted calls reach the server");
+    assert_eq!(
+        direct.counts()["Unary"],
+        3,
+        "only admitted calls reach the server"
+    );
     // Counted under the refusal's HTTP meaning, though the wire says 200.
     assert_eq!(
         gw.metric(
             "turnstile_decisions_total",
-            &[("route", "unary"), ("policy", "calls"), ("decision", "limited")]
+            &[
+                ("route", "unary"),
+                ("policy", "calls"),
+                ("decision", "limited")
+            ]
         )
         .await,
         3.0
     );
     assert_eq!(
-        gw.metric("turnstile_requests_total", &[("route", "unary"), ("code", "429")])
-            .await,
+        gw.metric(
+            "turnstile_requests_total",
+            &[("route", "unary"), ("code", "429")]
+        )
+        .await,
         3.0
     );
 }
@@ -111,9 +125,8 @@ async fn streaming_calls_pass_through_with_their_trailers_and_count_once_each() 
     );
     assert_eq!(answer["trailing"]["x-trailer"], "server-stream");
 
-    let answer = client.run(
-        json!({"op": "client_stream", "method": CLIENT_STREAM, "messages": ["a", "b", "c"]}),
-    );
+    let answer = client
+        .run(json!({"op": "client_stream", "method": CLIENT_STREAM, "messages": ["a", "b", "c"]}));
     assert_eq!(code(&answer), "OK", "{answer}");
     assert_eq!(answer["messages"], json!(["a|b|c"]));
     assert_eq!(answer["trailing"]["x-count"], "3");
@@ -252,12 +265,138 @@ routes:
     );
     let answer = client.run(json!({"op": "bidi", "method": BIDI, "messages": ["x"]}));
     assert_eq!(code(&answer), "UNAVAILABLE", "{answer}");
-    assert_eq!(answer["details"], "the upstream of route gone is unreachable");
+    assert_eq!(
+        answer["details"],
+        "the upstream of route gone is unreachable"
+    );
     let answer = client.run(json!({"op": "server_stream", "method": SERVER_STREAM, "data": "1"}));
     assert_eq!(code(&answer), "UNIMPLEMENTED", "{answer}");
     assert_eq!(
-        gw.metric("turnstile_requests_total", &[("route", "slow"), ("code", "5xx")])
+        gw.metric(
+            "turnstile_requests_total",
+            &[("route", "slow"), ("code", "5xx")]
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_balanced_round_robin_over_the_targets() {
+    let (a, b) = (GrpcServer::start(), GrpcServer::start());
+    let upstream = format!(
+        "    targets: [http://{}, http://{}]\n    protocol: h2",
+        a.addr, b.addr
+    );
+    let gw = TestGateway::start(&config(&upstream, "[]", "[]")).await;
+    let mut client = GrpcClient::connect(gw.public);
+    assert_eq!(client.unary_many(UNARY, 10), vec!["OK"; 10]);
+    for server in [&a, &b] {
+        let mut direct = GrpcClient::connect(server.addr);
+        assert_eq!(direct.counts()["Unary"], 5, "round robin: five each");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_dies_mid_stream_releases_the_lease() {
+    let server = GrpcServer::start();
+    let bidi = "[{ name: open_streams, key: [method], concurrency: { limit: 1 } }]";
+    let gw = TestGateway::with_upstream(&config(H2C, "[]", bidi), server.addr).await;
+    let mut client = GrpcClient::connect(gw.public);
+    open_admitted(&mut client, "s1");
+    assert_eq!(
+        gw.metric("turnstile_in_flight_requests", &[("route", "bidi")])
             .await,
         1.0
     );
+    // Killed: its connection closes under the open stream.
+    drop(server);
+    let answer = client.run(json!({"op": "send", "id": "s1", "data": "second"}));
+    assert_ne!(code(&answer), "OK", "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gw
+        .metric("turnstile_in_flight_requests", &[("route", "bidi")])
+        .await
+        != 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the dead stream's lease is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An in-process h2c upstream answering every request with its body, and with response trailers
+/// that name the request's trailers (`x-seen-NAME: VALUE`): what a gRPC server could read.
+async fn trailer_echo() -> std::net::SocketAddr {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let body = req.into_body().collect().await?;
+                        let mut seen = http::HeaderMap::new();
+                        for (name, value) in body.trailers().into_iter().flatten() {
+                            let name = format!("x-seen-{name}");
+                            seen.insert(http::HeaderName::try_from(name).unwrap(), value.clone());
+                        }
+                        let frames = vec![
+                            Ok::<_, hyper::Error>(hyper::body::Frame::data(body.to_bytes())),
+                            Ok(hyper::body::Frame::trailers(seen)),
+                        ];
+                        let body =
+                            http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+                        Ok::<_, hyper::Error>(http::Response::new(body))
+                    },
+                );
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                        .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_reach_the_upstream_and_response_trailers_the_client() {
+    use http_body_util::BodyExt;
+    let upstream = trailer_echo().await;
+    let yaml = "upstreams:\n  up: { url: \"http://$UPSTREAM\", protocol: h2 }\nroutes:\n  - name: all\n    upstream: up\n";
+    let gw = TestGateway::with_upstream(yaml, upstream).await;
+
+    let tcp = tokio::net::TcpStream::connect(gw.public).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", http::HeaderValue::from_static("abc123"));
+    let frames = vec![
+        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(bytes::Bytes::from_static(
+            b"payload",
+        ))),
+        Ok(hyper::body::Frame::trailers(trailers)),
+    ];
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+    let req = http::Request::post(format!("http://{}/stream", gw.public))
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+    let response = tokio::time::timeout(support::LIVENESS, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap();
+    let trailers = body.trailers().cloned().expect("response trailers");
+    assert_eq!(trailers["x-seen-x-checksum"], "abc123");
+    assert_eq!(body.to_bytes(), "payload");
 }

@@ -152,7 +152,13 @@ impl std::fmt::Debug for UpstreamClient {
 
 impl UpstreamClient {
     pub fn new(authority: &Authority, limits: Limits) -> Self {
-        Self::with_tls(&Scheme::HTTP, authority, limits, None, UpstreamProtocol::Http1)
+        Self::with_tls(
+            &Scheme::HTTP,
+            authority,
+            limits,
+            None,
+            UpstreamProtocol::Http1,
+        )
     }
 
     /// The client of an `http://` or `https://` (`tls` required) upstream, speaking `protocol`.
@@ -268,7 +274,11 @@ impl UpstreamClient {
             .authority()
             .cloned()
             .unwrap_or_else(|| Authority::from_static("localhost"));
-        h2c::h2_form(&mut req, target.scheme().unwrap_or(&Scheme::HTTP), &fallback);
+        h2c::h2_form(
+            &mut req,
+            target.scheme().unwrap_or(&Scheme::HTTP),
+            &fallback,
+        );
         let mut retried = false;
         loop {
             let (mut sender, reused) = match h2.current() {

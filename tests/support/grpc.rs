@@ -47,7 +47,9 @@ impl GrpcServer {
             .expect(INSTALL);
         let mut line = String::new();
         let stdout = child.stdout.take().expect("stdout");
-        BufReader::new(stdout).read_line(&mut line).expect("the server's first line");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the server's first line");
         let port: u16 = line
             .trim()
             .strip_prefix("listening ")
@@ -88,8 +90,14 @@ impl GrpcClient {
         let stdin = child.stdin.take().expect("stdin");
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
-        stdout.read_line(&mut line).expect("the client's first line");
-        assert_eq!(line.trim(), "ready", "the gRPC client did not start ({INSTALL})");
+        stdout
+            .read_line(&mut line)
+            .expect("the client's first line");
+        assert_eq!(
+            line.trim(),
+            "ready",
+            "the gRPC client did not start ({INSTALL})"
+        );
         GrpcClient {
             child,
             stdin,
