@@ -19,8 +19,8 @@ use super::body::RequestBody;
 use super::pool::ClientError;
 use crate::tls::connect::Stream;
 
-/// How often an idle connection is pinged, and how long a ping may go unanswered before the
-/// connection counts as dead (and the next request opens another).
+/// How often a connection is pinged (idle or not), and how long a ping may go unanswered before
+/// the connection counts as dead (and the next request opens another).
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -58,6 +58,7 @@ impl H2Conn {
             .timer(TokioTimer::new())
             .keep_alive_interval(PING_INTERVAL)
             .keep_alive_timeout(PING_TIMEOUT)
+            .keep_alive_while_idle(true)
             .handshake(io)
             .await
             .map_err(|e| ClientError::Connect(e.into()))?;
