@@ -146,7 +146,9 @@ pub fn of_connection(conn: &rustls::ServerConnection) -> Option<std::sync::Arc<C
     let leaf = conn.peer_certificates()?.first()?;
     let cert = ClientCert::from_der(leaf.as_ref());
     if cert.is_none() {
-        tracing::debug!("a verified client certificate could not be read; no client_cert key parts");
+        tracing::debug!(
+            "a verified client certificate could not be read; no client_cert key parts"
+        );
     }
     cert.map(std::sync::Arc::new)
 }
@@ -325,7 +327,10 @@ mod tests {
 
     #[test]
     fn an_unknown_attribute_type_is_written_in_dotted_decimal() {
-        assert_eq!(dotted(&[0x2B, 0x06, 0x01, 0x04, 0x01, 0x82, 0x37]), Some("1.3.6.1.4.1.311".into()));
+        assert_eq!(
+            dotted(&[0x2B, 0x06, 0x01, 0x04, 0x01, 0x82, 0x37]),
+            Some("1.3.6.1.4.1.311".into())
+        );
     }
 
     #[test]

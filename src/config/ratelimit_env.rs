@@ -18,23 +18,50 @@ pub struct EnvConfig {
 
 /// Variables that are set but have no effect, with why.
 const IGNORED: &[(&str, &str)] = &[
-    ("RUNTIME_IGNOREDOTFILES", "only *.yaml and *.yml files are read"),
-    ("RUNTIME_WATCH_ROOT", "the config directory is re-read on SIGHUP"),
-    ("USE_STATSD", "metrics are Prometheus text on the admin listener's /metrics"),
-    ("USE_PROMETHEUS", "metrics are Prometheus text on the admin listener's /metrics"),
-    ("PROMETHEUS_ADDR", "metrics are on the admin listener (HOST:PORT)"),
+    (
+        "RUNTIME_IGNOREDOTFILES",
+        "only *.yaml and *.yml files are read",
+    ),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "the config directory is re-read on SIGHUP",
+    ),
+    (
+        "USE_STATSD",
+        "metrics are Prometheus text on the admin listener's /metrics",
+    ),
+    (
+        "USE_PROMETHEUS",
+        "metrics are Prometheus text on the admin listener's /metrics",
+    ),
+    (
+        "PROMETHEUS_ADDR",
+        "metrics are on the admin listener (HOST:PORT)",
+    ),
     ("PROMETHEUS_PATH", "metrics are at /metrics"),
     ("DEBUG_HOST", "no debug listener"),
     ("DEBUG_PORT", "no debug listener"),
     ("LOG_FORMAT", "logs are text"),
     ("REDIS_SOCKET_TYPE", "TCP only (`unix` is refused)"),
-    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "the config directory must hold a config at start"),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "the config directory must hold a config at start",
+    ),
     ("LOCAL_CACHE_SIZE_IN_BYTES", "no local over-limit cache"),
     ("NEAR_LIMIT_RATIO", "no near-limit statistic"),
-    ("EXPIRATION_JITTER_MAX_SECONDS", "counters expire with their window"),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "counters expire with their window",
+    ),
     ("GRPC_MAX_CONNECTION_AGE", "connections are not aged out"),
-    ("GRPC_MAX_CONNECTION_AGE_GRACE", "connections are not aged out"),
-    ("GRPC_CLIENT_TLS_SAN", "every client certificate the CA signed is accepted"),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "connections are not aged out",
+    ),
+    (
+        "GRPC_CLIENT_TLS_SAN",
+        "every client certificate the CA signed is accepted",
+    ),
 ];
 
 /// The policies file for the environment `var` reads. Errors name the variable.
@@ -50,11 +77,13 @@ pub fn from_env(var: &dyn Fn(&str) -> Option<String>) -> Result<EnvConfig, Strin
     match get("CONFIG_TYPE").as_deref() {
         None | Some("FILE") => {}
         Some("GRPC_XDS_SOTW") => {
-            return Err("CONFIG_TYPE: GRPC_XDS_SOTW (the config from an xDS server, Envoy \
+            return Err(
+                "CONFIG_TYPE: GRPC_XDS_SOTW (the config from an xDS server, Envoy \
                         Gateway's default) is not served; set CONFIG_TYPE=FILE and mount the \
                         envoyproxy/ratelimit config under \
                         RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (docs/envoy.md)"
-                .to_string())
+                    .to_string(),
+            )
         }
         Some(other) => return Err(format!("CONFIG_TYPE: `{other}` is not FILE")),
     }
@@ -63,8 +92,10 @@ pub fn from_env(var: &dyn Fn(&str) -> Option<String>) -> Result<EnvConfig, Strin
         Some(other) => return Err(format!("BACKEND_TYPE: `{other}` is not served; only redis")),
     }
     if get("GRPC_UDS").is_some() {
-        return Err("GRPC_UDS: a unix socket listener is not served; use GRPC_HOST and GRPC_PORT"
-            .to_string());
+        return Err(
+            "GRPC_UDS: a unix socket listener is not served; use GRPC_HOST and GRPC_PORT"
+                .to_string(),
+        );
     }
     let mut yaml = String::from(
         "# Made by `turnstile ratelimit` from envoyproxy/ratelimit's environment variables.\n\
@@ -149,10 +180,7 @@ fn store(get: &dyn Fn(&str) -> Option<String>, yaml: &mut String) -> Result<(), 
     let tls = get("REDIS_TLS").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     let auth = get("REDIS_AUTH");
     yaml.push_str("store:\n  type: redis  # REDIS_URL\n");
-    match get("REDIS_TYPE")
-        .map(|t| t.to_ascii_uppercase())
-        .as_deref()
-    {
+    match get("REDIS_TYPE").map(|t| t.to_ascii_uppercase()).as_deref() {
         None | Some("SINGLE") => {
             let scheme = if tls { "rediss" } else { "redis" };
             // REDIS_AUTH is `password` or `user:password`.
@@ -203,7 +231,11 @@ fn store(get: &dyn Fn(&str) -> Option<String>, yaml: &mut String) -> Result<(), 
         let _ = writeln!(yaml, "  pool_size: {size}  # REDIS_POOL_SIZE");
     }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
-        let _ = writeln!(yaml, "  key_prefix: {}  # CACHE_KEY_PREFIX", quoted(&prefix));
+        let _ = writeln!(
+            yaml,
+            "  key_prefix: {}  # CACHE_KEY_PREFIX",
+            quoted(&prefix)
+        );
     }
     Ok(())
 }
@@ -222,11 +254,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        from_env(&move |name| {
-            vars.iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        })
+        from_env(&move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
     }
 
     /// What Envoy Gateway sets on its `envoy-ratelimit` Deployment, with CONFIG_TYPE=FILE.
@@ -252,12 +280,21 @@ mod tests {
         assert!(made.yaml.contains("admin_listen: \"0.0.0.0:8080\""));
         assert!(made.yaml.contains("  listen: \"0.0.0.0:8081\""));
         assert!(made.yaml.contains("  config: \"/data/ratelimit/config\""));
-        assert!(made.yaml.contains("    client_ca: \"/certs/ca.crt\"  # GRPC_SERVER_TLS_CA_CERT"));
-        assert!(made.yaml.contains("  url: \"redis://redis.redis.svc:6379\""));
+        assert!(made
+            .yaml
+            .contains("    client_ca: \"/certs/ca.crt\"  # GRPC_SERVER_TLS_CA_CERT"));
+        assert!(made
+            .yaml
+            .contains("  url: \"redis://redis.redis.svc:6379\""));
         let ignored: Vec<&str> = made.ignored.iter().map(|(n, _)| *n).collect();
         assert_eq!(
             ignored,
-            ["RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT", "USE_STATSD", "REDIS_SOCKET_TYPE"]
+            [
+                "RUNTIME_IGNOREDOTFILES",
+                "RUNTIME_WATCH_ROOT",
+                "USE_STATSD",
+                "REDIS_SOCKET_TYPE"
+            ]
         );
     }
 
@@ -269,8 +306,11 @@ mod tests {
 
     #[test]
     fn tls_without_its_files_names_the_missing_variable() {
-        let e = env(&[("GRPC_SERVER_USE_TLS", "true"), ("GRPC_SERVER_TLS_KEY", "/k")])
-            .expect_err("refused");
+        let e = env(&[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_KEY", "/k"),
+        ])
+        .expect_err("refused");
         assert!(e.starts_with("GRPC_SERVER_TLS_CERT:"), "{e}");
         let e = env(&[("GRPC_PORT", "eighty")]).expect_err("refused");
         assert_eq!(e, "GRPC_PORT: `eighty` is not a port");
@@ -287,8 +327,11 @@ mod tests {
         )
         .expect("write");
         let root = dir.path().display().to_string();
-        let made = env(&[("RUNTIME_ROOT", &root), ("RUNTIME_SUBDIRECTORY", "ratelimit")])
-            .expect("maps");
+        let made = env(&[
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ])
+        .expect("maps");
         let path = dir.path().join("policies.yaml");
         let snapshot = crate::config::parse(&made.yaml, &path).expect("loads");
         assert_eq!(snapshot.listen, None);

@@ -360,11 +360,12 @@ pub async fn serve(
     };
     match tls {
         None => {
-            let incoming = TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .map(move |accepted| {
-                    accepted.map(|stream| Counted::new(Conn::Plain(stream), &open))
-                });
+            let incoming =
+                TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map(move |accepted| {
+                        accepted.map(|stream| Counted::new(Conn::Plain(stream), &open))
+                    });
             server.serve_with_incoming_shutdown(incoming, stopped).await
         }
         Some(tls) => {

@@ -14,8 +14,8 @@ use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
 
 use super::balance::{Balancer, ThreadLoad, SAMPLE_EVERY};
-use crate::tls::ServerTls;
 use super::decide::{RlsError, RlsService};
+use crate::tls::ServerTls;
 
 /// The service name health checks ask about.
 pub const HEALTH_SERVICE_NAME: &str = "ratelimit";

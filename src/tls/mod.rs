@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
 
+pub use crate::client_cert::ClientCert;
 pub use client::UpstreamTls;
 pub use connect::Connector;
-pub use crate::client_cert::ClientCert;
 pub use server::{Alpn, ClientAuth, ListenerTls, ServerTls, ServerTlsSettings};
 
 /// Marks a request that arrived on the TLS listener (a request extension), so that the proxy

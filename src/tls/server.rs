@@ -253,8 +253,7 @@ impl ServerTls {
     /// certificate where one is required, or one that does not verify, fails here.
     pub async fn handshake(&self, stream: TcpStream) -> Option<TlsStream<TcpStream>> {
         let peer = stream.peer_addr().ok();
-        match tokio::time::timeout(self.handshake_timeout(), self.acceptor().accept(stream)).await
-        {
+        match tokio::time::timeout(self.handshake_timeout(), self.acceptor().accept(stream)).await {
             Ok(Ok(stream)) => Some(stream),
             Ok(Err(e)) => {
                 self.handshake_errors.inc();

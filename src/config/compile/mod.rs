@@ -91,7 +91,10 @@ pub fn compile(
         "admin_listen",
         raw.admin_listen.as_deref().unwrap_or("127.0.0.1:9901"),
     );
-    if listen.flatten().is_some_and(|a| Some(a) == admin_listen && a.port() != 0) {
+    if listen
+        .flatten()
+        .is_some_and(|a| Some(a) == admin_listen && a.port() != 0)
+    {
         e.add(
             "admin_listen",
             "must differ from `listen`: the admin endpoints never share the public listener",
