@@ -1,7 +1,8 @@
 //! TLS with rustls (ring): every listener's certificate and optional client CA (mutual TLS),
-//! reloaded when their files change ([`server`], one building block for every door), accepting for servers that take a stream
-//! of connections ([`incoming`]), and connections to `https://` upstreams ([`client`],
-//! [`connect`]). PEM files are read by [`files`], whose errors name the file.
+//! reloaded when their files change ([`server`], one building block for every door), accepting
+//! for servers that take a stream of connections ([`incoming`]), and connections to `https://`
+//! upstreams ([`client`], [`connect`]). PEM files are read by [`files`], whose errors name the
+//! file. The verified client certificate's identity is read by [`crate::client_cert`].
 //!
 //! The crypto provider is given explicitly (never the process default) so that another crate
 //! installing its own cannot change what the gateway negotiates.
