@@ -362,8 +362,10 @@ pub async fn check<'l, B>(
             .trusted_proxies
             .client_ip(peer.to_canonical(), req.headers()),
         client_prefix: live.config.client_prefix,
-        // forward-auth never sees the body: a `body:` key part is absent there.
+        // forward-auth never sees the body: a `body:` key part is absent there; nor the
+        // client's certificate (the one on this connection is the proxy's).
         body: None,
+        client_cert: None,
     };
     let resources = &live.routes[index];
     let checked = match admit(state, route, resources, &view, note).await {

@@ -419,6 +419,10 @@ async fn admit<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
         body,
+        client_cert: req
+            .extensions()
+            .get::<std::sync::Arc<crate::client_cert::ClientCert>>()
+            .map(|c| &**c),
     };
     let (admitted, after) = admission::admit_inline(state, route, resources, &view, note).await?;
     Ok(Admission {

@@ -1,7 +1,7 @@
 //! From a request to the identity of a counter.
 //!
 //! A policy's `key` lists parts (`client_ip`, `header:NAME`, `path:PARAM`, `query:NAME`, `method`,
-//! `host`, `jwt:CLAIM`); their values, taken from the canonical request ([`crate::normalize`]) and
+//! `host`, `jwt:CLAIM`, `client_cert:FIELD`); their values, taken from the canonical request ([`crate::normalize`]) and
 //! percent-decoded where they can be encoded, name the counter. Request material is bounded before
 //! it becomes a key: a value over [`MAX_KEY_VALUE_BYTES`] is replaced by its SHA-256, and bytes
 //! that could confuse a key's structure (or a Redis Cluster hash tag) are percent-escaped.
@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderName, Method};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
+use crate::client_cert::ClientCert;
 use crate::normalize::decode;
 use crate::route::PathParams;
 
@@ -34,6 +35,59 @@ pub enum KeyPart {
     /// A string or number in the JSON request body, at this JSON pointer (`body:model` is
     /// `/model`); read only on routes that name one, up to `server.json_body_limit` bytes.
     Body(Box<str>),
+    /// A field of the client certificate the TLS listener verified against its `client_ca`
+    /// ([`crate::client_cert`]); absent on a connection without one.
+    ClientCert(CertField),
+}
+
+/// What a `client_cert:` key part reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertField {
+    /// `client_cert:subject`, RFC 4514 (`CN=client-a,O=Example`).
+    Subject,
+    /// `client_cert:san_dns`, `san_uri`, `san_email`, `san_ip`: every subject alternative name
+    /// of that kind, in certificate order, joined by `,`.
+    SanDns,
+    SanUri,
+    SanEmail,
+    SanIp,
+}
+
+impl CertField {
+    pub const NAMES: &'static str = "`subject`, `san_dns`, `san_uri`, `san_email` or `san_ip`";
+
+    pub fn parse(text: &str) -> Option<CertField> {
+        Some(match text {
+            "subject" => CertField::Subject,
+            "san_dns" => CertField::SanDns,
+            "san_uri" => CertField::SanUri,
+            "san_email" => CertField::SanEmail,
+            "san_ip" => CertField::SanIp,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CertField::Subject => "subject",
+            CertField::SanDns => "san_dns",
+            CertField::SanUri => "san_uri",
+            CertField::SanEmail => "san_email",
+            CertField::SanIp => "san_ip",
+        }
+    }
+
+    /// The field of `cert`; `None` when empty (a certificate without that kind of name).
+    pub fn of(self, cert: &ClientCert) -> Option<&str> {
+        let value = match self {
+            CertField::Subject => &cert.subject,
+            CertField::SanDns => &cert.san_dns,
+            CertField::SanUri => &cert.san_uri,
+            CertField::SanEmail => &cert.san_email,
+            CertField::SanIp => &cert.san_ip,
+        };
+        (!value.is_empty()).then_some(&**value)
+    }
 }
 
 /// A JSON request body read before admission (`crate::usage::request`).
@@ -60,6 +114,8 @@ pub struct RequestView<'a> {
     pub client_prefix: ClientPrefix,
     /// The JSON request body, when the route reads it and it was JSON within the limit.
     pub body: Option<&'a JsonBody>,
+    /// The client certificate the TLS listener verified, when it asks for one.
+    pub client_cert: Option<&'a ClientCert>,
 }
 
 /// A request that names a key part more than once: it is refused with 400, since the limiter
@@ -142,6 +198,13 @@ pub fn write_key(
             },
             KeyPart::Body(pointer) => match req.body.and_then(|b| body_value(&b.value, pointer)) {
                 Some(v) => v,
+                None => {
+                    present = false;
+                    continue;
+                }
+            },
+            KeyPart::ClientCert(field) => match req.client_cert.and_then(|c| field.of(c)) {
+                Some(v) => Cow::Borrowed(v.as_bytes()),
                 None => {
                     present = false;
                     continue;

@@ -20,6 +20,7 @@ fn key_of(parts: &[KeyPart], headers: &HeaderMap, query: Option<&str>) -> Option
         client_ip: "192.0.2.1".parse().unwrap(),
         client_prefix: ClientPrefix::default(),
         body: None,
+        client_cert: None,
     };
     let mut out = String::from("r:p:");
     write_key(parts, &view, None, &mut out)
@@ -56,6 +57,7 @@ fn key_for(
         client_ip: client_ip.parse().unwrap(),
         client_prefix,
         body: None,
+        client_cert: None,
     };
     let mut out = String::new();
     Ok(write_key(parts, &view, None, &mut out)?.then_some(out))
@@ -365,6 +367,7 @@ fn jwt_claims_are_bounded_and_absent_without_verified_claims() {
         client_ip: "192.0.2.1".parse().unwrap(),
         client_prefix: ClientPrefix::default(),
         body: None,
+        client_cert: None,
     };
     let claims: crate::jwt::Claims = serde_json::from_value(serde_json::json!({
         "sub": "a|b{c}", "tenant": 42, "long": "x".repeat(MAX_KEY_VALUE_BYTES + 1), "roles": ["x"]

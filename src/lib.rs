@@ -35,8 +35,10 @@
 //!   the failure mode, counts decisions and picks the governing outcome; with the [`clock`] it
 //!   reads, the [`top_limited`] sketch it feeds and the [`metrics`] (Prometheus registry and
 //!   pre-resolved handles) it counts in;
-//! - [`tls`]: rustls for the HTTPS listener (certificates reloaded as their files change) and for
-//!   `https://` upstreams;
+//! - [`tls`]: rustls for every listener that serves TLS (the HTTPS listener, the Envoy service,
+//!   ext_authz, forward-auth and admin; certificates and client CAs reloaded as their files
+//!   change) and for `https://` upstreams, with [`client_cert`] (a verified client certificate's
+//!   subject and names, which `client_cert:` key parts read) below it and [`keys`];
 //! - the request runtime: [`proxy`] (forwarding, the upstream pool, streaming bodies, which carry
 //!   a [`proxy::body::Rider`] to their end without knowing what it is);
 //!   [`respond`] (every response the gateway writes itself, refusals included); [`overrides`]
@@ -68,6 +70,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod client_cert;
 pub mod clock;
 pub mod config;
 pub mod forward_auth;

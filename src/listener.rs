@@ -117,10 +117,10 @@ impl Drop for Finished {
     }
 }
 
-/// The public listener, and the TLS one when configured: the inline gateway. Both count in
-/// `turnstile_open_connections{listener="public"}`.
+/// The public listener (unless `listen: off`), and the TLS one when configured: the inline
+/// gateway. Both count in `turnstile_open_connections{listener="public"}`.
 pub(crate) async fn serve_public(
-    listener: TcpListener,
+    listener: Option<TcpListener>,
     tls: Option<(TcpListener, Arc<ServerTls>)>,
     state: Arc<AppState>,
     shutdown: watch::Receiver<bool>,
@@ -143,16 +143,19 @@ pub(crate) async fn serve_public(
             https,
         ))
     });
-    serve_http(listener, None, state, shutdown, metrics, handler).await;
+    if let Some(listener) = listener {
+        serve_http(listener, None, state, shutdown, metrics, handler).await;
+    }
     if let Some(task) = tls_task {
         let _ = task.await;
     }
 }
 
-/// The forward-auth check listener: the same bounds and drain as the public one, its connections
-/// in `turnstile_open_connections{listener="forward_auth"}`.
+/// The forward-auth check listener: the same bounds and drain as the public one (and TLS with
+/// `forward_auth.tls`), its connections in `turnstile_open_connections{listener="forward_auth"}`.
 pub(crate) async fn serve_check<H, F>(
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     state: Arc<AppState>,
     shutdown: watch::Receiver<bool>,
     handler: H,
@@ -161,7 +164,7 @@ pub(crate) async fn serve_check<H, F>(
     F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     let metrics = ListenerMetrics::register(&state.metrics, "forward_auth");
-    serve_http(listener, None, state, shutdown, metrics, handler).await;
+    serve_http(listener, tls, state, shutdown, metrics, handler).await;
 }
 
 /// Serves HTTP/1.1 and h2c (or, with `tls`, HTTPS) on `listener` with `handler` until
@@ -304,17 +307,30 @@ async fn serve_connection<H, F>(
             accepted = crate::tls::accept::accept(tls, stream, limits.header_read_timeout) => accepted,
             _ = stopping.wait_for(|stop| *stop) => None,
         };
-        if let Some(stream) = accepted {
-            serve_io(
-                Held::new(TokioIo::new(stream), open),
-                peer,
-                handler,
-                builder,
-                stopping,
-                metrics,
-            )
-            .await;
-        }
+        let Some(stream) = accepted else {
+            return;
+        };
+        // Read once per connection, only where a client CA asks for certificates.
+        let cert = if tls.asks_client_cert() {
+            crate::client_cert::of_connection(stream.get_ref().get_ref().1)
+        } else {
+            None
+        };
+        let handler = move |peer, mut req: Request<ClientBody>| {
+            if let Some(cert) = &cert {
+                req.extensions_mut().insert(cert.clone());
+            }
+            handler(peer, req)
+        };
+        serve_io(
+            Held::new(TokioIo::new(stream), open),
+            peer,
+            handler,
+            builder,
+            stopping,
+            metrics,
+        )
+        .await;
         return;
     }
     let known = tokio::select! {

@@ -46,6 +46,13 @@ enum Command {
     /// Translate another gateway's configuration into a policies file (docs/migration.md).
     #[command(subcommand)]
     Import(Import),
+    /// Serve the Envoy rate limit service as envoyproxy/ratelimit does, configured by its
+    /// environment variables (RUNTIME_ROOT, GRPC_PORT, GRPC_SERVER_USE_TLS, REDIS_URL...): a
+    /// drop-in for its Deployment (docs/envoy.md). A binary named `ratelimit` runs this.
+    Ratelimit {
+        #[arg(long, env = "TURNSTILE_WORKERS")]
+        workers: Option<NonZeroUsize>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -75,7 +82,17 @@ fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Envoy Gateway's Deployment runs `/bin/ratelimit` with no arguments.
+    let as_ratelimit = std::env::args_os()
+        .next()
+        .is_some_and(|arg0| Path::new(&arg0).file_name() == Some("ratelimit".as_ref()));
+    let cli = if as_ratelimit {
+        Cli {
+            command: Command::Ratelimit { workers: None },
+        }
+    } else {
+        Cli::parse()
+    };
     match cli.command {
         Command::Check { config } => match config::load(&config) {
             Ok(snapshot) => {
@@ -119,35 +136,82 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config, workers } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
-                        // The h2 crate warns once per connection it closes for a reset flood;
-                        // the listener counts and logs those, throttled.
-                        .unwrap_or_else(|_| "info,h2=error".into()),
-                )
-                .with_writer(std::io::stderr)
-                // Colour codes only for a terminal, never into log files or collectors.
-                .with_ansi(std::io::stderr().is_terminal())
-                .init();
-            let workers = workers.unwrap_or_else(|| {
-                std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
-            });
-            let runtime = match runtime(workers) {
-                Ok(rt) => rt,
+        Command::Run { config, workers } => serve(config, workers, "info"),
+        Command::Ratelimit { workers } => {
+            let made = match config::ratelimit_env::from_env(&|name| std::env::var(name).ok()) {
+                Ok(made) => made,
                 Err(e) => {
-                    eprintln!("turnstile: cannot start the runtime: {e}");
+                    eprintln!("turnstile ratelimit: {e}");
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(run(config, workers)) {
-                Ok(()) => ExitCode::SUCCESS,
+            let path = match write_generated(&made.yaml) {
+                Ok(path) => path,
                 Err(e) => {
-                    eprintln!("turnstile: {e:#}");
-                    ExitCode::FAILURE
+                    eprintln!("turnstile ratelimit: {e:#}");
+                    return ExitCode::FAILURE;
                 }
+            };
+            for (name, why) in &made.ignored {
+                eprintln!("turnstile ratelimit: {name} has no effect: {why}");
             }
+            // envoyproxy/ratelimit's LOG_LEVEL (debug, info, warn, error), unless TURNSTILE_LOG.
+            let level = std::env::var("LOG_LEVEL")
+                .ok()
+                .map(|l| l.to_ascii_lowercase())
+                .filter(|l| ["trace", "debug", "info", "warn", "error"].contains(&l.as_str()))
+                .unwrap_or_else(|| "info".to_string());
+            serve(path, workers, &level)
+        }
+    }
+}
+
+/// Writes the policies file `turnstile ratelimit` made into `TURNSTILE_RATELIMIT_DIR` (default: a
+/// directory of this process under the temp dir), where SIGHUP re-reads it.
+fn write_generated(yaml: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::var_os("TURNSTILE_RATELIMIT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("turnstile-ratelimit-{}", std::process::id()))
+        });
+    std::fs::create_dir_all(&dir).with_context(|| {
+        format!(
+            "cannot create {} for the generated config (set TURNSTILE_RATELIMIT_DIR)",
+            dir.display()
+        )
+    })?;
+    let path = dir.join("policies.yaml");
+    std::fs::write(&path, yaml).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+/// `turnstile run`: logging, the runtime, then the gateway until SIGTERM.
+fn serve(config: PathBuf, workers: Option<NonZeroUsize>, level: &str) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
+                // The h2 crate warns once per connection it closes for a reset flood;
+                // the listener counts and logs those, throttled.
+                .unwrap_or_else(|_| format!("{level},h2=error").into()),
+        )
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, never into log files or collectors.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let workers = workers
+        .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
+    let runtime = match runtime(workers) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("turnstile: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config, workers)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("turnstile: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -226,9 +290,12 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
         .await
         .context("cannot start listeners")?;
     // One line, machine-readable: tests and scripts that bind port 0 read the real addresses here.
+    let public = running
+        .public_addr
+        .map_or_else(|| "off".to_string(), |addr| addr.to_string());
     let mut line = format!(
-        "turnstile listening public={} admin={}",
-        running.public_addr, running.admin_addr
+        "turnstile listening public={public} admin={}",
+        running.admin_addr
     );
     for (name, addr) in [
         ("tls", running.tls_addr),
@@ -242,7 +309,7 @@ async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {
     }
     println!("{line}");
     tracing::info!(
-        public = %running.public_addr,
+        %public,
         admin = %running.admin_addr,
         workers,
         "turnstile started"

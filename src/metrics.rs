@@ -49,6 +49,8 @@ pub struct Families {
     upstream_in_flight: IntGaugeVec,
     open_connections: IntGaugeVec,
     goaways: IntCounterVec,
+    tls_reloads: IntCounterVec,
+    tls_handshake_failures: IntCounterVec,
 }
 
 /// How one attempt on an upstream target ended, as counted by
@@ -630,6 +632,18 @@ impl Metrics {
                 "Client connections shut down for abuse, by reason.",
                 &["reason"],
             ),
+            tls_reloads: counter(
+                "turnstile_tls_certificate_reloads_total",
+                "Reloads of a TLS listener's certificate, key or client CA after its files \
+                 changed, by listener and result.",
+                &["listener", "result"],
+            ),
+            tls_handshake_failures: counter(
+                "turnstile_tls_handshake_failures_total",
+                "TLS handshakes that failed, by listener and reason (a client without a \
+                 required certificate, or with one that does not verify, is an `error`).",
+                &["listener", "reason"],
+            ),
             quota_units: counter(
                 "turnstile_quota_used_units_total",
                 "Units admitted requests charged to calendar quota policies, all keys together.",
@@ -668,6 +682,18 @@ impl Metrics {
     /// exported from now.
     pub fn open_connections(&self, listener: &str) -> IntGauge {
         self.open_connections.with_label_values(&[listener])
+    }
+
+    /// Certificate reloads of one TLS listener (`public`, `rls`, `ext_authz`, `forward_auth`,
+    /// `admin`) with one result (`ok`, `error`), exported from now.
+    pub fn tls_reloads(&self, listener: &str, result: &str) -> IntCounter {
+        self.tls_reloads.with_label_values(&[listener, result])
+    }
+
+    /// Failed handshakes of one TLS listener for one reason (`timeout`, `error`).
+    pub fn tls_handshake_failures(&self, listener: &str, reason: &str) -> IntCounter {
+        self.tls_handshake_failures
+            .with_label_values(&[listener, reason])
     }
 
     /// Connections shut down for abuse, for one reason (`cancelled_streams`, `rapid_reset`).

@@ -16,6 +16,7 @@ use crate::config::{self, ConfigErrors, Snapshot, StoreSettings};
 use crate::limiter::{Engine, MemoryStore, MonotonicClock, RedisStore, Store};
 use crate::metrics::Metrics;
 use crate::state::{AppState, Live};
+use crate::tls::{Alpn, ServerTls, ServerTlsSettings};
 
 /// How often the in-process store drops idle counters.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -23,7 +24,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// A running gateway: its bound addresses, and the handles to reload and stop it.
 #[derive(Debug)]
 pub struct Running {
-    pub public_addr: SocketAddr,
+    /// The plain-HTTP public listener; `None` with `listen: off`.
+    pub public_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     /// The HTTPS public listener, when `listen_tls:` is configured.
     pub tls_addr: Option<SocketAddr>,
@@ -73,9 +75,13 @@ pub async fn start(
     listeners: Option<(TcpListener, TcpListener)>,
 ) -> std::io::Result<Running> {
     let (public, admin) = match listeners {
-        Some(pair) => pair,
+        // With `listen: off` the given public listener is closed: nothing serves plain HTTP.
+        Some((public, admin)) => (snapshot.listen.map(|_| public), admin),
         None => (
-            bind("listen", snapshot.listen).await?,
+            match snapshot.listen {
+                Some(addr) => Some(bind("listen", addr).await?),
+                None => None,
+            },
             bind("admin_listen", snapshot.admin_listen).await?,
         ),
     };
@@ -139,36 +145,59 @@ pub async fn start(
         });
     }
 
-    let rls_listener = match state.live.load().config.rls.as_ref() {
+    let live = state.live.load();
+    let rls_listener = match live.config.rls.as_ref() {
         Some(rls) => Some(bind("rls.listen", rls.listen).await?),
         None => None,
     };
     let rls_addr = rls_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     if let Some(listener) = rls_listener {
+        let settings = live.config.rls.as_ref().and_then(|r| r.tls.as_ref());
+        let tls = server_tls(settings, "rls", Alpn::H2, &state, &mut background)?;
         let service = crate::rls::RlsService::new(state.clone());
         let rx = shutdown_rx.clone();
         background.spawn("rls listener", async move {
-            if let Err(e) = crate::rls::grpc::serve(listener, service, rx).await {
+            if let Err(e) = crate::rls::grpc::serve(listener, tls, service, rx).await {
                 tracing::error!(error = %e, "rate limit service listener failed");
             }
         });
     }
 
-    let public_addr = public.local_addr()?;
+    let public_addr = public.as_ref().map(TcpListener::local_addr).transpose()?;
     let admin_addr = admin.local_addr()?;
     let admin_router = admin::router(AdminState {
         state: state.clone(),
         draining: draining.clone(),
     });
+    let admin_tls = server_tls(
+        live.config.admin_tls.as_ref(),
+        "admin",
+        Alpn::Http1,
+        &state,
+        &mut background,
+    )?;
+    drop(live);
     let mut rx = background.last_signal();
-    background.spawn_last("admin listener", async move {
-        let serve = axum::serve(admin, admin_router).with_graceful_shutdown(async move {
-            let _ = rx.changed().await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin listener failed");
+    let stopped = async move {
+        let _ = rx.changed().await;
+    };
+    match admin_tls {
+        None => background.spawn_last("admin listener", async move {
+            let serve = axum::serve(admin, admin_router).with_graceful_shutdown(stopped);
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "admin listener failed");
+            }
+        }),
+        Some(tls) => {
+            let incoming = crate::tls::incoming::TlsIncoming::new(admin, tls)?;
+            background.spawn_last("admin listener", async move {
+                let serve = axum::serve(incoming, admin_router).with_graceful_shutdown(stopped);
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "admin listener failed");
+                }
+            });
         }
-    });
+    }
     let (forward_auth_addr, ext_authz_addr) = start_forward_auth(&state, &mut background).await?;
     let tls = start_tls(&state, &mut background).await?;
     let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
@@ -200,12 +229,33 @@ async fn start_tls(
         return Ok(None);
     };
     let listener = bind("listen_tls.listen", settings.listen).await?;
-    let tls = crate::tls::ServerTls::new(&settings, &state.metrics)
-        .map_err(|e| std::io::Error::other(format!("listen_tls: {e}")))?;
+    let tls = server_tls(
+        Some(&settings.tls),
+        "public",
+        Alpn::H2AndHttp1,
+        state,
+        background,
+    )?;
+    Ok(tls.map(|tls| (listener, tls)))
+}
+
+/// The TLS of one listener, with the watch that reloads its files until shutdown.
+fn server_tls(
+    settings: Option<&ServerTlsSettings>,
+    listener: &'static str,
+    alpn: Alpn,
+    state: &AppState,
+    background: &mut Shutdown,
+) -> std::io::Result<Option<Arc<ServerTls>>> {
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    let tls = ServerTls::new(settings, listener, alpn, &state.metrics)
+        .map_err(|e| std::io::Error::other(format!("{listener} listener TLS: {e}")))?;
     let tls = Arc::new(tls);
     let stop = background.signal();
     background.spawn("certificate watch", tls.clone().watch(stop));
-    Ok(Some((listener, tls)))
+    Ok(Some(tls))
 }
 
 /// Binds one listener; the error names the config field and the address, so that "Address already
@@ -229,11 +279,18 @@ async fn start_forward_auth(
     if let Some(listen) = settings.listen {
         let listener = bind("forward_auth.listen", listen).await?;
         http_addr = Some(listener.local_addr()?);
+        let tls = server_tls(
+            settings.tls.as_ref(),
+            "forward_auth",
+            Alpn::H2AndHttp1,
+            state,
+            background,
+        )?;
         let door = Arc::new(crate::forward_auth::http::HttpDoor::new(state.clone()));
         let stop = background.signal();
         background.spawn(
             "forward_auth listener",
-            crate::listener::serve_check(listener, state.clone(), stop, move |peer, req| {
+            crate::listener::serve_check(listener, tls, state.clone(), stop, move |peer, req| {
                 crate::forward_auth::http::handle(door.clone(), peer, req)
             }),
         );
@@ -242,10 +299,17 @@ async fn start_forward_auth(
     if let Some(listen) = settings.grpc_listen {
         let listener = bind("forward_auth.grpc_listen", listen).await?;
         grpc_addr = Some(listener.local_addr()?);
+        let tls = server_tls(
+            settings.tls.as_ref(),
+            "ext_authz",
+            Alpn::H2,
+            state,
+            background,
+        )?;
         let service = crate::forward_auth::grpc::ExtAuthz::new(state.clone());
         let rx = background.signal();
         background.spawn("ext_authz listener", async move {
-            if let Err(e) = crate::forward_auth::grpc::serve(listener, service, rx).await {
+            if let Err(e) = crate::forward_auth::grpc::serve(listener, tls, service, rx).await {
                 tracing::error!(error = %e, "ext_authz listener failed");
             }
         });
@@ -377,13 +441,21 @@ pub fn restarted_counters<'n>(
 /// between `current` and `next`.
 pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
+    let rls_tls = |s: &Snapshot| s.rls.as_ref().and_then(|r| r.tls.clone());
     let forward_auth_listen =
         |s: &Snapshot| s.forward_auth.as_ref().map(|f| (f.listen, f.grpc_listen));
+    let forward_auth_tls = |s: &Snapshot| s.forward_auth.as_ref().and_then(|f| f.tls.clone());
     [
         ("listen", current.listen != next.listen),
         ("admin_listen", current.admin_listen != next.admin_listen),
+        ("admin.tls", current.admin_tls != next.admin_tls),
         ("listen_tls", current.listen_tls != next.listen_tls),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
+        ("rls.tls", rls_tls(current) != rls_tls(next)),
+        (
+            "forward_auth.tls",
+            forward_auth_tls(current) != forward_auth_tls(next),
+        ),
         (
             "forward_auth.listen",
             forward_auth_listen(current) != forward_auth_listen(next),

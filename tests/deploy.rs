@@ -94,7 +94,10 @@ fn compose_turnstile_config_loads_and_listens_where_prometheus_scrapes() {
         ),
         "the compose deployment uses the Redis store"
     );
-    assert_eq!(snapshot.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(
+        snapshot.listen.map(|a| a.to_string()).as_deref(),
+        Some("0.0.0.0:8080")
+    );
     // 0.0.0.0 so that Prometheus reaches it over the compose network.
     assert_eq!(snapshot.admin_listen.to_string(), "0.0.0.0:9901");
 

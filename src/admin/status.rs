@@ -116,6 +116,7 @@ fn key_part(part: &KeyPart, params: &[&str]) -> String {
         KeyPart::Host => "host".into(),
         KeyPart::Jwt(claim) => format!("jwt:{claim}"),
         KeyPart::Body(pointer) => format!("body:{pointer}"),
+        KeyPart::ClientCert(field) => format!("client_cert:{}", field.as_str()),
     }
 }
 

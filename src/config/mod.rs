@@ -9,6 +9,7 @@ pub mod limited;
 pub mod locate;
 pub mod observability;
 pub mod overrides;
+pub mod ratelimit_env;
 pub mod raw;
 pub mod rewrite;
 pub mod rls;

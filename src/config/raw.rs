@@ -46,7 +46,8 @@ pub struct RawConfig {
     pub tracing: Option<super::observability::RawTracing>,
 }
 
-/// `listen_tls: {listen, cert, key, handshake_timeout}`: files relative to the config file.
+/// `listen_tls: {listen, cert, key, client_ca, client_auth, handshake_timeout}`: files relative
+/// to the config file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawListenTls {
@@ -54,6 +55,34 @@ pub struct RawListenTls {
     pub listen: Option<String>,
     pub cert: String,
     pub key: String,
+    pub client_ca: Option<String>,
+    pub client_auth: Option<String>,
+    pub handshake_timeout: Option<String>,
+}
+
+impl RawListenTls {
+    /// Its TLS settings, as every other listener's `tls:` block writes them.
+    pub fn tls(&self) -> RawServerTls {
+        RawServerTls {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+            client_auth: self.client_auth.clone(),
+            handshake_timeout: self.handshake_timeout.clone(),
+        }
+    }
+}
+
+/// A listener's `tls:` block (`rls.tls`, `forward_auth.tls`, `admin.tls`): its certificate, and
+/// for mutual TLS the CA client certificates must verify against.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServerTls {
+    pub cert: String,
+    pub key: String,
+    pub client_ca: Option<String>,
+    /// `required` (the default with `client_ca`) or `optional`.
+    pub client_auth: Option<String>,
     pub handshake_timeout: Option<String>,
 }
 
@@ -76,6 +105,8 @@ pub struct RawForwardAuth {
     pub deny_status: Option<u16>,
     /// The proxy that calls `/check`: `nginx`, `ingress-nginx`, `traefik`, `caddy` or `auto`.
     pub proxy: Option<String>,
+    /// TLS (and mutual TLS) on both of its listeners.
+    pub tls: Option<RawServerTls>,
 }
 
 /// Requests that skip every policy: a client IP in one of `client_ips`, or one of `headers` with
@@ -94,6 +125,8 @@ pub struct RawExempt {
 pub struct RawAdmin {
     /// `/debug/top-limited` shows raw key values (API keys, user ids) instead of digests.
     pub show_key_values: Option<bool>,
+    /// TLS (and mutual TLS) on `admin_listen`.
+    pub tls: Option<RawServerTls>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -402,8 +402,12 @@ pub struct Snapshot {
     pub source: PathBuf,
     /// Its content's hash, load time and section digests (`/config`, reload logs).
     pub source_info: super::SourceInfo,
-    pub listen: SocketAddr,
+    /// The plain-HTTP public listener; `None` with `listen: off` (TLS only, or no public
+    /// listener at all for a config that only serves other doors).
+    pub listen: Option<SocketAddr>,
     pub admin_listen: SocketAddr,
+    /// TLS on the admin listener, when `admin.tls` is set.
+    pub admin_tls: Option<crate::tls::ServerTlsSettings>,
     /// The HTTPS public listener, when `listen_tls:` is set.
     pub listen_tls: Option<crate::tls::ListenerTls>,
     pub admin: AdminSettings,
@@ -445,6 +449,8 @@ pub struct ForwardAuthSettings {
     pub grpc_listen: Option<SocketAddr>,
     /// The status of a refusal; a call may override it with `?deny_status=`.
     pub deny_status: http::StatusCode,
+    /// TLS on both listeners, when `forward_auth.tls` is set.
+    pub tls: Option<crate::tls::ServerTlsSettings>,
     /// Which proxy calls `/check`, so which of its fields name the original request.
     pub proxy: CheckProxy,
 }

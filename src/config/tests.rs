@@ -61,7 +61,7 @@ fn semantic_errors_are_all_reported_with_positions() {
     let expected = [
         "p.yaml:6:15: routes[0].upstream: `nope` is not defined under `upstreams` (defined: api)",
         "p.yaml:9:15: routes[0].policies[0].key[0]: `path:id`: the route's `match.path` has no parameters; add `{id}` to it",
-        "p.yaml:9:24: routes[0].policies[0].key[1]: `cookie`: key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host, jwt:CLAIM, body:FIELD (or body:/json/pointer)",
+        "p.yaml:9:24: routes[0].policies[0].key[1]: `cookie`: key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host, jwt:CLAIM, body:FIELD (or body:/json/pointer), client_cert:FIELD",
         "p.yaml:10:31: routes[0].policies[0].token_bucket.rate: `10/w` has an unknown unit `w`; expected N/s, N/m, N/h or N/d with N > 0 (e.g. 10/s, 0.5/s, 100/m), at least one a year (0.00274/d)",
     ];
     assert_eq!(e, expected);

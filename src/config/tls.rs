@@ -1,4 +1,4 @@
-//! Compiling the TLS settings: `listen_tls:` and an upstream's `ca`, `client_cert` and
+//! Compiling the TLS settings: `listen_tls:`, every listener's `tls:` block, and an upstream's `ca`, `client_cert` and
 //! `tls_verify`. The files are read here, at load, so that `turnstile check` and a reload report
 //! a missing or bad file with its field (`listen_tls.cert`) and path, and nothing is read on a
 //! request path.
@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::raw::{RawListenTls, RawUpstream};
-use crate::tls::{client, files, ListenerTls, UpstreamTls};
+use super::raw::{RawListenTls, RawServerTls, RawUpstream};
+use crate::tls::server::Material;
+use crate::tls::{client, files, ClientAuth, ListenerTls, ServerTlsSettings, UpstreamTls};
 
 /// A problem (or warning) at a field path.
 pub type Problem = (String, String);
@@ -22,28 +23,84 @@ pub fn listener(
     raw: &RawListenTls,
     source: &Path,
     listen: std::net::SocketAddr,
-    handshake_timeout: Duration,
 ) -> Result<ListenerTls, Vec<Problem>> {
+    let tls = server(&raw.tls(), "listen_tls", source)?;
+    Ok(ListenerTls { listen, tls })
+}
+
+/// A listener's TLS (`listen_tls`, `rls.tls`, `forward_auth.tls`, `admin.tls`, named by
+/// `field`): the certificate and key read and matched, the client CA read and usable, so that a
+/// listener never starts with TLS it cannot serve.
+pub fn server(
+    raw: &RawServerTls,
+    field: &str,
+    source: &Path,
+) -> Result<ServerTlsSettings, Vec<Problem>> {
     let cert = files::resolve(source, &raw.cert);
     let key = files::resolve(source, &raw.key);
     let mut problems = Vec::new();
     if let Err(e) = files::certificates(&cert) {
-        problems.push(("listen_tls.cert".to_string(), e));
+        problems.push((format!("{field}.cert"), e));
     }
     if let Err(e) = files::private_key(&key) {
-        problems.push(("listen_tls.key".to_string(), e));
+        problems.push((format!("{field}.key"), e));
+    }
+    let handshake_timeout = match raw.handshake_timeout.as_deref() {
+        None => DEFAULT_HANDSHAKE_TIMEOUT,
+        Some(text) => match crate::units::parse_duration(text) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                problems.push((
+                    format!("{field}.handshake_timeout"),
+                    "must be more than 0".to_string(),
+                ));
+                DEFAULT_HANDSHAKE_TIMEOUT
+            }
+            Err(e) => {
+                problems.push((format!("{field}.handshake_timeout"), e));
+                DEFAULT_HANDSHAKE_TIMEOUT
+            }
+        },
+    };
+    let client_auth = match (raw.client_auth.as_deref(), raw.client_ca.is_some()) {
+        (None, _) => Some(ClientAuth::Required),
+        (Some("required"), true) => Some(ClientAuth::Required),
+        (Some("optional"), true) => Some(ClientAuth::Optional),
+        (Some("required" | "optional"), false) => {
+            problems.push((
+                format!("{field}.client_auth"),
+                "needs `client_ca:`, the CA client certificates are verified against".to_string(),
+            ));
+            None
+        }
+        (Some(other), _) => {
+            problems.push((
+                format!("{field}.client_auth"),
+                format!("`{other}` is not a client auth mode; expected `required` or `optional`"),
+            ));
+            None
+        }
+    };
+    let client_ca = raw.client_ca.as_deref().map(|c| files::resolve(source, c));
+    if let Some(ca) = &client_ca {
+        if let Err(e) = files::certificates(ca) {
+            problems.push((format!("{field}.client_ca"), e));
+        }
     }
     if !problems.is_empty() {
         return Err(problems);
     }
-    let loaded =
-        files::certified_key(&cert, &key).map_err(|e| vec![("listen_tls".to_string(), e)])?;
-    Ok(ListenerTls {
-        listen,
+    let loaded = Material::read(&cert, &key, client_ca.as_deref())
+        .map_err(|e| vec![(field.to_string(), e)])?;
+    let client_ca = client_ca.zip(client_auth);
+    crate::tls::server::check(&loaded, client_ca.as_ref().map(|(_, auth)| *auth))
+        .map_err(|e| vec![(format!("{field}.client_ca"), e)])?;
+    Ok(ServerTlsSettings {
         cert,
         key,
+        client_ca,
         handshake_timeout,
-        loaded,
+        loaded: std::sync::Arc::new(loaded),
     })
 }
 

@@ -32,7 +32,7 @@ use std::task::{Context, Poll};
 use futures_util::StreamExt;
 use prometheus::IntGauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tonic::{Request, Response, Status};
@@ -43,6 +43,7 @@ use crate::admission::{self, Checked};
 use crate::metrics::{CheckResult, DoorMetrics, RouteMetrics};
 use crate::respond::{self, Refusal};
 use crate::state::{AppState, Live};
+use crate::tls::incoming::{Conn, TlsIncoming};
 
 /// The server span of one `Check` (OpenTelemetry's RPC span name: `service/method`).
 const CHECK_SPAN: &str = "envoy.service.auth.v3.Authorization/Check";
@@ -344,33 +345,53 @@ impl Authorization for ExtAuthz {
     }
 }
 
-/// Serves the ext_authz service on `listener` until `shutdown`. Its connections count in
-/// `turnstile_open_connections{listener="ext_authz"}`.
+/// Serves the ext_authz service on `listener` (over TLS with `tls`) until `shutdown`. Its
+/// connections count in `turnstile_open_connections{listener="ext_authz"}`.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<crate::tls::ServerTls>>,
     service: ExtAuthz,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let open = service.state.metrics.open_connections("ext_authz");
-    let incoming = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .map(move |accepted| accepted.map(|stream| Counted::new(stream, &open)));
-    tonic::transport::Server::builder()
-        .add_service(AuthorizationServer::new(service))
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = shutdown.changed().await;
-        })
-        .await
+    let server = tonic::transport::Server::builder().add_service(AuthorizationServer::new(service));
+    let stopped = async move {
+        let _ = shutdown.changed().await;
+    };
+    match tls {
+        None => {
+            let incoming =
+                TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map(move |accepted| {
+                        accepted.map(|stream| Counted::new(Conn::Plain(stream), &open))
+                    });
+            server.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+        Some(tls) => {
+            let incoming = match TlsIncoming::new(listener, tls) {
+                Ok(incoming) => incoming,
+                Err(e) => {
+                    tracing::error!(error = %e, "ext_authz listener: cannot accept");
+                    return Ok(());
+                }
+            };
+            let incoming = incoming.map(move |(stream, _)| {
+                Ok::<_, std::io::Error>(Counted::new(Conn::Tls(Box::new(stream)), &open))
+            });
+            server.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+    }
 }
 
 /// A connection counted in its listener's open-connections gauge until it is dropped.
 struct Counted {
-    stream: TcpStream,
+    stream: Conn,
     open: IntGauge,
 }
 
 impl Counted {
-    fn new(stream: TcpStream, open: &IntGauge) -> Self {
+    fn new(stream: Conn, open: &IntGauge) -> Self {
         open.inc();
         Counted {
             stream,
@@ -389,7 +410,7 @@ impl Connected for Counted {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+        self.stream.tcp().connect_info()
     }
 }
 

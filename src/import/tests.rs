@@ -114,7 +114,7 @@ fn manifest_text_cannot_inject_yaml_through_paths_hosts_or_annotations() {
     let snapshot = loads(&imported.yaml);
     assert_eq!(snapshot.routes.len(), 1, "{}", imported.yaml);
     assert_eq!(
-        snapshot.listen.port(),
+        snapshot.listen.expect("a plain listener").port(),
         8080,
         "the default listener: nothing injected"
     );

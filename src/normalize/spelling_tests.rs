@@ -171,6 +171,7 @@ fn route_and_key(mut req: Request<()>, client_low_bits: u64, opts: PathOptions) 
         client_ip: std::net::Ipv6Addr::from(client).into(),
         client_prefix: ClientPrefix::default(),
         body: None,
+        client_cert: None,
     };
     let parts = [
         KeyPart::PathParam(0),

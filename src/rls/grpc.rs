@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use super::balance::{Balancer, ThreadLoad, SAMPLE_EVERY};
 use super::decide::{RlsError, RlsService};
+use crate::tls::ServerTls;
 
 /// The service name health checks ask about.
 pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
@@ -49,6 +50,7 @@ pub(crate) fn status(e: &RlsError) -> Status {
 /// runtime itself. Each connection is served by [`super::wire`].
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     service: RlsService,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -63,12 +65,12 @@ pub async fn serve(
     let runtime = tokio::runtime::Handle::current().metrics();
     let threads = runtime.num_workers();
     if threads > 1 {
-        serve_per_thread(listener, service, serving, threads, stop).await;
+        serve_per_thread(listener, tls, service, serving, threads, stop).await;
     } else {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<TcpStream>();
         let load = ThreadLoad::new(runtime);
         let (connections, shed) = (load.connections.clone(), load.shed.clone());
-        let serve = serve_connections(rx, service, serving, stop.clone(), connections, shed);
+        let serve = serve_connections(rx, tls, service, serving, stop.clone(), connections, shed);
         let accept = accept_loop(listener, vec![tx], Balancer::new(vec![load]), stop);
         tokio::join!(serve, accept);
     }
@@ -138,6 +140,7 @@ async fn accept_loop<T: From<tokio::net::TcpStream> + Send + 'static>(
 /// gracefully ([`super::balance`]).
 async fn serve_connections<T: IntoTokio>(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+    tls: Option<Arc<ServerTls>>,
     service: RlsService,
     serving: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
@@ -154,18 +157,27 @@ async fn serve_connections<T: IntoTokio>(
                 continue;
             }
         };
-        let serve = super::wire::serve_connection(
-            stream,
-            service.clone(),
-            serving.clone(),
-            stop.clone(),
-            shed.clone(),
-        );
+        let (service, serving, stop, shed) =
+            (service.clone(), serving.clone(), stop.clone(), shed.clone());
         let live = connections.clone();
-        tasks.spawn(async move {
-            serve.await;
-            live.fetch_sub(1, Ordering::Relaxed);
-        });
+        match tls.clone() {
+            None => {
+                let serve = super::wire::serve_connection(stream, service, serving, stop, shed);
+                tasks.spawn(async move {
+                    serve.await;
+                    live.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+            // The handshake runs in the connection's own task, on its thread.
+            Some(tls) => {
+                tasks.spawn(async move {
+                    if let Some(stream) = tls.handshake(stream).await {
+                        super::wire::serve_connection(stream, service, serving, stop, shed).await;
+                    }
+                    live.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        }
         // Reap the connections that ended, so the set holds only live ones.
         while tasks.try_join_next().is_some() {}
     }
@@ -210,6 +222,7 @@ impl IntoTokio for Detached {
 /// and metrics are shared as before.
 async fn serve_per_thread(
     listener: TcpListener,
+    tls: Option<Arc<ServerTls>>,
     service: RlsService,
     serving: watch::Receiver<bool>,
     threads: usize,
@@ -233,12 +246,14 @@ async fn serve_per_thread(
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Detached>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let (service, serving, stop) = (service.clone(), serving.clone(), stop.clone());
+        let tls = tls.clone();
         let (connections, shed) = (load.connections.clone(), load.shed.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("rls-{n}"))
             .spawn(move || {
                 runtime.block_on(serve_connections(
                     rx,
+                    tls,
                     service,
                     serving,
                     stop,
@@ -341,6 +356,7 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<TcpStream>();
         let serve = serve_connections(
             rx,
+            None,
             service,
             serving,
             stop.clone(),

@@ -23,7 +23,6 @@ use h2::server::SendResponse;
 use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use prost::Message;
-use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
@@ -54,13 +53,15 @@ const INTERNAL: u32 = 13;
 /// Serves one connection until the peer closes it, or until `stop` turns true or `shed` picks
 /// this connection (its thread is saturated, [`super::balance`]): then a graceful shutdown
 /// (GOAWAY; calls in flight finish).
-pub(crate) async fn serve_connection(
-    io: TcpStream,
+pub(crate) async fn serve_connection<IO>(
+    io: IO,
     service: RlsService,
     serving: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
     shed: Arc<Notify>,
-) {
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let handshake = h2::server::Builder::new()
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .initial_window_size(WINDOW_BYTES)

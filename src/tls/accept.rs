@@ -16,10 +16,6 @@ use super::ServerTls;
 /// The h2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// One TLS warning line per this period (a scanner fails thousands of handshakes).
-static HANDSHAKE_LOG: crate::log_throttle::Throttle =
-    crate::log_throttle::Throttle::new(Duration::from_secs(10));
-
 /// The handshake, then the first bytes; `None` (counted and logged at debug level) when either
 /// fails or takes too long.
 pub async fn accept(
@@ -27,22 +23,7 @@ pub async fn accept(
     stream: TcpStream,
     first_bytes_within: Duration,
 ) -> Option<Prefixed<TlsStream<TcpStream>>> {
-    let peer = stream.peer_addr().ok();
-    let stream =
-        match tokio::time::timeout(tls.handshake_timeout(), tls.acceptor().accept(stream)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                tls.handshake_errors.inc();
-                if let Some(suppressed) = HANDSHAKE_LOG.allow() {
-                    tracing::debug!(?peer, error = %e, suppressed, "TLS handshake failed");
-                }
-                return None;
-            }
-            Err(_) => {
-                tls.handshake_timeouts.inc();
-                return None;
-            }
-        };
+    let stream = tls.handshake(stream).await?;
     first_bytes(stream, first_bytes_within).await
 }
 

@@ -22,6 +22,11 @@ impl<S> Prefixed<S> {
             inner,
         }
     }
+
+    /// The stream underneath.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {

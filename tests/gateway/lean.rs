@@ -142,7 +142,7 @@ async fn a_head_response_has_no_body_and_keeps_its_connection() {
     let gw = TestGateway::with_upstream(FORWARD_ALL, upstream.addr).await;
     for _ in 0..3 {
         let mut client = raw_connect(
-            gw.running().public_addr,
+            gw.public,
             b"HEAD / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n",
         )
         .await;
@@ -215,11 +215,7 @@ async fn a_body_cut_short_does_not_pool_its_connection() {
     })
     .await;
     let gw = TestGateway::with_upstream(FORWARD_ALL, upstream.addr).await;
-    let mut client = raw_connect(
-        gw.running().public_addr,
-        b"GET /short HTTP/1.1\r\nhost: gw\r\n\r\n",
-    )
-    .await;
+    let mut client = raw_connect(gw.public, b"GET /short HTTP/1.1\r\nhost: gw\r\n\r\n").await;
     // The client never sees a whole response: the connection ends, before or after the head.
     let mut seen = Vec::new();
     let _ = tokio::time::timeout(LIVENESS, client.read_to_end(&mut seen))

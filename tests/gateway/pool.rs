@@ -79,7 +79,7 @@ async fn connections_the_upstream_closed_while_idle_are_never_used() {
 async fn a_request_without_host_gets_the_upstream_authority() {
     let upstream = Upstream::start().await;
     let gw = TestGateway::with_upstream(FORWARD_ALL, upstream.addr).await;
-    let mut stream = raw_connect(gw.running().public_addr, b"GET /x HTTP/1.0\r\n\r\n").await;
+    let mut stream = raw_connect(gw.public, b"GET /x HTTP/1.0\r\n\r\n").await;
     let (head, mut body) = read_head(&mut stream).await;
     assert!(head.starts_with("HTTP/1.0 200"), "{head}");
     stream.read_to_end(&mut body).await.expect("read body");
@@ -223,7 +223,7 @@ async fn a_response_that_ends_before_its_request_body_pools_its_connection_once_
     let upstream = EarlyAnswerUpstream::start().await;
     let gw = TestGateway::with_upstream(FORWARD_ALL, upstream.addr).await;
     let mut client = raw_connect(
-        gw.running().public_addr,
+        gw.public,
         b"POST /upload HTTP/1.1\r\nhost: gw\r\ncontent-length: 10\r\n\r\n01234",
     )
     .await;

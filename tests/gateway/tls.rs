@@ -184,7 +184,7 @@ async fn a_replaced_certificate_serves_new_handshakes_and_established_connection
         async move {
             gw.metric(
                 "turnstile_tls_certificate_reloads_total",
-                &[("result", result)],
+                &[("listener", "public"), ("result", result)],
             )
             .await
         }
@@ -210,7 +210,7 @@ async fn a_bad_new_certificate_keeps_the_old_one_serving() {
     while gw
         .metric(
             "turnstile_tls_certificate_reloads_total",
-            &[("result", "error")],
+            &[("listener", "public"), ("result", "error")],
         )
         .await
         != 1.0
@@ -246,7 +246,7 @@ async fn a_client_that_never_finishes_its_handshake_is_closed_after_the_timeout(
     assert_eq!(
         gw.metric(
             "turnstile_tls_handshake_failures_total",
-            &[("reason", "timeout")]
+            &[("listener", "public"), ("reason", "timeout")]
         )
         .await,
         1.0

@@ -104,12 +104,16 @@ impl TestGateway {
         let snapshot = turnstile::config::load(&config_path)
             .map_err(|e| format!("test config does not load:\n{e}"))?;
         let public = TcpListener::bind("127.0.0.1:0").await.expect("bind public");
+        // With `listen: off` the gateway closes this listener: the address then refuses.
+        let public_addr = public.local_addr().expect("public address");
+        // `/readyz` is waited for over plain HTTP; an admin listener with TLS is the test's own.
+        let plain_admin = snapshot.admin_tls.is_none();
         let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
         let running = turnstile::start(snapshot, Metrics::new(), Some((public, admin)))
             .await
             .map_err(|e| format!("gateway does not start: {e}"))?;
         let gw = TestGateway {
-            public: running.public_addr,
+            public: running.public_addr.unwrap_or(public_addr),
             admin: running.admin_addr,
             rls: running.rls_addr,
             config_path,
@@ -117,7 +121,9 @@ impl TestGateway {
             running: Some(running),
             _dir: dir,
         };
-        gw.wait_ready().await;
+        if plain_admin {
+            gw.wait_ready().await;
+        }
         Ok(gw)
     }
 

@@ -74,6 +74,25 @@ impl Pki {
     /// `NAME.pem` and `NAME.key`: a certificate for `localhost` and `127.0.0.1` with serial
     /// `serial`, signed by this CA. Returns (certificate, key).
     pub fn leaf(&self, name: &str, serial: u32, usage: Usage) -> (PathBuf, PathBuf) {
+        self.leaf_with(
+            name,
+            serial,
+            usage,
+            &format!("/CN={name}"),
+            "DNS:localhost,IP:127.0.0.1",
+        )
+    }
+
+    /// [`Pki::leaf`] with the subject (`openssl -subj`, `/O=Example/CN=a`) and subject
+    /// alternative names (`DNS:a,URI:spiffe://b`) given.
+    pub fn leaf_with(
+        &self,
+        name: &str,
+        serial: u32,
+        usage: Usage,
+        subject: &str,
+        san: &str,
+    ) -> (PathBuf, PathBuf) {
         let cert = self.dir.path().join(format!("{name}.pem"));
         let key = self.dir.path().join(format!("{name}.key"));
         let csr = self.dir.path().join(format!("{name}.csr"));
@@ -85,7 +104,7 @@ impl Pki {
         std::fs::write(
             &ext,
             format!(
-                "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+                "subjectAltName={san}\nbasicConstraints=CA:FALSE\n\
                  keyUsage=critical,digitalSignature\nextendedKeyUsage={eku}\n"
             ),
         )
@@ -98,7 +117,7 @@ impl Pki {
             "ec_paramgen_curve:prime256v1",
             "-nodes",
             "-subj",
-            &format!("/CN={name}"),
+            subject,
             "-keyout",
             path(&key),
             "-out",

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use http::StatusCode;
 
-use super::{socket_addr, timeout_or, Errors};
+use super::{socket_addr, Errors};
 use crate::config::raw::*;
 use crate::config::snapshot::*;
 
@@ -28,13 +28,19 @@ pub(super) fn listen_tls(
             "must differ from `listen` and `admin_listen`",
         );
     }
-    let handshake_timeout = timeout_or(
-        e,
-        "listen_tls.handshake_timeout",
-        raw.handshake_timeout.as_deref(),
-        crate::config::tls::DEFAULT_HANDSHAKE_TIMEOUT,
-    );
-    crate::config::tls::listener(raw, source, listen, handshake_timeout)
+    crate::config::tls::listener(raw, source, listen)
+        .map_err(|problems| problems.into_iter().for_each(|(p, m)| e.add(p, m)))
+        .ok()
+}
+
+/// A listener's `tls:` block at `field`, when it has one.
+pub(super) fn server_tls(
+    e: &mut Errors,
+    raw: Option<&RawServerTls>,
+    field: &str,
+    source: &Path,
+) -> Option<crate::tls::ServerTlsSettings> {
+    crate::config::tls::server(raw?, field, source)
         .map_err(|problems| problems.into_iter().for_each(|(p, m)| e.add(p, m)))
         .ok()
 }
@@ -44,7 +50,12 @@ pub(super) fn forward_auth(
     raw: &RawForwardAuth,
     listen: Option<SocketAddr>,
     admin_listen: Option<SocketAddr>,
+    source: &Path,
 ) -> Option<ForwardAuthSettings> {
+    let tls = server_tls(e, raw.tls.as_ref(), "forward_auth.tls", source);
+    if raw.tls.is_some() && tls.is_none() {
+        return None;
+    }
     let http = raw
         .listen
         .as_deref()
@@ -102,6 +113,7 @@ pub(super) fn forward_auth(
         grpc_listen: grpc.flatten(),
         deny_status: deny_status?,
         proxy: proxy?,
+        tls,
     })
 }
 

@@ -32,7 +32,7 @@ pub use listeners::deny_status;
 pub use server::DEFAULT_MIN_BODY_RATE;
 
 use exempt::{client_prefix, exempt};
-use listeners::{forward_auth, listen_tls};
+use listeners::{forward_auth, listen_tls, server_tls};
 use policies::shared_policies;
 use responses::{response_defaults, route_responses};
 use routes::route;
@@ -81,13 +81,20 @@ pub fn compile(
     let mut errors = Errors(Vec::new(), Vec::new());
     let e = &mut errors;
 
-    let listen = socket_addr(e, "listen", raw.listen.as_deref().unwrap_or("0.0.0.0:8080"));
+    // `listen: off`: no plain-HTTP public listener (Some(None)).
+    let listen = match raw.listen.as_deref() {
+        Some("off") => Some(None),
+        text => socket_addr(e, "listen", text.unwrap_or("0.0.0.0:8080")).map(Some),
+    };
     let admin_listen = socket_addr(
         e,
         "admin_listen",
         raw.admin_listen.as_deref().unwrap_or("127.0.0.1:9901"),
     );
-    if listen.is_some() && listen == admin_listen && listen.is_some_and(|a| a.port() != 0) {
+    if listen
+        .flatten()
+        .is_some_and(|a| Some(a) == admin_listen && a.port() != 0)
+    {
         e.add(
             "admin_listen",
             "must differ from `listen`: the admin endpoints never share the public listener",
@@ -97,7 +104,15 @@ pub fn compile(
     let listen_tls = raw
         .listen_tls
         .as_ref()
-        .and_then(|t| listen_tls(e, t, source, [listen, admin_listen]));
+        .and_then(|t| listen_tls(e, t, source, [listen.flatten(), admin_listen]));
+    if listen == Some(None) && raw.listen_tls.is_none() && !raw.routes.is_empty() {
+        e.add(
+            "listen",
+            "is `off` and there is no `listen_tls:`: the routes would have no listener; add \
+             `listen_tls:` (TLS only) or give `listen` an address",
+        );
+    }
+    let admin_tls = server_tls(e, raw.admin.tls.as_ref(), "admin.tls", source);
 
     let mut nets = Vec::new();
     for (i, text) in raw.client_ip.trusted_proxies.iter().enumerate() {
@@ -186,7 +201,7 @@ pub fn compile(
     let forward_auth = raw
         .forward_auth
         .as_ref()
-        .and_then(|f| forward_auth(e, f, listen, admin_listen));
+        .and_then(|f| forward_auth(e, f, listen.flatten(), admin_listen, source));
 
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok((
@@ -195,6 +210,7 @@ pub fn compile(
                 source_info: super::SourceInfo::default(),
                 listen,
                 admin_listen,
+                admin_tls,
                 listen_tls,
                 admin: AdminSettings {
                     show_key_values: raw.admin.show_key_values.unwrap_or(false),

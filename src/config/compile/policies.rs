@@ -18,7 +18,7 @@ const MAX_REFILL_S: f64 = 100.0 * 365.0 * 86_400.0;
 
 const KEY_HELP: &str =
     "key parts are client_ip, header:NAME, path:PARAM, query:NAME, method, host, jwt:CLAIM, \
-     body:FIELD (or body:/json/pointer)";
+     body:FIELD (or body:/json/pointer), client_cert:FIELD";
 
 pub(super) fn policy(
     e: &mut Errors,
@@ -254,6 +254,14 @@ fn key_part(text: &str, params: &[String], jwt_block: bool) -> Result<KeyPart, S
         ("jwt", claim) if !claim.is_empty() => Ok(KeyPart::Jwt(claim.into())),
         ("body", field) if field.starts_with('/') => Ok(KeyPart::Body(field.into())),
         ("body", field) if !field.is_empty() => Ok(KeyPart::Body(format!("/{field}").into())),
+        ("client_cert", field) => crate::keys::CertField::parse(field)
+            .map(KeyPart::ClientCert)
+            .ok_or_else(|| {
+                format!(
+                    "`client_cert:{field}` is not a certificate field; use `client_cert:` and {}",
+                    crate::keys::CertField::NAMES
+                )
+            }),
         ("path", name) if !name.is_empty() => match params.iter().position(|p| p == name) {
             Some(index) => Ok(KeyPart::PathParam(index)),
             None if params.is_empty() => Err(format!(

@@ -9,6 +9,7 @@
 //!   config: ./ratelimit-config   # a file, or a directory of *.yaml; relative to this file
 //!   response_headers: false      # true: RateLimit-Limit/-Remaining/-Reset in response_headers_to_add
 //!   failure_mode: error          # error (a gRPC error: Envoy's failure_mode_deny decides) | open | closed
+//!   tls: {cert: tls.crt, key: tls.key, client_ca: ca.crt}   # optional: TLS, mutual with client_ca
 //! ```
 
 use std::net::SocketAddr;
@@ -33,6 +34,8 @@ pub struct RawRls {
     #[serde(default)]
     pub response_dynamic_metadata: bool,
     pub failure_mode: Option<String>,
+    /// TLS (and mutual TLS) on the gRPC listener.
+    pub tls: Option<crate::config::raw::RawServerTls>,
 }
 
 /// One rule of the tree, ready for the decision core.
@@ -49,6 +52,8 @@ pub(crate) struct Enforced {
 #[derive(Debug)]
 pub struct RlsSnapshot {
     pub listen: SocketAddr,
+    /// TLS on the listener, when `rls.tls` is set.
+    pub tls: Option<crate::tls::ServerTlsSettings>,
     /// The envoyproxy/ratelimit config it was read from, resolved against `policies.yaml`.
     pub config_path: PathBuf,
     pub response_headers: bool,
@@ -125,6 +130,16 @@ pub fn compile(raw: &RawRls, source: &Path) -> Result<RlsSnapshot, Vec<(String, 
             FailureMode::Error
         }
     };
+    let tls = match raw.tls.as_ref() {
+        None => None,
+        Some(t) => match crate::config::tls::server(t, "rls.tls", source) {
+            Ok(tls) => Some(tls),
+            Err(problems) => {
+                errors.extend(problems);
+                None
+            }
+        },
+    };
     let config_path = match source.parent() {
         Some(dir) => dir.join(&raw.config),
         None => PathBuf::from(&raw.config),
@@ -146,6 +161,7 @@ pub fn compile(raw: &RawRls, source: &Path) -> Result<RlsSnapshot, Vec<(String, 
                 .collect();
             Ok(RlsSnapshot {
                 listen,
+                tls,
                 config_path,
                 response_headers: raw.response_headers,
                 response_dynamic_metadata: raw.response_dynamic_metadata,
