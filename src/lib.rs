@@ -90,6 +90,7 @@ pub mod quota;
 pub mod rate_limit_headers;
 pub mod request_id;
 pub mod respond;
+pub mod rlqs;
 pub mod rls;
 pub mod route;
 pub mod server;

@@ -11,6 +11,7 @@ pub mod observability;
 pub mod overrides;
 pub mod raw;
 pub mod rewrite;
+pub mod rlqs;
 pub mod rls;
 pub mod snapshot;
 pub mod source;
