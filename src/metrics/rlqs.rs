@@ -19,6 +19,9 @@ pub enum Sent {
 pub struct RlqsMetricVecs {
     pub buckets: IntGauge,
     pub proxies: IntGauge,
+    /// Usage report messages received (Envoy sends one per stream per report interval, and one
+    /// when a bucket first appears).
+    pub reports: IntCounter,
     /// Assignments sent: `changed` (a new token bucket), `refreshed` (the same again: its TTL
     /// extended), `abandoned`, `denied` (a bucket with no budget, or over `max_buckets`).
     assignments: [IntCounter; 4],
@@ -63,6 +66,14 @@ impl RlqsMetricVecs {
             proxies: gauge(
                 "turnstile_rlqs_proxies",
                 "Proxy streams connected to the quota service.",
+            ),
+            reports: add(
+                registry,
+                IntCounter::new(
+                    "turnstile_rlqs_reports_total",
+                    "Usage report messages received from the proxies.",
+                )
+                .unwrap_or_else(|e| panic!("metric turnstile_rlqs_reports_total: {e}")),
             ),
             assignments: ["changed", "refreshed", "abandoned", "denied"]
                 .map(|k| assignments.with_label_values(&[k])),

@@ -116,6 +116,7 @@ impl RlqsService {
             return;
         };
         let metrics = self.inner.state.metrics.rlqs();
+        metrics.reports.inc();
         let ttl_s = self.inner.shares.timing().ttl_s;
         let now = self.now_us();
         let mut pushes = Vec::new();

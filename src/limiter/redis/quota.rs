@@ -15,8 +15,10 @@ use super::RedisStore;
 use crate::limiter::StoreError;
 
 /// KEYS: the bucket's hash, the epoch key. ARGV: server, held, demand, floor, rate (all per
-/// second), lease ms, hold-down ms. Replies `{granted, lease ms}`: granted 0 and the ms left
-/// while the hold-down lasts.
+/// second), lease ms, hold-down ms. Replies `{granted, lease ms, fair part}`: granted 0 and
+/// the ms left while the hold-down lasts. The server hands out at most the smaller of its grant
+/// and its fair part, so a server above its fair part lowers its proxies, and its next grant
+/// (never below what it has out) follows them down.
 const LEASE: &str = "\
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -30,7 +32,7 @@ if not epoch then
 end
 epoch = tonumber(epoch)
 if now < epoch then
-  return {'0', tostring(epoch - now)}
+  return {'0', tostring(epoch - now), '0'}
 end
 local others, demands, floors, servers = 0, demand, floor, 1
 local all = redis.call('HGETALL', KEYS[1])
@@ -66,7 +68,7 @@ end
 redis.call('HSET', KEYS[1], server,
   string.format('%.6f %.6f %.6f %d', grant, demand, floor, now + lease))
 redis.call('PEXPIRE', KEYS[1], lease * 2)
-return {string.format('%.6f', grant), tostring(lease)}";
+return {string.format('%.6f', grant), tostring(lease), string.format('%.6f', mine)}";
 
 /// One lease request: see [`RedisStore::quota_lease`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -90,7 +92,8 @@ impl RedisStore {
     }
 
     /// Takes or renews `server`'s lease on `bucket` (a canonical bucket id): returns the tokens
-    /// per second granted and how long the grant lasts (from before the call: the caller's
+    /// per second this server may hand out (the smaller of its grant and its fair part) and how
+    /// long the grant lasts (from before the call: the caller's
     /// clock is read first, so its view of the expiry is never later than Redis's).
     pub async fn quota_lease(
         &self,
@@ -112,8 +115,8 @@ impl RedisStore {
             .eval(LEASE, self.quota_keys(bucket), args)
             .await?;
         let parse = |i: usize| reply.get(i).and_then(|v| v.parse::<f64>().ok());
-        match (parse(0), parse(1)) {
-            (Some(granted), Some(ms)) => Ok((granted, ms as u64)),
+        match (parse(0), parse(1), parse(2)) {
+            (Some(granted), Some(ms), Some(fair)) => Ok((granted.min(fair), ms as u64)),
             _ => Err(StoreError::Script(format!(
                 "the quota lease replied {reply:?}"
             ))),
