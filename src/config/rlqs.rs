@@ -315,3 +315,84 @@ pub fn compile(raw: &RawRlqs) -> Result<RlqsSettings, Vec<(String, String)>> {
         _ => Err(errors),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    fn load(rlqs: &str) -> Result<crate::config::Snapshot, String> {
+        let text = format!("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n{rlqs}");
+        crate::config::parse(&text, Path::new("policies.yaml")).map_err(|e| e.to_string())
+    }
+
+    const GOOD: &str = "rlqs:
+  listen: 127.0.0.1:0
+  budgets:
+    - name: vip
+      bucket: {name: api, user: vip}
+      token_bucket: {rate: 100/s, burst: 20}
+    - name: api
+      bucket: {name: api, user: \"*\"}
+      token_bucket: {rate: 30/s, burst: 6}
+      floor: 2/s
+  default:
+    token_bucket: {rate: 5/s, burst: 1}
+";
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_bucket_id_takes_the_first_matching_budget_then_the_default() {
+        let snapshot = load(GOOD).unwrap();
+        let rlqs = snapshot.rlqs.as_ref().unwrap();
+        let name = |pairs: &[(&str, &str)]| {
+            rlqs.rule_for(&entries(pairs))
+                .map(|(i, r)| (i, r.name.clone()))
+        };
+        assert_eq!(
+            name(&[("name", "api"), ("user", "vip")]),
+            Some((0, "vip".into()))
+        );
+        assert_eq!(
+            name(&[("name", "api"), ("user", "ann")]),
+            Some((1, "api".into()))
+        );
+        assert_eq!(name(&[("name", "other")]), Some((2, "default".into())));
+        assert_eq!(rlqs.rules[1].budget.floor, 2.0);
+        assert_eq!(rlqs.timing.ttl_s, 15);
+        // Without a default, an unmatched bucket id has no budget (it is denied).
+        let strict = load(&GOOD[..GOOD.find("  default:").unwrap()]).unwrap();
+        let rlqs = strict.rlqs.as_ref().unwrap();
+        assert!(rlqs.rule_for(&entries(&[("name", "other")])).is_none());
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_field() {
+        let bad = GOOD.replace("rate: 30/s", "rate: 30/x").replace(
+            "listen: 127.0.0.1:0\n  budgets",
+            "listen: 127.0.0.1:0\n  assignment_ttl: 1500ms\n  budgets",
+        );
+        let errors = load(&bad).unwrap_err();
+        assert!(
+            errors.contains("policies.yaml:5:")
+                && errors.contains("rlqs.assignment_ttl: `1500ms` must be whole seconds"),
+            "{errors}"
+        );
+        assert!(
+            errors.contains("policies.yaml:12:")
+                && errors.contains("rlqs.budgets[1].token_bucket.rate"),
+            "{errors}"
+        );
+        let too_slow = GOOD.replace("rate: 5/s", "rate: 0.5/s");
+        let errors = load(&too_slow).unwrap_err();
+        assert!(
+            errors.contains("rlqs.default.token_bucket.rate"),
+            "{errors}"
+        );
+    }
+}

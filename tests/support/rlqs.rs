@@ -4,6 +4,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+
 use super::client::Client;
 use super::envoy::Envoy;
 use super::gateway::TestGateway;
@@ -98,4 +102,43 @@ pub async fn share(gw: &TestGateway, budget: &str, proxy: &str) -> f64 {
         &[("budget", budget), ("proxy", proxy)],
     )
     .await
+}
+
+/// A proxy's stream opened by hand, named `proxy`: one usage report for `{name: api}` (3
+/// allowed, 1 denied), then open while the returned sender is held. Responses are read and
+/// dropped.
+pub async fn open_stream(
+    addr: SocketAddr,
+    proxy: &str,
+) -> tokio::sync::mpsc::UnboundedSender<RateLimitQuotaUsageReports> {
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the rlqs listener");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let reports = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut request = tonic::Request::new(reports);
+    request
+        .metadata_mut()
+        .insert("x-turnstile-proxy", proxy.parse().expect("metadata"));
+    tx.send(RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("name".to_owned(), "api".to_owned())].into(),
+            }),
+            time_elapsed: Some(Default::default()),
+            num_requests_allowed: 3,
+            num_requests_denied: 1,
+        }],
+    })
+    .expect("queue the report");
+    let mut responses = client
+        .stream_rate_limit_quotas(request)
+        .await
+        .expect("open the stream")
+        .into_inner();
+    tokio::spawn(async move { while let Ok(Some(_)) = responses.message().await {} });
+    tx
 }
