@@ -148,6 +148,10 @@ async fn three_envoys_share_one_budget_by_demand_within_the_bound() {
     };
     let (counts, gw) = tokio::join!(load, restart);
     let total = admitted(&counts);
+    eprintln!(
+        "memory, restart: {total} admitted in 16 s (bound {}): {counts:?}",
+        bound(16.0, 2.0)
+    );
     assert!(
         total <= bound(16.0, 2.0),
         "{total} admitted across a restart: {counts:?}"
@@ -247,4 +251,20 @@ async fn two_turnstiles_on_one_redis_share_the_budget_and_survive_its_loss() {
         "{total} admitted after Redis came back: {back:?}"
     );
     assert!(back.iter().all(|c| c.ok > 0), "{back:?}");
+}
+
+/// docs/envoy.md shows `deploy/rlqs/envoy.yaml` verbatim, and `deploy/rlqs/policies.yaml` loads.
+#[test]
+fn the_docs_show_the_tested_envoy_config_and_the_example_loads() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(root.join("deploy/rlqs/envoy.yaml")).expect("envoy.yaml");
+    let docs = std::fs::read_to_string(root.join("docs/envoy.md")).expect("docs/envoy.md");
+    assert!(
+        docs.contains(&format!("```yaml\n{config}```")),
+        "docs/envoy.md lost deploy/rlqs/envoy.yaml"
+    );
+    let policies = root.join("deploy/rlqs/policies.yaml");
+    let snapshot = turnstile::config::load(&policies).unwrap_or_else(|e| panic!("{e}"));
+    let rlqs = snapshot.rlqs.expect("rlqs:");
+    assert_eq!(rlqs.rules[0].budget.rate, 30.0);
 }
