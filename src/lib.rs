@@ -7,6 +7,8 @@
 //!   forward it or answer `429`;
 //! - the Envoy rate limit service ([`rls`]), which reads envoyproxy/ratelimit's config files and
 //!   reduces `ShouldRateLimit` to the same checks;
+//! - the Envoy rate limit quota service ([`rlqs`]): each proxy enforces locally the token bucket
+//!   it is assigned; the shares of each budget are decided by [`limiter::quota`];
 //! - the ingress door ([`forward_auth`]): nginx `auth_request`, ingress-nginx, Traefik and Caddy
 //!   forward-auth over HTTP, and Envoy ext_authz over gRPC, answered by the gateway's own
 //!   routing and keys ([`admission`]).
@@ -54,7 +56,7 @@
 //!   the doors;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   [`quota`]: the same keys peeked without consuming (a route's quota endpoint, the status
-//!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`];
+//!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`], [`rlqs`];
 //! - [`admin`]: metrics, health, the overrides API and the status page (`admin/status.html`,
 //!   embedded) on a separate listener; [`listener`]: the public listener and the bounds on each
 //!   connection;
@@ -93,6 +95,7 @@ pub mod quota;
 pub mod rate_limit_headers;
 pub mod request_id;
 pub mod respond;
+pub mod rlqs;
 pub mod rls;
 pub mod route;
 pub mod server;

@@ -5,6 +5,7 @@
 //! increments a counter it already holds, with no label lookup or formatting, and `/metrics`
 //! grows with the routes in use, not with the routes configured.
 
+pub mod rlqs;
 pub mod rls;
 
 use std::sync::{Arc, OnceLock};
@@ -40,6 +41,7 @@ pub struct Families {
     jwt_tokens: IntCounterVec,
     deny_cache_hits: IntCounterVec,
     rls: rls::RlsMetricVecs,
+    rlqs: rlqs::RlqsMetricVecs,
     in_flight: IntGaugeVec,
     cost_charged: IntCounterVec,
     usage: UsageVecs,
@@ -534,6 +536,7 @@ impl Metrics {
                 &["store"],
             ),
             rls: rls::RlsMetricVecs::register(&registry),
+            rlqs: rlqs::RlqsMetricVecs::register(&registry),
             in_flight: {
                 let opts = Opts::new(
                     "turnstile_in_flight_requests",
@@ -741,6 +744,11 @@ impl Metrics {
     /// The Envoy rate limit service's counter families.
     pub fn rls(&self) -> &rls::RlsMetricVecs {
         &self.rls
+    }
+
+    /// The rate limit quota service's families.
+    pub fn rlqs(&self) -> &rlqs::RlqsMetricVecs {
+        &self.rlqs
     }
 
     /// The decision latency histogram of one store.

@@ -31,6 +31,8 @@ pub struct Running {
     pub tls_addr: Option<SocketAddr>,
     /// The Envoy rate limit service's gRPC listener, when `rls:` is configured.
     pub rls_addr: Option<SocketAddr>,
+    /// The Envoy rate limit quota service's gRPC listener, when `rlqs:` is configured.
+    pub rlqs_addr: Option<SocketAddr>,
     /// The forward-auth HTTP check listener, when `forward_auth.listen` is configured.
     pub forward_auth_addr: Option<SocketAddr>,
     /// The Envoy ext_authz gRPC listener, when `forward_auth.grpc_listen` is configured.
@@ -163,6 +165,8 @@ pub async fn start(
         });
     }
 
+    let rlqs_addr = start_rlqs(&state, &mut background).await?;
+
     let public_addr = public.as_ref().map(TcpListener::local_addr).transpose()?;
     let admin_addr = admin.local_addr()?;
     let admin_router = admin::router(AdminState {
@@ -211,12 +215,34 @@ pub async fn start(
         admin_addr,
         tls_addr,
         rls_addr,
+        rlqs_addr,
         forward_auth_addr,
         ext_authz_addr,
         state,
         background,
         draining,
     })
+}
+
+/// Binds and serves the rate limit quota service that `rlqs:` names (read once, at start: a
+/// reload changes its budgets, not its listener or timing).
+async fn start_rlqs(
+    state: &Arc<AppState>,
+    background: &mut Shutdown,
+) -> std::io::Result<Option<SocketAddr>> {
+    let Some(settings) = state.live.load().config.rlqs.clone() else {
+        return Ok(None);
+    };
+    let listener = bind("rlqs.listen", settings.listen).await?;
+    let addr = listener.local_addr()?;
+    let service = crate::rlqs::RlqsService::new(state.clone(), &settings);
+    let rx = background.signal();
+    background.spawn("rlqs listener", async move {
+        if let Err(e) = crate::rlqs::serve(listener, service, rx).await {
+            tracing::error!(error = %e, "rate limit quota service listener failed");
+        }
+    });
+    Ok(Some(addr))
 }
 
 /// Binds the HTTPS listener that `listen_tls:` names (read once, at start: a reload that changes
@@ -442,6 +468,7 @@ pub fn restarted_counters<'n>(
 pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
     let rls_tls = |s: &Snapshot| s.rls.as_ref().and_then(|r| r.tls.clone());
+    let rlqs_listen = |s: &Snapshot| s.rlqs.as_ref().map(|r| r.listen);
     let forward_auth_listen =
         |s: &Snapshot| s.forward_auth.as_ref().map(|f| (f.listen, f.grpc_listen));
     let forward_auth_tls = |s: &Snapshot| s.forward_auth.as_ref().and_then(|f| f.tls.clone());
@@ -452,6 +479,7 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
         ("listen_tls", current.listen_tls != next.listen_tls),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
         ("rls.tls", rls_tls(current) != rls_tls(next)),
+        ("rlqs.listen", rlqs_listen(current) != rlqs_listen(next)),
         (
             "forward_auth.tls",
             forward_auth_tls(current) != forward_auth_tls(next),

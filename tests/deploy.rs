@@ -278,6 +278,7 @@ fn every_config_snippet_in_the_docs_loads() {
         "store",
         "jwt",
         "rls",
+        "rlqs",
         "exempt",
         "client_ip",
         "listen",
@@ -307,10 +308,9 @@ fn every_config_snippet_in_the_docs_loads() {
                 continue;
             }
             let mut full = yaml.to_string();
-            if !yaml
-                .lines()
-                .any(|l| l.starts_with("routes:") || l.starts_with("rls:"))
-            {
+            if !yaml.lines().any(|l| {
+                l.starts_with("routes:") || l.starts_with("rls:") || l.starts_with("rlqs:")
+            }) {
                 full.push_str("\nroutes:\n  - name: snippet\n    respond: { status: 200 }\n");
             }
             if yaml.contains("upstream: api") && !yaml.lines().any(|l| l.starts_with("upstreams:"))

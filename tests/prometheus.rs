@@ -69,6 +69,13 @@ fn every_dashboard_and_alert_query_runs_on_a_real_prometheus() {
         r#"
 listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
+rlqs:
+  listen: 127.0.0.1:0
+  assignment_ttl: 2s
+  budgets:
+    - name: api
+      bucket: {{ name: api }}
+      token_bucket: {{ rate: 30/s, burst: 6 }}
 upstreams:
   refused:
     url: http://{refused}
@@ -116,6 +123,17 @@ routes:
 
     let gateway = runtime.block_on(TestGateway::start(&config));
     let (public, admin) = (gateway.public, gateway.admin);
+    // One proxy stream reporting the quota bucket, so the quota panels have a share to show.
+    let rlqs = gateway.running().rlqs_addr.expect("rlqs listener");
+    let _stream = runtime.block_on(support::rlqs::open_stream(rlqs, "probe"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while runtime.block_on(support::rlqs::share(&gateway, "api", "probe")) == 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no quota share assigned"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     let prometheus = Prometheus::start(admin, &[repo_path("dashboards/alerts.yml")]);
     // A first scrape before any traffic, so every rate has a starting sample.

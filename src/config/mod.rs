@@ -12,6 +12,7 @@ pub mod overrides;
 pub mod ratelimit_env;
 pub mod raw;
 pub mod rewrite;
+pub mod rlqs;
 pub mod rls;
 pub mod snapshot;
 pub mod source;

@@ -28,6 +28,8 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     /// The Envoy rate limit service (`crate::rls`).
     pub rls: Option<super::rls::settings::RawRls>,
+    /// The Envoy rate limit quota service (`crate::rlqs`).
+    pub rlqs: Option<super::rlqs::RawRlqs>,
     /// The ingress door (`crate::forward_auth`): forward-auth over HTTP, Envoy ext_authz.
     pub forward_auth: Option<RawForwardAuth>,
     /// Requests no policy of any route applies to.

@@ -421,6 +421,8 @@ pub struct Snapshot {
     pub routes: Vec<Route>,
     /// The Envoy rate limit service, when `rls:` is set.
     pub rls: Option<super::rls::settings::RlsSnapshot>,
+    /// The Envoy rate limit quota service, when `rlqs:` is set.
+    pub rlqs: Option<super::rlqs::RlqsSettings>,
     /// The ingress door, when `forward_auth:` is set.
     pub forward_auth: Option<ForwardAuthSettings>,
     /// The request id read, made and returned (`request_id:`).

@@ -15,6 +15,7 @@ pub mod deny_cache;
 pub mod engine;
 pub mod leases;
 pub mod memory;
+pub mod quota;
 pub mod redis;
 
 use std::time::Duration;

@@ -29,6 +29,7 @@ pub mod otlp;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
+pub mod rlqs;
 pub mod rls;
 pub mod stores;
 pub mod tls;

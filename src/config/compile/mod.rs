@@ -174,16 +174,22 @@ pub fn compile(
     // An empty, comment-only or truncated file parses as a config with no routes: serving it
     // would answer 404 to everything and drop every limit, so it must not pass `check` or a
     // reload. The Envoy service alone (`rls:`) needs no routes: its descriptors are its rules.
-    if raw.routes.is_empty() && raw.rls.is_none() {
+    if raw.routes.is_empty() && raw.rls.is_none() && raw.rlqs.is_none() {
         e.add(
             "routes",
             "no routes: every request would get 404 and no limit would apply; define at least one \
-             route (only a file that configures `rls:` may have none)",
+             route (only a file that configures `rls:` or `rlqs:` may have none)",
         );
     }
 
     let rls = raw.rls.as_ref().and_then(|r| {
         super::rls::settings::compile(r, source)
+            .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
+            .ok()
+    });
+
+    let rlqs = raw.rlqs.as_ref().and_then(|r| {
+        super::rlqs::compile(r)
             .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
             .ok()
     });
@@ -222,6 +228,7 @@ pub fn compile(
                 server,
                 routes,
                 rls,
+                rlqs,
                 forward_auth,
                 request_id,
                 access_log,

@@ -28,6 +28,7 @@ mod batch;
 mod cluster;
 mod health;
 mod overrides;
+pub mod quota;
 mod target;
 mod wire;
 
