@@ -403,7 +403,7 @@ pub fn restarted_counters<'n>(
 /// between `current` and `next`.
 pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
-    let rlqs_listen = |s: &Snapshot| s.rlqs.as_ref().map(|r| r.listen);
+    let rlqs_start = |s: &Snapshot| s.rlqs.as_ref().map(|r| (r.listen, r.timing, r.max_buckets));
     let forward_auth_listen =
         |s: &Snapshot| s.forward_auth.as_ref().map(|f| (f.listen, f.grpc_listen));
     [
@@ -411,7 +411,10 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
         ("admin_listen", current.admin_listen != next.admin_listen),
         ("listen_tls", current.listen_tls != next.listen_tls),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
-        ("rlqs.listen", rlqs_listen(current) != rlqs_listen(next)),
+        (
+            "rlqs (listen, timing, max_buckets)",
+            rlqs_start(current) != rlqs_start(next),
+        ),
         (
             "forward_auth.listen",
             forward_auth_listen(current) != forward_auth_listen(next),
