@@ -268,3 +268,52 @@ fn the_docs_show_the_tested_envoy_config_and_the_example_loads() {
     let rlqs = snapshot.rlqs.expect("rlqs:");
     assert_eq!(rlqs.rules[0].budget.rate, 30.0);
 }
+
+/// The lease script on a real Redis: a fresh keyspace holds every grant for one hold-down; a
+/// server alone gets the budget; a second one gets nothing until the first, above its fair part,
+/// has lowered what it has out; the grants never sum past the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_split_the_budget_between_servers_and_never_pass_it() {
+    use turnstile::limiter::redis::quota::LeaseRequest;
+    let redis = RedisServer::start();
+    let store =
+        turnstile::limiter::RedisStore::connect(&redis.url(), 1, Duration::from_secs(1), "")
+            .expect("connect");
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let ask = |held: f64| LeaseRequest {
+        held,
+        demand: 10.0,
+        floor: 1.0,
+        rate: 30.0,
+        lease_ms: 3000,
+        hold_ms: 400,
+    };
+    let lease = |server: &'static str, held: f64| {
+        let store = &store;
+        async move {
+            store
+                .quota_lease("name=api", server, ask(held))
+                .await
+                .expect("lease")
+        }
+    };
+    // The epoch key is missing: nothing for the hold-down.
+    let (rate, ms) = lease("a", 0.0).await;
+    assert_eq!(rate, 0.0);
+    assert!(ms <= 400, "{ms}");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(lease("a", 0.0).await.0, 30.0);
+    // b's fair part is 15, but a holds the rest: nothing yet.
+    assert_eq!(lease("b", 0.0).await.0, 0.0);
+    // a, holding 30, is told its fair part (15); its grant stays 30 until it has lowered.
+    assert_eq!(lease("a", 30.0).await.0, 15.0);
+    assert_eq!(lease("b", 0.0).await.0, 0.0);
+    assert_eq!(lease("a", 15.0).await.0, 15.0);
+    assert_eq!(lease("b", 0.0).await.0, 15.0);
+    let fields = redis.cli(&["HGETALL", "{turnstile-rlqs}:lease:name=api"]);
+    let granted: f64 = fields
+        .chunks(2)
+        .filter_map(|pair| pair.get(1)?.split(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!((granted - 30.0).abs() < 1e-6, "{fields:?}");
+}
