@@ -162,17 +162,17 @@ async fn three_envoys_share_one_budget_by_demand_within_the_bound() {
 }
 
 /// Envoy 1.40 reports every 5 s whatever `reporting_interval` says (docs/envoy.md): with 1 s
-/// configured, two proxies send about two reports each in 11 s, not eleven. Also the 429 the
-/// deny response settings describe.
+/// configured, one proxy sends one to three reports in 11 s, not eleven. Its bucket matches no
+/// budget (and there is no default), so the server answers `DENY_ALL`: every request gets the
+/// 429 the deny response settings describe, before the first answer and after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_reports_every_five_seconds_and_denies_as_configured() {
-    let (gw, rlqs) = start(&rlqs_block("127.0.0.1:0"), "store:\n  type: memory").await;
+    let block = rlqs_block("127.0.0.1:0").replace("bucket: {name: api}", "bucket: {name: other}");
+    let (gw, rlqs) = start(&block, "store:\n  type: memory").await;
     let up = Upstream::start().await;
     let config = bootstrap(up.addr, rlqs, "envoy-r")
         .replace("reporting_interval: 5s", "reporting_interval: 1s");
     let envoy = Envoy::start(&config).await;
-    // Before any assignment (the start's hold-down): no_assignment_behavior DENY_ALL, with the
-    // configured status, body and header.
     let reply = support::Client::new()
         .get(&format!("http://{}/", envoy.listener))
         .await;
@@ -186,6 +186,13 @@ async fn envoy_reports_every_five_seconds_and_denies_as_configured() {
         (1.0..=3.0).contains(&reports),
         "{reports} reports in 11 s: {load:?}"
     );
+    assert_eq!(load[0].ok, 0, "{load:?}");
+    assert_eq!(load[0].denied, 55, "{load:?}");
+    let denied = gw
+        .metric("turnstile_rlqs_assignments_total", &[("kind", "denied")])
+        .await;
+    assert!(denied >= 1.0, "{denied}");
+    assert_eq!(up.requests(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
