@@ -468,7 +468,7 @@ pub fn restarted_counters<'n>(
 pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
     let rls_listen = |s: &Snapshot| s.rls.as_ref().map(|r| r.listen);
     let rls_tls = |s: &Snapshot| s.rls.as_ref().and_then(|r| r.tls.clone());
-    let rlqs_listen = |s: &Snapshot| s.rlqs.as_ref().map(|r| r.listen);
+    let rlqs_start = |s: &Snapshot| s.rlqs.as_ref().map(|r| (r.listen, r.timing, r.max_buckets));
     let forward_auth_listen =
         |s: &Snapshot| s.forward_auth.as_ref().map(|f| (f.listen, f.grpc_listen));
     let forward_auth_tls = |s: &Snapshot| s.forward_auth.as_ref().and_then(|f| f.tls.clone());
@@ -479,7 +479,10 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
         ("listen_tls", current.listen_tls != next.listen_tls),
         ("rls.listen", rls_listen(current) != rls_listen(next)),
         ("rls.tls", rls_tls(current) != rls_tls(next)),
-        ("rlqs.listen", rlqs_listen(current) != rlqs_listen(next)),
+        (
+            "rlqs (listen, timing, max_buckets)",
+            rlqs_start(current) != rlqs_start(next),
+        ),
         (
             "forward_auth.tls",
             forward_auth_tls(current) != forward_auth_tls(next),

@@ -162,17 +162,17 @@ async fn three_envoys_share_one_budget_by_demand_within_the_bound() {
 }
 
 /// Envoy 1.40 reports every 5 s whatever `reporting_interval` says (docs/envoy.md): with 1 s
-/// configured, two proxies send about two reports each in 11 s, not eleven. Also the 429 the
-/// deny response settings describe.
+/// configured, one proxy sends one to three reports in 11 s, not eleven. Its bucket matches no
+/// budget (and there is no default), so the server answers `DENY_ALL`: every request gets the
+/// 429 the deny response settings describe, before the first answer and after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_reports_every_five_seconds_and_denies_as_configured() {
-    let (gw, rlqs) = start(&rlqs_block("127.0.0.1:0"), "store:\n  type: memory").await;
+    let block = rlqs_block("127.0.0.1:0").replace("bucket: {name: api}", "bucket: {name: other}");
+    let (gw, rlqs) = start(&block, "store:\n  type: memory").await;
     let up = Upstream::start().await;
     let config = bootstrap(up.addr, rlqs, "envoy-r")
         .replace("reporting_interval: 5s", "reporting_interval: 1s");
     let envoy = Envoy::start(&config).await;
-    // Before any assignment (the start's hold-down): no_assignment_behavior DENY_ALL, with the
-    // configured status, body and header.
     let reply = support::Client::new()
         .get(&format!("http://{}/", envoy.listener))
         .await;
@@ -186,6 +186,13 @@ async fn envoy_reports_every_five_seconds_and_denies_as_configured() {
         (1.0..=3.0).contains(&reports),
         "{reports} reports in 11 s: {load:?}"
     );
+    assert_eq!(load[0].ok, 0, "{load:?}");
+    assert_eq!(load[0].denied, 55, "{load:?}");
+    let denied = gw
+        .metric("turnstile_rlqs_assignments_total", &[("kind", "denied")])
+        .await;
+    assert!(denied >= 1.0, "{denied}");
+    assert_eq!(up.requests(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,4 +274,53 @@ fn the_docs_show_the_tested_envoy_config_and_the_example_loads() {
     let snapshot = turnstile::config::load(&policies).unwrap_or_else(|e| panic!("{e}"));
     let rlqs = snapshot.rlqs.expect("rlqs:");
     assert_eq!(rlqs.rules[0].budget.rate, 30.0);
+}
+
+/// The lease script on a real Redis: a fresh keyspace holds every grant for one hold-down; a
+/// server alone gets the budget; a second one gets nothing until the first, above its fair part,
+/// has lowered what it has out; the grants never sum past the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_split_the_budget_between_servers_and_never_pass_it() {
+    use turnstile::limiter::redis::quota::LeaseRequest;
+    let redis = RedisServer::start();
+    let store =
+        turnstile::limiter::RedisStore::connect(&redis.url(), 1, Duration::from_secs(1), "")
+            .expect("connect");
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let ask = |held: f64| LeaseRequest {
+        held,
+        demand: 10.0,
+        floor: 1.0,
+        rate: 30.0,
+        lease_ms: 3000,
+        hold_ms: 400,
+    };
+    let lease = |server: &'static str, held: f64| {
+        let store = &store;
+        async move {
+            store
+                .quota_lease("name=api", server, ask(held))
+                .await
+                .expect("lease")
+        }
+    };
+    // The epoch key is missing: nothing for the hold-down.
+    let (rate, ms) = lease("a", 0.0).await;
+    assert_eq!(rate, 0.0);
+    assert!(ms <= 400, "{ms}");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(lease("a", 0.0).await.0, 30.0);
+    // b's fair part is 15, but a holds the rest: nothing yet.
+    assert_eq!(lease("b", 0.0).await.0, 0.0);
+    // a, holding 30, is told its fair part (15); its grant stays 30 until it has lowered.
+    assert_eq!(lease("a", 30.0).await.0, 15.0);
+    assert_eq!(lease("b", 0.0).await.0, 0.0);
+    assert_eq!(lease("a", 15.0).await.0, 15.0);
+    assert_eq!(lease("b", 0.0).await.0, 15.0);
+    let fields = redis.cli(&["HGETALL", "{turnstile-rlqs}:lease:name=api"]);
+    let granted: f64 = fields
+        .chunks(2)
+        .filter_map(|pair| pair.get(1)?.split(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!((granted - 30.0).abs() < 1e-6, "{fields:?}");
 }
