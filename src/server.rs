@@ -106,6 +106,16 @@ pub async fn start(
         }
         None => crate::otel::Tracing::off(),
     };
+    // Before any listener serves: the first requests are verified with the URL's keys. When the
+    // first fetch fails, serve anyway (docs/jwt.md, "When the first fetch fails").
+    if let Some(first) = activate_jwt(&snapshot, None, &metrics) {
+        if first.await != Ok(true) {
+            tracing::error!(
+                "the first fetch of `jwt.jwks_url` failed: tokens signed with its keys are \
+                 refused as unverifiable until a fetch succeeds; retrying with backoff"
+            );
+        }
+    }
     let live = Live::attach(snapshot, &metrics);
     let mut state = AppState::new(live, engine, metrics);
     state.access_log = access_log;
@@ -187,6 +197,31 @@ pub async fn start(
         state,
         background,
         draining,
+    })
+}
+
+/// The `jwt:` verifier of a snapshot, when a route uses it (every route shares one).
+fn jwt_verifier(snapshot: &Snapshot) -> Option<&crate::jwt::Verifier> {
+    snapshot.routes.iter().find_map(|r| r.jwt.as_deref())
+}
+
+/// Puts `next`'s JWT keys to work: the running ring of `current` when the key sources are the
+/// same, else watches on the key files and fetches of `jwks_url` through the upstream connector
+/// (TCP, then TLS trusting the system's CAs or `jwks_ca`). Returns the first fetch to wait for.
+fn activate_jwt(
+    next: &Snapshot,
+    current: Option<&Snapshot>,
+    metrics: &Metrics,
+) -> Option<tokio::sync::oneshot::Receiver<bool>> {
+    let verifier = jwt_verifier(next)?;
+    let previous = current.and_then(jwt_verifier);
+    verifier.activate(previous, metrics.jwt_keys(), |url| {
+        let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+        tcp.set_connect_timeout(Some(url.timeout));
+        let tls = crate::tls::UpstreamTls {
+            config: url.tls.clone(),
+        };
+        crate::tls::Connector::new(tcp, Some(&tls), url.timeout)
     })
 }
 
@@ -336,6 +371,16 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
             setting,
             "changed by the reload; it takes effect at the next restart"
         );
+    }
+    // Sources unchanged: the running keys and their tasks carry over. New ones are fetched
+    // before the swap (bounded by `jwks_timeout`; the old config serves meanwhile).
+    if let Some(first) = activate_jwt(&next, Some(&current.config), &state.metrics) {
+        if first.blocking_recv() != Ok(true) {
+            tracing::error!(
+                "the first fetch of the reloaded `jwt.jwks_url` failed: tokens signed with its \
+                 keys are refused as unverifiable until a fetch succeeds; retrying with backoff"
+            );
+        }
     }
     let live = Arc::new(Live::attach(next, &state.metrics));
     {
