@@ -151,14 +151,21 @@ async fn a_rotated_secret_file_applies_and_old_tokens_stop_naming_buckets() {
 
     let dir = gw.config_path.parent().expect("config dir");
     std::fs::write(dir.join("secret.key"), OTHER_SECRET).expect("rotate secret");
+    // Polled with another subject's token: carol's bucket is not touched until the check.
+    let probe = hs256(SECRET, json!({"sub": "probe", "exp": exp}));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while get(&gw, &bearer(&old)).await.status != 401 {
+    while get(&gw, &bearer(&probe)).await.status != 401 {
         assert!(
             std::time::Instant::now() < deadline,
             "the rotated secret did not apply"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    assert_eq!(
+        get(&gw, &bearer(&old)).await.status,
+        401,
+        "no longer verifies"
+    );
     let new = hs256(OTHER_SECRET, json!({"sub": "carol", "exp": exp}));
     let reply = get(&gw, &bearer(&new)).await;
     assert_eq!(
