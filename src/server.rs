@@ -109,8 +109,9 @@ pub async fn start(
     // Before any listener serves: the first requests are verified with the URL's keys. When the
     // first fetch fails, serve anyway (docs/jwt.md, "When the first fetch fails").
     if let Some(first) = activate_jwt(&snapshot, None, &metrics) {
-        if first.await != Ok(true) {
+        if let Err(error) = first_fetch(first.await) {
             tracing::error!(
+                %error,
                 "the first fetch of `jwt.jwks_url` failed: tokens signed with its keys are \
                  refused as unverifiable until a fetch succeeds; retrying with backoff"
             );
@@ -212,7 +213,7 @@ fn activate_jwt(
     next: &Snapshot,
     current: Option<&Snapshot>,
     metrics: &Metrics,
-) -> Option<tokio::sync::oneshot::Receiver<bool>> {
+) -> Option<tokio::sync::oneshot::Receiver<Result<(), String>>> {
     let verifier = jwt_verifier(next)?;
     let previous = current.and_then(jwt_verifier);
     verifier.activate(previous, metrics.jwt_keys(), |url| {
@@ -223,6 +224,13 @@ fn activate_jwt(
         };
         crate::tls::Connector::new(tcp, Some(&tls), url.timeout)
     })
+}
+
+/// How a first fetch ended; a fetch task that ended without saying is a failure too.
+fn first_fetch(
+    outcome: Result<Result<(), String>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<(), String> {
+    outcome.unwrap_or_else(|_| Err("the fetch task ended".into()))
 }
 
 /// Binds the HTTPS listener that `listen_tls:` names (read once, at start: a reload that changes
@@ -372,14 +380,21 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
             "changed by the reload; it takes effect at the next restart"
         );
     }
-    // Sources unchanged: the running keys and their tasks carry over. New ones are fetched
-    // before the swap (bounded by `jwks_timeout`; the old config serves meanwhile).
+    // Sources unchanged: the running keys and their tasks carry over. A new URL is fetched
+    // before the swap (bounded by `jwks_timeout`; the old config serves meanwhile), and a reload
+    // whose new URL gives no keys fails: the running config, keys included, stays.
     if let Some(first) = activate_jwt(&next, Some(&current.config), &state.metrics) {
-        if first.blocking_recv() != Ok(true) {
-            tracing::error!(
-                "the first fetch of the reloaded `jwt.jwks_url` failed: tokens signed with its \
-                 keys are refused as unverifiable until a fetch succeeds; retrying with backoff"
-            );
+        if let Err(error) = first_fetch(first.blocking_recv()) {
+            let text = std::fs::read_to_string(source).unwrap_or_default();
+            let at = config::locate::Positions::index(&text).find("jwt.jwks_url");
+            let (line, column) = at.map_or((1, 1), |p| (p.line, p.column));
+            return Err(ConfigErrors(vec![config::ConfigError::at(
+                source,
+                line,
+                column,
+                "jwt.jwks_url".into(),
+                format!("the first fetch failed, so the running keys stay: {error}"),
+            )]));
         }
     }
     let live = Arc::new(Live::attach(next, &state.metrics));

@@ -574,3 +574,46 @@ fn write_by_rename(path: &Path, text: &str) {
     std::fs::write(&tmp, text).expect("write");
     std::fs::rename(&tmp, path).expect("rename");
 }
+
+/// A reload with the same key sources keeps the running keys and schedule: no fetch. A reload to
+/// a URL that gives no keys fails, and the running config and keys keep serving.
+#[tokio::test]
+async fn a_reload_keeps_the_running_keys_or_fails_on_a_url_that_gives_none() {
+    let keys = rsa_keys();
+    let pki = Pki::new("idp-ca");
+    let idp = Idp::start(&pki, Answer::Keys(jwks(&[(0, "k0")]), 3600)).await;
+    let broken = Idp::start(&pki, Answer::Error).await;
+    let timing = "  jwks_refresh: 1h\n  jwks_refresh_max: 1h";
+    let yaml = config(&idp, &pki, timing);
+    let gw = TestGateway::with_files(&yaml, &[]).await;
+    let client = Client::new();
+    let valid = token(&keys[0].signing, "k0", "alice", now() + 600);
+    assert_eq!(status(&client, &gw, &valid).await, 200);
+
+    gw.reload_with(&yaml).await.expect("same sources");
+    assert_eq!(
+        idp.fetches(),
+        1,
+        "the running ring carried over, no refetch"
+    );
+    assert_eq!(status(&client, &gw, &valid).await, 200);
+
+    let errors = gw
+        .reload_with(&config(&broken, &pki, timing))
+        .await
+        .expect_err("a URL that gives no keys");
+    let text = errors.to_string();
+    assert!(
+        text.contains("jwt.jwks_url: the first fetch failed"),
+        "{text}"
+    );
+    assert!(text.contains("policies.yaml:3:"), "names the line: {text}");
+    assert_eq!(status(&client, &gw, &valid).await, 200, "the running keys");
+    // The failed reload's ring is gone, and its retries with it (the first would come after 1 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        broken.fetches(),
+        1,
+        "no retry of a config that never served"
+    );
+}

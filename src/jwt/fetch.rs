@@ -57,13 +57,13 @@ where
     }
 }
 
-/// Fetches until the ring is gone. `first` learns whether the first fetch got keys.
+/// Fetches until the ring is gone. `first` learns how the first fetch ended.
 pub(super) async fn run<C>(
     ring: Weak<KeyRing>,
     refetch: Arc<Refetch>,
     source: UrlSource,
     client: C,
-    first: tokio::sync::oneshot::Sender<bool>,
+    first: tokio::sync::oneshot::Sender<Result<(), String>>,
 ) where
     C: Connect,
 {
@@ -88,21 +88,23 @@ pub(super) async fn run<C>(
         let Some(ring) = ring.upgrade() else {
             return;
         };
-        wait = match result {
+        let outcome = match result {
             Ok((keys, lifetime)) => {
                 failures = 0;
                 ring.fetched(Ok(keys));
-                lifetime
+                wait = lifetime;
+                Ok(())
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                ring.fetched(Err(e));
-                backoff(failures, source.refresh)
+                ring.fetched(Err(e.clone()));
+                wait = backoff(failures, source.refresh);
+                Err(e)
             }
         };
         drop(ring);
         if let Some(tx) = first.take() {
-            let _ = tx.send(failures == 0);
+            let _ = tx.send(outcome);
         }
     }
 }

@@ -127,13 +127,13 @@ impl Verifier {
     /// Puts this load's verifier to work, before it serves: a reload whose key sources equal
     /// `previous`'s takes over the running ring (its keys, fetches and watches go on); otherwise
     /// this load's ring starts watching its files and fetching its URL (`connect` builds the
-    /// connector for it). Returns, when a first fetch was started, what it did (true: keys).
+    /// connector for it). Returns, when a first fetch was started, how it ended (its error when it failed).
     pub fn activate<C>(
         &self,
         previous: Option<&Verifier>,
         metrics: &KeyMetrics,
         connect: impl FnOnce(&ring::UrlSource) -> C,
-    ) -> Option<tokio::sync::oneshot::Receiver<bool>>
+    ) -> Option<tokio::sync::oneshot::Receiver<Result<(), String>>>
     where
         C: fetch::Connect,
     {

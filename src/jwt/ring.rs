@@ -392,12 +392,12 @@ impl KeyRing {
 
     /// Starts the watches on the key files and the fetches of the URL, once; the tasks end with
     /// the ring. `connect` builds the connector for `jwks_url` from its TLS settings. Returns,
-    /// with a URL, what the first fetch did (true: keys fetched) once it has ended.
+    /// with a URL, how the first fetch ended (its error when it failed).
     pub(super) fn start<C>(
         self: &Arc<Self>,
         metrics: &KeyMetrics,
         connect: impl FnOnce(&UrlSource) -> C,
-    ) -> Option<tokio::sync::oneshot::Receiver<bool>>
+    ) -> Option<tokio::sync::oneshot::Receiver<Result<(), String>>>
     where
         C: super::fetch::Connect,
     {
