@@ -37,7 +37,10 @@ pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 /// and numbers (as their decimal text), limited to the claims the config's policies read. Other
 /// claims, and `null`, booleans, objects and arrays, are not kept: as key parts they are absent.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Claims(Box<[(Box<str>, Box<[u8]>)]>);
+pub struct Claims(Box<[Claim]>);
+
+/// One kept claim: its name and its value's bytes.
+type Claim = (Box<str>, Box<[u8]>);
 
 impl Claims {
     /// The key material of `map`, only of the claims named in `keep` (all of them when `None`).
