@@ -31,8 +31,8 @@ pub struct RawJwt {
     pub jwks_ca: Option<String>,
     /// The refresh interval when the response has no cache headers (default 5m).
     pub jwks_refresh: Option<String>,
-    /// Cache headers are clamped to at least this; also the least time between two fetches,
-    /// one an unknown `kid` asks for included (default 30s).
+    /// Cache headers are clamped to at least this; also the least time from a fetch to a
+    /// refetch an unknown `kid` asks for (default 30s).
     pub jwks_refresh_min: Option<String>,
     /// ...and to at most this (default 1h).
     pub jwks_refresh_max: Option<String>,

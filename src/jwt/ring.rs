@@ -42,7 +42,7 @@ pub struct UrlSource {
     /// `jwks_refresh`: the refresh interval of a response without cache headers.
     pub refresh: Duration,
     /// `jwks_refresh_min` / `jwks_refresh_max`: cache headers are clamped to these; `min` is
-    /// also the least time between two fetches (one an unknown `kid` asked for included).
+    /// also the least time from a fetch's start to a refetch an unknown `kid` asks for.
     pub min: Duration,
     pub max: Duration,
     /// `jwks_timeout`: one fetch, connect to last body byte.
