@@ -17,7 +17,8 @@
 #           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh);
 #           access_log (the memory row with the access log on, every request to a file, against
 #           off; see bench/access_log.sh); tracing (the memory row with OpenTelemetry tracing at
-#           100% sampling to an OTLP receiver, against off; see bench/tracing.sh).
+#           100% sampling to an OTLP receiver, against off; see bench/tracing.sh); jwt (RS256-keyed
+#           requests with the cache of verified tokens against without; see bench/jwt.sh).
 # --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
 # of a plain `cargo build --release`.
 #
@@ -35,7 +36,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls access_log tracing)
+SECTIONS_ALL=(memory redis tls flood rls access_log tracing jwt)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -55,10 +56,11 @@ MAX_OTHERS=${BENCH_MAX_OTHERS:-3}  # % of one core others may use during a run b
 RETRIES=${BENCH_RETRIES:-3}
 SLICES=${BENCH_SLICES:-5}          # memory section: alternating slices per round and target
 TICKS=$(getconf CLK_TCK)
+WRK_ARGS=()                        # extra wrk arguments of run_pair's runs (the jwt section's token)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -392,7 +394,8 @@ run_pair() {
     local i
     for i in 0 1; do
         check_ok "${urls[$i]}" "${names[$i]}"
-        pin "$WRK_CPU" "$WRK" -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${WARMUP}s" "${urls[$i]}" >/dev/null
+        pin "$WRK_CPU" "$WRK" ${WRK_ARGS[@]+"${WRK_ARGS[@]}"} -t"$WRK_THREADS" -c"$CONNECTIONS" \
+            -d"${WARMUP}s" "${urls[$i]}" >/dev/null
     done
     local raw="$OUT/raw/round$ROUND-${names[0]}+${names[1]}" attempt best_others=-1 others
     local a0 o0 a1 o1 busy load k t0 t1 cpu_ticks=(0 0) best_cpu=(- -)
@@ -405,7 +408,7 @@ run_pair() {
             for i in $( ((k % 2)) && echo 0 1 || echo 1 0); do
                 t0=$(pid_ticks "${pids[$i]}")
                 WRK_HISTOGRAM="$raw.try/${names[$i]}.$k.hist" pin "$WRK_CPU" "$WRK" \
-                    -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${slice}s" --latency \
+                    ${WRK_ARGS[@]+"${WRK_ARGS[@]}"} -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${slice}s" --latency \
                     -s "$BENCH_DIR/wrk_histogram.lua" "${urls[$i]}" >"$raw.try/${names[$i]}.$k.txt"
                 t1=$(pid_ticks "${pids[$i]}")
                 cpu_ticks[i]=$((cpu_ticks[i] + t1 - t0))
@@ -537,6 +540,8 @@ source "$BENCH_DIR/rls.sh"
 source "$BENCH_DIR/access_log.sh"
 # shellcheck source=bench/tracing.sh
 source "$BENCH_DIR/tracing.sh"
+# shellcheck source=bench/jwt.sh
+source "$BENCH_DIR/jwt.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {

@@ -148,7 +148,7 @@ async fn admit_with<'l>(
             Some(Err(_)) | None => None,
         };
     }
-    let claims = verified.as_ref();
+    let claims = verified.as_deref();
     // Per-key overrides: a local copy, never a store call (`crate::overrides`). Declared before
     // the checks that borrow from it, so it outlives them.
     let overrides = state.overrides.active();

@@ -369,10 +369,13 @@ fn jwt_claims_are_bounded_and_absent_without_verified_claims() {
         body: None,
         client_cert: None,
     };
-    let claims: crate::jwt::Claims = serde_json::from_value(serde_json::json!({
-        "sub": "a|b{c}", "tenant": 42, "long": "x".repeat(MAX_KEY_VALUE_BYTES + 1), "roles": ["x"]
-    }))
-    .unwrap();
+    let claims = crate::jwt::Claims::from_map(
+        &serde_json::from_value(serde_json::json!({
+            "sub": "a|b{c}", "tenant": 42, "long": "x".repeat(MAX_KEY_VALUE_BYTES + 1), "roles": ["x"]
+        }))
+        .unwrap(),
+        None,
+    );
     let key = |parts: &[&str], claims: Option<&crate::jwt::Claims>| {
         let parts: Vec<KeyPart> = parts.iter().map(|p| KeyPart::Jwt((*p).into())).collect();
         let mut out = String::new();

@@ -27,8 +27,9 @@
 //! - below it, pure modules: [`units`] (durations, rates, sizes as written), [`normalize`] (every
 //!   request rewritten into one canonical spelling, path and host, before anything reads it),
 //!   [`route`] and [`keys`] (which route a request belongs to and which counters it touches, as
-//!   pure functions compiled at load), [`jwt`] (bearer tokens verified, keys loaded once per
-//!   config load, before a claim becomes a key part), [`rate_limit_headers`] (a route's
+//!   pure functions compiled at load), [`jwt`] (bearer tokens verified before a claim becomes a
+//!   key part, against a key set swapped whole: key files watched, `jwks_url` fetched in the
+//!   background; a cache of verified tokens), [`rate_limit_headers`] (a route's
 //!   rate-limit fields: the plan compiled with the config and its writer), [`usage`] (token
 //!   usage read from LLM response bodies and event streams as they go by, and the request
 //!   body's bound on a reservation);

@@ -39,6 +39,8 @@ pub struct Families {
     config_reloads: IntCounterVec,
     door_checks: IntCounterVec,
     jwt_tokens: IntCounterVec,
+    /// The JWT key sources' and token cache's series (`crate::jwt::KeyMetrics`).
+    jwt_keys: crate::jwt::KeyMetrics,
     deny_cache_hits: IntCounterVec,
     rls: rls::RlsMetricVecs,
     rlqs: rlqs::RlqsMetricVecs,
@@ -652,6 +654,15 @@ impl Metrics {
                 "Units admitted requests charged to calendar quota policies, all keys together.",
                 &["route", "policy"],
             ),
+            jwt_keys: {
+                let keys = crate::jwt::KeyMetrics::new();
+                for collector in keys.collectors() {
+                    registry
+                        .register(collector)
+                        .unwrap_or_else(|e| panic!("jwt metrics: {e}"));
+                }
+                keys
+            },
             registry,
         };
         let build_info = IntGaugeVec::new(
@@ -763,6 +774,11 @@ impl Metrics {
 
     pub fn store_error(&self, store: &str, kind: &str) -> IntCounter {
         self.store_errors.with_label_values(&[store, kind])
+    }
+
+    /// The series of the JWT key sources and the token cache, shared by every key ring.
+    pub fn jwt_keys(&self) -> &crate::jwt::KeyMetrics {
+        &self.jwt_keys
     }
 
     pub fn record_reload(&self, ok: bool) {

@@ -234,7 +234,7 @@ pub async fn answer<B>(
     }
     let mut keys = Vec::with_capacity(route.policies.len());
     for policy in &route.policies {
-        match policy.counter_key(&view, claims.as_ref()) {
+        match policy.counter_key(&view, claims.as_deref()) {
             Ok(key) => keys.push(key),
             Err(e) => return respond::bad_request(&e.to_string()),
         }

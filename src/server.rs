@@ -114,6 +114,17 @@ pub async fn start(
         }
         None => crate::otel::Tracing::off(),
     };
+    // Before any listener serves: the first requests are verified with the URL's keys. When the
+    // first fetch fails, serve anyway (docs/jwt.md, "When the first fetch fails").
+    if let Some(first) = activate_jwt(&snapshot, None, &metrics) {
+        if let Err(error) = first_fetch(first.await) {
+            tracing::error!(
+                %error,
+                "the first fetch of `jwt.jwks_url` failed: tokens signed with its keys are \
+                 refused as unverifiable until a fetch succeeds; retrying with backoff"
+            );
+        }
+    }
     let live = Live::attach(snapshot, &metrics);
     let mut state = AppState::new(live, engine, metrics);
     state.access_log = access_log;
@@ -243,6 +254,38 @@ async fn start_rlqs(
         }
     });
     Ok(Some(addr))
+}
+
+/// The `jwt:` verifier of a snapshot, when a route uses it (every route shares one).
+fn jwt_verifier(snapshot: &Snapshot) -> Option<&crate::jwt::Verifier> {
+    snapshot.routes.iter().find_map(|r| r.jwt.as_deref())
+}
+
+/// Puts `next`'s JWT keys to work: the running ring of `current` when the key sources are the
+/// same, else watches on the key files and fetches of `jwks_url` through the upstream connector
+/// (TCP, then TLS trusting the system's CAs or `jwks_ca`). Returns the first fetch to wait for.
+fn activate_jwt(
+    next: &Snapshot,
+    current: Option<&Snapshot>,
+    metrics: &Metrics,
+) -> Option<tokio::sync::oneshot::Receiver<Result<(), String>>> {
+    let verifier = jwt_verifier(next)?;
+    let previous = current.and_then(jwt_verifier);
+    verifier.activate(previous, metrics.jwt_keys(), |url| {
+        let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+        tcp.set_connect_timeout(Some(url.timeout));
+        let tls = crate::tls::UpstreamTls {
+            config: url.tls.clone(),
+        };
+        crate::tls::Connector::new(tcp, Some(&tls), url.timeout)
+    })
+}
+
+/// How a first fetch ended; a fetch task that ended without saying is a failure too.
+fn first_fetch(
+    outcome: Result<Result<(), String>, tokio::sync::oneshot::error::RecvError>,
+) -> Result<(), String> {
+    outcome.unwrap_or_else(|_| Err("the fetch task ended".into()))
 }
 
 /// Binds the HTTPS listener that `listen_tls:` names (read once, at start: a reload that changes
@@ -426,6 +469,23 @@ fn swap_in(state: &AppState, source: &std::path::Path) -> Result<Vec<&'static st
             setting,
             "changed by the reload; it takes effect at the next restart"
         );
+    }
+    // Sources unchanged: the running keys and their tasks carry over. A new URL is fetched
+    // before the swap (bounded by `jwks_timeout`; the old config serves meanwhile), and a reload
+    // whose new URL gives no keys fails: the running config, keys included, stays.
+    if let Some(first) = activate_jwt(&next, Some(&current.config), &state.metrics) {
+        if let Err(error) = first_fetch(first.blocking_recv()) {
+            let text = std::fs::read_to_string(source).unwrap_or_default();
+            let at = config::locate::Positions::index(&text).find("jwt.jwks_url");
+            let (line, column) = at.map_or((1, 1), |p| (p.line, p.column));
+            return Err(ConfigErrors(vec![config::ConfigError::at(
+                source,
+                line,
+                column,
+                "jwt.jwks_url".into(),
+                format!("the first fetch failed, so the running keys stay: {error}"),
+            )]));
+        }
     }
     let live = Arc::new(Live::attach(next, &state.metrics));
     {

@@ -1,14 +1,19 @@
 //! The `jwt:` block: from YAML to a [`Verifier`], reading the secret and the JWKS file once per
-//! config load or reload (a bad file fails the reload; the old config keeps serving).
+//! config load or reload (a bad file fails the reload; the old config keeps serving). The URL is
+//! not fetched here: `turnstile check` reads files only; the runtime fetches it
+//! ([`Verifier::activate`]).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
-use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, DecodingKeyKind, Validation};
+use jsonwebtoken::{Algorithm, AlgorithmFamily, Validation};
 use serde::Deserialize;
 
-use super::{PublicKey, Verifier};
+use super::keys::{parse_jwks, secret_key, Key, Strictness};
+use super::ring::{KeyRing, Loaded, Sources, UrlSource};
+use super::Verifier;
 
 /// `jwt:` as written in `policies.yaml`.
 #[derive(Debug, Default, Deserialize)]
@@ -20,6 +25,22 @@ pub struct RawJwt {
     pub hs256_secret_env: Option<String>,
     /// A JSON Web Key Set (RFC 7517 §5) of public keys, picked by the token's `kid`.
     pub jwks_file: Option<String>,
+    /// An `https://` URL serving a JWK Set, fetched in the background and refreshed.
+    pub jwks_url: Option<String>,
+    /// The CAs (PEM) that `jwks_url`'s certificate must chain to (default: the system's).
+    pub jwks_ca: Option<String>,
+    /// The refresh interval when the response has no cache headers (default 5m).
+    pub jwks_refresh: Option<String>,
+    /// Cache headers are clamped to at least this; also the least time from a fetch to a
+    /// refetch an unknown `kid` asks for (default 30s).
+    pub jwks_refresh_min: Option<String>,
+    /// ...and to at most this (default 1h).
+    pub jwks_refresh_max: Option<String>,
+    /// One fetch's bound, connect to last byte (default 5s).
+    pub jwks_timeout: Option<String>,
+    /// Verified tokens kept, so a repeated token skips its signature check (default 10000; 0:
+    /// off).
+    pub token_cache: Option<u64>,
     /// Accepted `iss` values; when set, a token must carry one of them.
     pub issuer: Option<OneOrMany>,
     /// Accepted `aud` values; when set, a token must name one of them.
@@ -47,17 +68,49 @@ impl OneOrMany {
     }
 }
 
-/// RFC 7518 §3.2: an HMAC key must be at least as long as the hash output.
-const MIN_SECRET_BYTES: usize = 32;
-
 /// A longer leeway would let expired tokens keep naming buckets for too long.
 const MAX_LEEWAY_S: u64 = 300;
 
+/// `token_cache` when not given.
+pub const DEFAULT_TOKEN_CACHE: u64 = 10_000;
+/// The most `token_cache` may be: at the bound per entry of [`super::cache::ENTRY_BYTES`] and
+/// the claims, about 1 GiB.
+const MAX_TOKEN_CACHE: u64 = 1_000_000;
+
 type Errors = Vec<(String, String)>;
 
-/// Validates `raw` and loads its keys; relative file names are relative to the config file's
-/// directory (`source`). Errors carry their field path (`jwt.jwks_file`).
+/// Builds the TLS client config for `jwks_url` from `jwks_ca` (the config layer lends
+/// `crate::tls`'s upstream client code); its error says why.
+pub type TlsBuilder<'a> = &'a dyn Fn(Option<&Path>) -> Result<Arc<rustls::ClientConfig>, String>;
+
+/// What the rest of the config tells the `jwt:` block.
+pub struct Context<'a> {
+    /// The claims the policies read (`jwt:CLAIM` key parts): only these are kept per token.
+    /// `None` keeps every claim.
+    pub claims: Option<Vec<Box<str>>>,
+    pub tls: TlsBuilder<'a>,
+}
+
+/// [`compile_with`] with every claim kept and no TLS (so no `jwks_url`): for tests.
 pub fn compile(raw: &RawJwt, source: &Path) -> Result<Verifier, Errors> {
+    let no_tls = |_: Option<&Path>| Err("no TLS client in this context".to_string());
+    compile_with(
+        raw,
+        source,
+        &Context {
+            claims: None,
+            tls: &no_tls,
+        },
+    )
+}
+
+/// Validates `raw` and loads its files' keys; relative file names are relative to the config
+/// file's directory (`source`). Errors carry their field path (`jwt.jwks_file`).
+pub fn compile_with(
+    raw: &RawJwt,
+    source: &Path,
+    context: &Context<'_>,
+) -> Result<Verifier, Errors> {
     let mut errors = Errors::new();
     let file = |name: &str| -> PathBuf {
         match source.parent() {
@@ -65,6 +118,7 @@ pub fn compile(raw: &RawJwt, source: &Path) -> Result<Verifier, Errors> {
             None => PathBuf::from(name),
         }
     };
+    let mut secret_seen = None;
     let hmac = match (&raw.hs256_secret_file, &raw.hs256_secret_env) {
         (Some(_), Some(_)) => {
             errors.push((
@@ -77,37 +131,57 @@ pub fn compile(raw: &RawJwt, source: &Path) -> Result<Verifier, Errors> {
             let path = file(name);
             let secret =
                 std::fs::read(&path).map_err(|e| format!("cannot read `{}`: {e}", path.display()));
-            secret_key(&mut errors, "jwt.hs256_secret_file", secret)
+            secret_seen = secret.as_deref().ok().map(crate::watch::digest);
+            secret_or_error(&mut errors, "jwt.hs256_secret_file", secret)
         }
         (None, Some(var)) => {
             let secret = std::env::var_os(var)
                 .map(|v| v.into_encoded_bytes())
                 .ok_or_else(|| format!("the environment variable `{var}` is not set"));
-            secret_key(&mut errors, "jwt.hs256_secret_env", secret)
+            secret_or_error(&mut errors, "jwt.hs256_secret_env", secret)
         }
         (None, None) => None,
     };
+    let mut jwks_seen = None;
     let jwks = match &raw.jwks_file {
         Some(name) => {
             let path = file(name);
-            jwks(&path)
+            let read = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read `{}`: {e}", path.display()));
+            jwks_seen = read
+                .as_deref()
+                .ok()
+                .map(|t| crate::watch::digest(t.as_bytes()));
+            read.and_then(|text| parse_jwks(&text, &path.display().to_string(), Strictness::Refuse))
                 .map_err(|m| errors.push(("jwt.jwks_file".into(), m)))
                 .unwrap_or_default()
         }
         None => Vec::new(),
     };
+    let jwks_url = url_source(&mut errors, raw, &file, context);
     let (hmac_set, jwks_set) = (
         raw.hs256_secret_file.is_some() || raw.hs256_secret_env.is_some(),
-        raw.jwks_file.is_some(),
+        raw.jwks_file.is_some() || raw.jwks_url.is_some(),
     );
     if !hmac_set && !jwks_set {
         errors.push((
             "jwt".into(),
             "needs keys: `hs256_secret_file: FILE` or `hs256_secret_env: NAME` (HMAC), \
-             `jwks_file: FILE` (RS256, ES256), or both"
+             `jwks_file: FILE` or `jwks_url: URL` (RS256, ES256), or both"
                 .into(),
         ));
     }
+    let token_cache = match raw.token_cache {
+        None => DEFAULT_TOKEN_CACHE,
+        Some(n) if n <= MAX_TOKEN_CACHE => n,
+        Some(_) => {
+            errors.push((
+                "jwt.token_cache".into(),
+                format!("at most {MAX_TOKEN_CACHE} entries (0 turns the cache off)"),
+            ));
+            0
+        }
+    };
 
     let leeway = match raw.leeway.as_deref() {
         None => 30,
@@ -160,7 +234,7 @@ pub fn compile(raw: &RawJwt, source: &Path) -> Result<Verifier, Errors> {
                         format!("`{name}` needs `hs256_secret_file` or `hs256_secret_env`"),
                     ));
                 } else if !hmac_alg && !jwks_set {
-                    errors.push((path, format!("`{name}` needs `jwks_file`")));
+                    errors.push((path, format!("`{name}` needs `jwks_file` or `jwks_url`")));
                 } else if !algorithms.contains(&alg) {
                     algorithms.push(alg);
                 }
@@ -207,127 +281,166 @@ pub fn compile(raw: &RawJwt, source: &Path) -> Result<Verifier, Errors> {
         .collect();
 
     if errors.is_empty() {
-        Ok(Verifier {
+        let sources = Sources {
+            hs256_secret_file: raw.hs256_secret_file.as_deref().map(file),
+            hs256_secret_env: raw.hs256_secret_env.clone(),
+            jwks_file: raw.jwks_file.as_deref().map(file),
+            jwks_url,
+        };
+        let loaded = Loaded {
             hmac,
-            jwks,
+            file: jwks,
+            secret_seen,
+            jwks_seen,
+        };
+        Ok(Verifier {
             validations,
+            leeway,
+            keep: context.claims.clone().map(Vec::into_boxed_slice),
+            cache: super::cache::TokenCache::new(token_cache as usize),
+            ring: Arc::new(KeyRing::new(sources, loaded)),
+            carried: OnceLock::new(),
         })
     } else {
         Err(errors)
     }
 }
 
-/// The HMAC key, at least [`MIN_SECRET_BYTES`] long once one trailing newline is removed.
-fn secret_key(
+fn secret_or_error(
     errors: &mut Errors,
     path: &str,
     secret: Result<Vec<u8>, String>,
-) -> Option<DecodingKey> {
-    let mut secret = secret.map_err(|m| errors.push((path.into(), m))).ok()?;
-    if secret.ends_with(b"\n") {
-        secret.pop();
-        if secret.ends_with(b"\r") {
-            secret.pop();
+) -> Option<Key> {
+    secret
+        .and_then(secret_key)
+        .map_err(|m| errors.push((path.into(), m)))
+        .ok()
+}
+
+/// The least `jwks_refresh_min`: a smaller one would let a flood of unknown kids hammer the
+/// identity provider.
+const MIN_REFRESH_FLOOR: Duration = Duration::from_millis(100);
+
+/// `jwks_url` and its settings, validated; the TLS client config built from `jwks_ca`.
+fn url_source(
+    errors: &mut Errors,
+    raw: &RawJwt,
+    file: &dyn Fn(&str) -> PathBuf,
+    context: &Context<'_>,
+) -> Option<UrlSource> {
+    let settings = [
+        ("jwks_ca", raw.jwks_ca.is_some()),
+        ("jwks_refresh", raw.jwks_refresh.is_some()),
+        ("jwks_refresh_min", raw.jwks_refresh_min.is_some()),
+        ("jwks_refresh_max", raw.jwks_refresh_max.is_some()),
+        ("jwks_timeout", raw.jwks_timeout.is_some()),
+    ];
+    let Some(text) = &raw.jwks_url else {
+        for (name, _) in settings.iter().filter(|(_, set)| *set) {
+            errors.push((format!("jwt.{name}"), "needs `jwks_url`".into()));
         }
-    }
-    if secret.len() < MIN_SECRET_BYTES {
+        return None;
+    };
+    let before = errors.len();
+    let url = match text.parse::<http::Uri>() {
+        Ok(url)
+            if url.scheme_str() == Some("https") && url.host().is_some_and(|h| !h.is_empty()) =>
+        {
+            Some(url)
+        }
+        Ok(_) => {
+            errors.push((
+                "jwt.jwks_url".into(),
+                format!(
+                    "`{text}`: must be an `https://` URL: keys fetched in the clear could be \
+                     replaced on the way"
+                ),
+            ));
+            None
+        }
+        Err(e) => {
+            errors.push(("jwt.jwks_url".into(), format!("`{text}` is not a URL: {e}")));
+            None
+        }
+    };
+    let mut duration = |name: &str, value: &Option<String>, default: Duration| match value {
+        None => default,
+        Some(text) => match crate::units::parse_duration(text) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                errors.push((format!("jwt.{name}"), "must be more than 0s".into()));
+                default
+            }
+            Err(e) => {
+                errors.push((format!("jwt.{name}"), e));
+                default
+            }
+        },
+    };
+    let refresh = duration("jwks_refresh", &raw.jwks_refresh, Duration::from_secs(300));
+    let min = duration(
+        "jwks_refresh_min",
+        &raw.jwks_refresh_min,
+        Duration::from_secs(30),
+    );
+    let max = duration(
+        "jwks_refresh_max",
+        &raw.jwks_refresh_max,
+        Duration::from_secs(3600),
+    );
+    let timeout = duration("jwks_timeout", &raw.jwks_timeout, Duration::from_secs(5));
+    if min < MIN_REFRESH_FLOOR {
         errors.push((
-            path.into(),
-            format!(
-                "the secret is {} bytes; HS256 needs at least {MIN_SECRET_BYTES} (RFC 7518 §3.2)",
-                secret.len()
-            ),
+            "jwt.jwks_refresh_min".into(),
+            format!("must be at least {}ms", MIN_REFRESH_FLOOR.as_millis()),
         ));
+    }
+    if max < min {
+        errors.push((
+            "jwt.jwks_refresh_max".into(),
+            "must be at least `jwks_refresh_min`".into(),
+        ));
+    }
+    if !(min..=max).contains(&refresh) {
+        errors.push((
+            "jwt.jwks_refresh".into(),
+            "must lie between `jwks_refresh_min` and `jwks_refresh_max`".into(),
+        ));
+    }
+    let ca = raw.jwks_ca.as_deref().map(file);
+    let ca_seen = match &ca {
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) => Some((path.clone(), crate::watch::digest(&bytes))),
+            Err(e) => {
+                errors.push((
+                    "jwt.jwks_ca".into(),
+                    format!("cannot read `{}`: {e}", path.display()),
+                ));
+                None
+            }
+        },
+        None => None,
+    };
+    if errors.len() > before {
         return None;
     }
-    Some(DecodingKey::from_secret(&secret))
-}
-
-/// RFC 7518 §3.3: RSA keys of 2048 bits or more; an EC point of its curve's size (a truncated
-/// key would otherwise load and then fail every token).
-fn check_size(key: &DecodingKey, algorithms: &[Algorithm]) -> Result<(), String> {
-    match key.kind() {
-        DecodingKeyKind::RsaModulusExponent { n, .. } => {
-            let bits = n.iter().skip_while(|b| **b == 0).count() * 8;
-            if bits < 2048 {
-                return Err(format!(
-                    "an RSA modulus of about {bits} bits; at least 2048 are required (RFC 7518 §3.3)"
-                ));
-            }
-        }
-        DecodingKeyKind::SecretOrDer(point) => {
-            let expected = if algorithms.contains(&Algorithm::ES256) {
-                Some((65, "32 bytes each for P-256"))
-            } else if algorithms.contains(&Algorithm::ES384) {
-                Some((97, "48 bytes each for P-384"))
+    let tls = (context.tls)(ca.as_deref())
+        .map_err(|m| {
+            let field = if ca.is_some() {
+                "jwt.jwks_ca"
             } else {
-                None
+                "jwt.jwks_url"
             };
-            if let Some((len, what)) = expected.filter(|(len, _)| point.len() != *len) {
-                return Err(format!("`x` and `y` must be {what} (a {len}-byte point)"));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The signing keys of a JWKS file. Encryption keys (`use: enc`) are skipped; a symmetric key
-/// (`kty: oct`) is refused, since this file is meant to hold public keys only.
-fn jwks(path: &Path) -> Result<Vec<PublicKey>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let set: JwkSet = serde_json::from_str(&text)
-        .map_err(|e| format!("`{}` is not a JWK Set: {e}", path.display()))?;
-    let at = |i: usize, m: &str| format!("`{}`: keys[{i}]: {m}", path.display());
-    let mut keys = Vec::new();
-    for (i, jwk) in set.keys.iter().enumerate() {
-        if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
-            continue;
-        }
-        let by_type: &[Algorithm] =
-            match &jwk.algorithm {
-                AlgorithmParameters::RSA(_) => AlgorithmFamily::Rsa.algorithms(),
-                AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
-                    EllipticCurve::P256 => &[Algorithm::ES256],
-                    EllipticCurve::P384 => &[Algorithm::ES384],
-                    _ => return Err(at(i, "only the P-256 and P-384 curves are supported")),
-                },
-                AlgorithmParameters::OctetKeyPair(_) => AlgorithmFamily::Ed.algorithms(),
-                AlgorithmParameters::OctetKey(_) => return Err(at(
-                    i,
-                    "a symmetric (`oct`) key: put an HMAC secret in `hs256_secret_file` instead",
-                )),
-                _ => return Err(at(i, "an unsupported key type")),
-            };
-        let algorithms = match jwk.common.key_algorithm {
-            None => by_type.to_vec(),
-            Some(named) => match Algorithm::try_from(named) {
-                Ok(alg) if by_type.contains(&alg) => vec![alg],
-                _ => return Err(at(i, &format!("`alg: {named}` does not fit its key type"))),
-            },
-        };
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| at(i, &e.to_string()))?;
-        check_size(&key, by_type).map_err(|m| at(i, &m))?;
-        keys.push(PublicKey {
-            kid: jwk.common.key_id.clone(),
-            algorithms,
-            key,
-        });
-    }
-    if keys.is_empty() {
-        return Err(format!("`{}` holds no signing keys", path.display()));
-    }
-    if keys.len() > 1 {
-        let signing = |k: &&jsonwebtoken::jwk::Jwk| {
-            !matches!(k.common.public_key_use, Some(PublicKeyUse::Encryption))
-        };
-        if let Some(i) = set
-            .keys
-            .iter()
-            .position(|k| signing(&k) && k.common.key_id.is_none())
-        {
-            return Err(at(i, "has no `kid`: with several keys, each needs one"));
-        }
-    }
-    Ok(keys)
+            errors.push((field.into(), m));
+        })
+        .ok()?;
+    Some(UrlSource {
+        url: url?,
+        ca: ca_seen,
+        refresh,
+        min,
+        max,
+        timeout,
+        tls,
+    })
 }

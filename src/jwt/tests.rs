@@ -50,7 +50,7 @@ fn a_valid_token_yields_its_claims_and_every_tampering_is_invalid() {
         json!({"sub": "alice", "exp": now() + 600}),
     );
     let claims = v.verify(&bearer(&format!("Bearer {token}"))).unwrap();
-    assert_eq!(claims["sub"], "alice");
+    assert_eq!(claims.get("sub"), Some(&b"alice"[..]));
     // The scheme is case-insensitive (RFC 9110 §11.1).
     assert!(v.verify(&bearer(&format!("bearer {token}"))).is_ok());
 
@@ -202,10 +202,14 @@ fn issuer_and_audience_are_required_once_configured() {
 
 #[test]
 fn claims_become_key_material_only_as_strings_and_numbers() {
-    let claims: Claims = serde_json::from_value(json!({
+    let map = serde_json::from_value(json!({
         "sub": "alice", "n": 42, "f": 1.5, "b": true, "o": {"a": 1}, "a": [1], "z": null
     }))
     .unwrap();
+    let claims = Claims::from_map(&map, None);
+    // Only the claims the policies read are kept.
+    let kept = Claims::from_map(&map, Some(&["n".into(), "o".into()]));
+    assert_eq!(kept, Claims(Box::new([("n".into(), b"42"[..].into())])));
     let text =
         |name| claim_value(&claims, name).map(|v| String::from_utf8(v.into_owned()).unwrap());
     assert_eq!(text("sub").as_deref(), Some("alice"));
@@ -321,5 +325,59 @@ fn jwks_files_that_are_refused_at_load() {
         &dir.path().join("policies.yaml"),
     )
     .unwrap();
-    assert_eq!(v.jwks.len(), 2);
+    assert_eq!(v.ring().set().jwks.len(), 2);
+}
+
+/// The cache answers only for the very bytes that verified, and only while the key that verified
+/// them is in force: a rotated secret ends its tokens at once, cached or not.
+#[test]
+fn a_cached_token_ends_with_its_key_and_a_forgery_never_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.key");
+    std::fs::write(&secret, SECRET).unwrap();
+    let v = compile(
+        &RawJwt {
+            hs256_secret_file: Some("secret.key".into()),
+            ..RawJwt::default()
+        },
+        &dir.path().join("policies.yaml"),
+    )
+    .unwrap();
+    let cache = v.cache.as_ref().expect("on by default");
+    let token = sign(
+        Algorithm::HS256,
+        SECRET,
+        json!({"sub": "alice", "exp": now() + 600}),
+    );
+    for _ in 0..3 {
+        assert!(v.verify(&bearer(&format!("Bearer {token}"))).is_ok());
+    }
+    assert_eq!(cache.len(), 1, "one token, one entry");
+    // The same header and payload under another signature: a miss, then a failed check.
+    let (signed, signature) = token.rsplit_once('.').unwrap();
+    let mut forged_sig = signature.as_bytes().to_vec();
+    forged_sig[0] = if forged_sig[0] == b'A' { b'B' } else { b'A' };
+    let forged = format!("{signed}.{}", String::from_utf8(forged_sig).unwrap());
+    assert_eq!(
+        v.verify(&bearer(&format!("Bearer {forged}"))),
+        Err(Rejected::Invalid)
+    );
+    assert_eq!(cache.len(), 1, "a forgery is never kept");
+
+    std::fs::write(&secret, "another secret, just as long as ours").unwrap();
+    v.ring().reread(ring::Source::SecretFile, &secret);
+    assert_eq!(
+        v.verify(&bearer(&format!("Bearer {token}"))),
+        Err(Rejected::Invalid),
+        "the cached token outlived its key"
+    );
+    // A bad new file keeps the keys in force.
+    let new = sign(
+        Algorithm::HS256,
+        "another secret, just as long as ours",
+        json!({"sub": "bob", "exp": now() + 600}),
+    );
+    std::fs::write(&secret, "short").unwrap();
+    v.ring().reread(ring::Source::SecretFile, &secret);
+    assert!(v.verify(&bearer(&format!("Bearer {new}"))).is_ok());
 }

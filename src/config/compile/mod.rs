@@ -125,7 +125,30 @@ pub fn compile(
     let mut server = server_settings(e, &raw.server);
     // Keys are read here, once per load or reload, never per request.
     let jwt = raw.jwt.as_ref().and_then(|j| {
-        crate::jwt::config::compile(j, source)
+        // Only the claims a policy reads are kept per token (and in the token cache).
+        let mut claims: Vec<Box<str>> = (raw.routes.iter())
+            .flat_map(|r| &r.policies)
+            .flat_map(|p| &p.key)
+            .filter_map(|k| k.strip_prefix("jwt:"))
+            .map(Into::into)
+            .collect();
+        claims.sort();
+        claims.dedup();
+        // `jwks_url` is trusted as an `https://` upstream is: the system's CAs or `jwks_ca`.
+        let tls = |ca: Option<&std::path::Path>| {
+            crate::tls::client::UpstreamTls::new(crate::tls::client::Options {
+                ca,
+                client_cert: None,
+                verify: true,
+            })
+            .map(|t| t.config)
+            .map_err(|(_, m)| m)
+        };
+        let context = crate::jwt::config::Context {
+            claims: Some(claims),
+            tls: &tls,
+        };
+        crate::jwt::config::compile_with(j, source, &context)
             .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
             .ok()
             .map(Arc::new)
