@@ -33,6 +33,8 @@
 # the multi-threaded servers (Envoy, Traefik) serve more requests in the window, so that their
 # background timers weigh less in the count. Traefik runs with GODEBUG=asyncpreemptoff=1: Go's
 # preemption signals otherwise stop callgrind on an assertion.
+# After the load, the same window is counted with no load (CALLGRIND_IDLE=0: not): the "net"
+# figure is (load - idle) / requests, the request's own cost without the server's timers.
 # Writes bench/out/callgrind/<target>-<stamp>.out (open with callgrind_annotate).
 set -euo pipefail
 
@@ -264,12 +266,31 @@ done
 grep -q '^totals:' "$WORK/callgrind.out.1" 2>/dev/null ||
     { echo "error: callgrind wrote no profile within $START_WAIT s of the dump request" >&2; exit 1; }
 mv "$WORK/callgrind.out.1" "$CG_OUT"
+# The same window with no load: a server's own timers, stats flushes and garbage collector, which
+# a slow server under valgrind serves few requests against. Subtracted in the net figure.
+IDLE_IR=0
+if (( ${CALLGRIND_IDLE:-1} )); then
+    callgrind_control -i on "$VG_PID" >/dev/null 2>&1
+    sleep "$SECONDS_LOAD"
+    callgrind_control -i off "$VG_PID" >/dev/null 2>&1
+    callgrind_control -d "$VG_PID" >/dev/null 2>&1
+    deadline=$((SECONDS + START_WAIT))
+    while (( SECONDS < deadline )); do
+        grep -q '^totals:' "$WORK/callgrind.out.2" 2>/dev/null && break
+        sleep 0.2
+    done
+    IDLE_IR=$(awk '/^totals:/ {print $2}' "$WORK/callgrind.out.2" 2>/dev/null || echo 0)
+fi
 kill "$VG_PID" 2>/dev/null || true
 
 REQUESTS=$(awk '/requests in/ {print $1}' "$WORK/wrk.txt")
 NON2XX=$(awk '/Non-2xx/ {print $NF}' "$WORK/wrk.txt")
 IR=$(awk '/^totals:/ {print $2}' "$CG_OUT")
 echo "$TARGET: $REQUESTS requests (non-2xx: ${NON2XX:-0}), $IR instructions, $((IR / REQUESTS)) Ir/request"
+if (( ${CALLGRIND_IDLE:-1} )); then
+    echo "$TARGET: idle for the same ${SECONDS_LOAD}s: ${IDLE_IR:-0} instructions;" \
+        "net $(( (IR - ${IDLE_IR:-0}) / REQUESTS )) Ir/request"
+fi
 if (( ${#CACHE[@]} )); then
     # The totals line follows the events line's order: Ir Dr Dw I1mr ...
     I1MR=$(awk '/^totals:/ {print $5}' "$CG_OUT")
