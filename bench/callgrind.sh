@@ -28,11 +28,12 @@
 # a template with "redis" in its name (turnstile-redis.yaml.tmpl, turnstile-flood-redis.yaml.tmpl)
 # gets a throwaway redis-server on a free port (CALLGRIND_REDIS_POOL connections, default 4). Only
 # Turnstile's instructions are counted, not Redis's.
-# Servers under valgrind start slowly (Envoy: a minute or more); CALLGRIND_START_WAIT (seconds,
-# default 300) bounds the wait. CALLGRIND_VG_ARGS adds valgrind options: `--fair-sched=yes` lets
-# the multi-threaded servers (Envoy, Traefik) serve more requests in the window, so that their
-# background timers weigh less in the count. Traefik runs with GODEBUG=asyncpreemptoff=1: Go's
-# preemption signals otherwise stop callgrind on an assertion.
+# CALLGRIND_WARMUP: seconds of load before the count (default 2; Envoy under valgrind needs more
+# to open its upstream connections). Servers under valgrind start slowly (Envoy: a minute or
+# more); CALLGRIND_START_WAIT (seconds, default 300) bounds the wait. CALLGRIND_VG_ARGS adds
+# valgrind options: `--fair-sched=yes` lets the multi-threaded servers (Envoy, Traefik) serve
+# more requests in the window. Traefik runs with GODEBUG=asyncpreemptoff=1: Go's preemption
+# signals otherwise stop callgrind on an assertion.
 # After the load, the same window is counted with no load (CALLGRIND_IDLE=0: not): the "net"
 # figure is (load - idle) / requests, the request's own cost without the server's timers.
 # Writes bench/out/callgrind/<target>-<stamp>.out (open with callgrind_annotate).
@@ -251,7 +252,7 @@ if [[ -z "${VG_PID:-}" ]]; then
 fi
 wait_http "http://127.0.0.1:$PORT/"
 # Warm the pools and caches, then count only the measured load.
-wrk -t1 -c"$CONNECTIONS" -d2s "http://127.0.0.1:$PORT/" >/dev/null
+wrk -t1 -c"$CONNECTIONS" -d"${CALLGRIND_WARMUP:-2}s" "http://127.0.0.1:$PORT/" >/dev/null
 callgrind_control -i on "$VG_PID" >/dev/null 2>&1
 wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_LOAD}s" "http://127.0.0.1:$PORT/" >"$WORK/wrk.txt"
 callgrind_control -i off "$VG_PID" >/dev/null 2>&1
@@ -261,10 +262,12 @@ callgrind_control -d "$VG_PID" >/dev/null 2>&1
 deadline=$((SECONDS + START_WAIT))
 while (( SECONDS < deadline )); do
     grep -q '^totals:' "$WORK/callgrind.out.1" 2>/dev/null && break
+    kill -0 "$VG_PID" 2>/dev/null || { sleep 1; break; }  # valgrind died (its log says why)
     sleep 0.2
 done
 grep -q '^totals:' "$WORK/callgrind.out.1" 2>/dev/null ||
-    { echo "error: callgrind wrote no profile within $START_WAIT s of the dump request" >&2; exit 1; }
+    { echo "error: callgrind wrote no profile (the server's log under valgrind:)" >&2
+      grep -v '^==' "$WORK/px/log" | head -5 >&2; exit 1; }
 mv "$WORK/callgrind.out.1" "$CG_OUT"
 # The same window with no load: a server's own timers, stats flushes and garbage collector, which
 # a slow server under valgrind serves few requests against. Subtracted in the net figure.
