@@ -216,6 +216,7 @@ peers_start() {
     local row=$1 side=$2 mode=$3 cpu=$CPU_PROXY
     [[ "$row" == nginx-w2 ]] && cpu=""
     RLS_PID=""
+    SIDE_NAME="$row's $side side"  # until it has started
     case "$row/$side" in
         nginx/turnstile|haproxy/turnstile|envoy/turnstile|traefik/turnstile)
             peers_start_turnstile "$mode" "$BENCH_DIR/turnstile-memory.yaml.tmpl" 1 "$cpu" || return 1
@@ -329,7 +330,7 @@ section_peers_setup() {
             peers_probe "$row" "$side" || { ok=0; break; }
         done
         if (( ! ok )); then
-            peers_not_measured "$row" "$SIDE_NAME failed its limiter check or did not start"
+            peers_not_measured "$row" "$SIDE_NAME did not start or failed its limiter check"
             continue
         fi
         PEERS_MEASURE+=("$row")
