@@ -14,7 +14,8 @@
 #           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh);
 #           flood (every request over its limit, on each store; see bench/flood.sh);
 #           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
-#           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh);
+#           as not measured without a built limitador-server: bench/limitador.sh's or
+#           LIMITADOR_BIN; see bench/rls.sh);
 #           access_log (the memory row with the access log on, every request to a file, against
 #           off; see bench/access_log.sh); tracing (the memory row with OpenTelemetry tracing at
 #           100% sampling to an OTLP receiver, against off; see bench/tracing.sh); peers (against
@@ -61,7 +62,7 @@ TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
