@@ -9,8 +9,8 @@
 # SDKs (PyPI; tests/llm), kubectl and kubernetes-validate (PyPI; the Kubernetes
 # manifests are rendered and validated offline) and nginx (the upstream of the normalisation tests,
 # and limit_req beside an imported config; tests/support/nginx.rs). None of them may be running
-# already; none is left running afterwards. ngx_lua, wrk and redis-benchmark are installed too,
-# for bench/.
+# already; none is left running afterwards. ngx_lua, wrk, redis-benchmark and haproxy are installed
+# too, for bench/.
 #
 #   ./test.sh                 # install what is missing, then fmt, clippy and cargo test
 #   ./test.sh --no-install    # only check that the tools are there
@@ -37,6 +37,7 @@ declare -A debs=(
   [openssl]=openssl         # the rediss:// and TLS tests make their own CA
   [curl]=curl               # the TLS listener's h2-by-ALPN test
   [chromium]=chromium       # the status page's test in a real browser (headless, DevTools protocol)
+  [haproxy]=haproxy         # bench/peers.sh only: the HAProxy stick-table peer (a 2 MB package)
 )
 missing=()
 for cmd in "${!debs[@]}"; do

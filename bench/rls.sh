@@ -1,8 +1,8 @@
 # bench/run.sh section "rls": Turnstile's Envoy rate limit service against
 # Kuadrant's Limitador, in decisions per CPU-second of the server (target >= 2x). Sourced by run.sh.
 #
-# Needs a built limitador-server in LIMITADOR_BIN; without one the row is printed as NOT MEASURED
-# and nothing runs. docs/benchmarks.md says how to build one.
+# Needs a built limitador-server: LIMITADOR_BIN, or the one bench/limitador.sh built and cached;
+# without one the row is printed as NOT MEASURED and nothing runs.
 #
 # Every round, for each store (memory, then Redis: the same fresh redis-server, FLUSHALL before each
 # server starts) and each thread count, Turnstile and Limitador run one after the other (which goes
@@ -174,9 +174,13 @@ run_rls() {
 }
 
 section_rls_setup() {
+    if [[ -z "${LIMITADOR_BIN:-}" ]]; then
+        # The binary bench/limitador.sh built and cached, if it did.
+        LIMITADOR_BIN=$("$BENCH_DIR/limitador.sh" --print-only 2>/dev/null || true)
+    fi
     if [[ -z "${LIMITADOR_BIN:-}" || ! -x "${LIMITADOR_BIN:-}" ]]; then
         echo "rls: Turnstile RLS / Limitador, decisions per CPU-second (target >= 2x): NOT MEASURED" \
-            "(no limitador-server: set LIMITADOR_BIN; docs/benchmarks.md says how to build it)" |
+            "(no limitador-server: run bench/limitador.sh, which builds and caches it, or set LIMITADOR_BIN)" |
             tee -a "$OUT/setup.txt"
         return 0
     fi

@@ -14,11 +14,15 @@
 #           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh);
 #           flood (every request over its limit, on each store; see bench/flood.sh);
 #           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
-#           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh);
+#           as not measured without a built limitador-server: bench/limitador.sh's or
+#           LIMITADOR_BIN; see bench/rls.sh);
 #           access_log (the memory row with the access log on, every request to a file, against
 #           off; see bench/access_log.sh); tracing (the memory row with OpenTelemetry tracing at
 #           100% sampling to an OTLP receiver, against off; see bench/tracing.sh); jwt (RS256-keyed
-#           requests with the cache of verified tokens against without; see bench/jwt.sh).
+#           requests with the cache of verified tokens against without; see bench/jwt.sh); peers
+#           (against NGINX limit_req, HAProxy stick tables, Envoy local_ratelimit, Traefik RateLimit
+#           in memory and on Redis, and Envoy + Limitador, each limiter checked first; see
+#           bench/peers.sh).
 # --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
 # of a plain `cargo build --release`.
 #
@@ -36,7 +40,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls access_log tracing jwt)
+SECTIONS_ALL=(memory redis tls flood rls access_log tracing jwt peers)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -60,7 +64,7 @@ WRK_ARGS=()                        # extra wrk arguments of run_pair's runs (the
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -542,6 +546,8 @@ source "$BENCH_DIR/access_log.sh"
 source "$BENCH_DIR/tracing.sh"
 # shellcheck source=bench/jwt.sh
 source "$BENCH_DIR/jwt.sh"
+# shellcheck source=bench/peers.sh
+source "$BENCH_DIR/peers.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {
