@@ -688,6 +688,18 @@ fn listen_off_without_listen_tls_leaves_the_routes_no_listener_and_is_refused() 
     );
 }
 
+#[test]
+fn a_client_cert_key_part_without_a_client_ca_is_warned_at_its_line() {
+    let yaml = "routes:\n  - name: api\n    respond: { body: \"hello\" }\n    policies:\n      - name: per_cert\n        key: [client_cert:subject]\n        token_bucket: { rate: 1/h, burst: 2 }\n";
+    let snapshot = turnstile::config::parse(yaml, Path::new("policies.yaml")).expect("loads");
+    let warnings: Vec<String> = snapshot.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warnings.iter().any(|w| w.starts_with("policies.yaml:6:")
+            && w.contains("routes[0].policies[0].key: names a `client_cert:` part")),
+        "{warnings:?}"
+    );
+}
+
 // --- An Envoy Gateway–shaped deployment -----------------------------------------------------
 
 /// The environment Envoy Gateway sets on its `envoy-ratelimit` container
