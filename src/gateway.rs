@@ -419,10 +419,14 @@ async fn admit<'l>(
         client_ip,
         client_prefix: live.config.client_prefix,
         body,
-        client_cert: req
-            .extensions()
-            .get::<std::sync::Arc<crate::client_cert::ClientCert>>()
-            .map(|c| &**c),
+        // Only a listener with a client CA hands requests a certificate.
+        client_cert: if live.config.asks_client_cert() {
+            req.extensions()
+                .get::<std::sync::Arc<crate::client_cert::ClientCert>>()
+                .map(|c| &**c)
+        } else {
+            None
+        },
     };
     let (admitted, after) = admission::admit_inline(state, route, resources, &view, note).await?;
     Ok(Admission {

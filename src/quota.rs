@@ -212,10 +212,14 @@ pub async fn answer<B>(
         client_prefix: live.config.client_prefix,
         // A quota ask is a GET: a policy keyed on the body sees its part absent.
         body: None,
-        client_cert: req
-            .extensions()
-            .get::<std::sync::Arc<crate::client_cert::ClientCert>>()
-            .map(|c| &**c),
+        // Only a listener with a client CA hands requests a certificate.
+        client_cert: if live.config.asks_client_cert() {
+            req.extensions()
+                .get::<std::sync::Arc<crate::client_cert::ClientCert>>()
+                .map(|c| &**c)
+        } else {
+            None
+        },
     };
     if let Some(refused) = take_ask(state, route, resources, &endpoint.ask, &view).await {
         return refused;

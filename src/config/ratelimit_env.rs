@@ -218,9 +218,36 @@ fn store(get: &dyn Fn(&str) -> Option<String>, yaml: &mut String) -> Result<(), 
                 let _ = writeln!(yaml, "  password: {}  # REDIS_AUTH", quoted(password));
             }
         }
+        Some("SENTINEL") => {
+            if tls {
+                return Err("REDIS_TLS: not served with REDIS_TYPE=SENTINEL".to_string());
+            }
+            // envoyproxy/ratelimit's form: `MASTER_NAME,SENTINEL1,SENTINEL2,...`.
+            let mut parts = url.split(',').map(str::trim);
+            let service = parts.next().unwrap_or_default();
+            let nodes: Vec<String> = parts.map(quoted).collect();
+            if service.is_empty() || nodes.is_empty() {
+                return Err(format!(
+                    "REDIS_URL: `{url}` is not MASTER_NAME,HOST:PORT,... for REDIS_TYPE=SENTINEL"
+                ));
+            }
+            let _ = writeln!(
+                yaml,
+                "  sentinel: {{service: {}, nodes: [{}]}}  # REDIS_TYPE, REDIS_URL",
+                quoted(service),
+                nodes.join(", ")
+            );
+            if let Some(auth) = auth {
+                let (user, password) = auth.split_once(':').unwrap_or(("", &auth));
+                if !user.is_empty() {
+                    let _ = writeln!(yaml, "  username: {}  # REDIS_AUTH", quoted(user));
+                }
+                let _ = writeln!(yaml, "  password: {}  # REDIS_AUTH", quoted(password));
+            }
+        }
         Some(other) => {
             return Err(format!(
-                "REDIS_TYPE: `{other}` is not served; use SINGLE or CLUSTER"
+                "REDIS_TYPE: `{other}` is not served; use SINGLE, CLUSTER or SENTINEL"
             ))
         }
     }
@@ -296,6 +323,39 @@ mod tests {
                 "REDIS_SOCKET_TYPE"
             ]
         );
+    }
+
+    #[test]
+    fn redis_sentinel_and_cluster_urls_map_to_their_store_blocks() {
+        let sentinel = env(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,10.0.0.1:26379,10.0.0.2:26379"),
+        ])
+        .expect("maps");
+        assert!(sentinel.yaml.contains(
+            "  sentinel: {service: \"mymaster\", nodes: [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]}"
+        ), "{}", sentinel.yaml);
+        let cluster =
+            env(&[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "a:6379, b:6379")]).expect("maps");
+        assert!(
+            cluster.yaml.contains("  cluster: [\"a:6379\", \"b:6379\"]"),
+            "{}",
+            cluster.yaml
+        );
+        for made in [sentinel, cluster] {
+            crate::config::parse(&made.yaml, std::path::Path::new("p.yaml"))
+                .map(|_| ())
+                .or_else(|e| {
+                    // Only the config directory is missing here.
+                    let text = e.to_string();
+                    if text.lines().all(|l| l.contains("rls.config")) {
+                        Ok(())
+                    } else {
+                        Err(text)
+                    }
+                })
+                .expect("the store block loads");
+        }
     }
 
     #[test]

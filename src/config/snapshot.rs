@@ -473,6 +473,16 @@ pub enum CheckProxy {
     Forwarded,
 }
 
+impl Snapshot {
+    /// Whether the public TLS listener asks clients for certificates (`listen_tls.client_ca`):
+    /// only then can a request carry one for `client_cert:` key parts.
+    pub fn asks_client_cert(&self) -> bool {
+        self.listen_tls
+            .as_ref()
+            .is_some_and(|t| t.tls.client_ca.is_some())
+    }
+}
+
 impl CheckProxy {
     /// The spellings `forward_auth.proxy` takes.
     pub const NAMES: &'static str = "`nginx`, `ingress-nginx`, `traefik`, `caddy` or `auto`";

@@ -189,6 +189,12 @@ pub fn compile(
     }
 
     shared_policies(e, &raw.routes);
+    let asks_client_cert = listen_tls
+        .as_ref()
+        .is_some_and(|t: &crate::tls::ListenerTls| t.tls.client_ca.is_some());
+    if !asks_client_cert {
+        client_cert_parts_unused(e, &routes);
+    }
     server.read_fields = read_fields(&routes);
     if server.headers_with_underscores != Underscores::Allow {
         unreachable_underscore_fields(e, &routes);
@@ -267,6 +273,26 @@ pub fn compile(
             errors.1,
         )),
         _ => Err(errors.0),
+    }
+}
+
+/// Warns at every policy with a `client_cert:` key part when no listener can verify a client
+/// certificate: the part would always be absent, so the policy would never apply.
+fn client_cert_parts_unused(e: &mut Errors, routes: &[Route]) {
+    for (i, route) in routes.iter().enumerate() {
+        for (j, policy) in route.policies.iter().enumerate() {
+            if policy
+                .key
+                .iter()
+                .any(|part| matches!(part, crate::keys::KeyPart::ClientCert(_)))
+            {
+                e.warn(
+                    format!("routes[{i}].policies[{j}].key"),
+                    "names a `client_cert:` part, but `listen_tls` has no `client_ca`: no \
+                     request carries a verified certificate, so this policy never applies",
+                );
+            }
+        }
     }
 }
 
