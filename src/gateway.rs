@@ -192,9 +192,16 @@ pub fn handle(
                 limits,
                 mut after,
                 peer_ip,
+                wait,
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
                 let mut lease = after.lease(&state, resources.metrics.in_flight());
+                // Admitted for later: wait for the slot (boxed, so the usual request's future
+                // does not carry the wait's state). Gone before it, the reservation goes back.
+                let held = match wait {
+                    Some(wait) => Box::pin(wait.hold(route)).await,
+                    None => Ok(()),
+                };
                 // Likewise settled from here at the latest (charged its fallback unread).
                 let meter = after.meter(&state, route, resources);
                 // Bound before the await, so the step's result is not kept in this future's state.
@@ -203,6 +210,9 @@ pub fn handle(
                     trace.begin_upstream(req.headers_mut(), &method, &upstream.name);
                 }
                 let answered = 'act: {
+                    if let Err(refusal) = held {
+                        break 'act Err(refusal);
+                    }
                     let (outgoing, upgrade) =
                         match begin_act(&live, route, resources, &params, req, peer_ip) {
                             Ok(Act::Forward(outgoing, upgrade)) => (outgoing, upgrade),
@@ -351,6 +361,8 @@ struct Admission {
     limits: crate::respond::Limits,
     after: crate::inflight::AfterAdmission,
     peer_ip: std::net::IpAddr,
+    /// Admitted for later: the wait for its slot.
+    wait: Option<admission::Wait>,
 }
 
 /// The admit phase: everything that reads the request before it is forwarded.
@@ -389,11 +401,13 @@ async fn admit<'l>(
         client_prefix: live.config.client_prefix,
         body,
     };
-    let (admitted, after) = admission::admit_inline(state, route, resources, &view, note).await?;
+    let (admitted, after, wait) =
+        admission::admit_inline(state, route, resources, &view, note).await?;
     Ok(Admission {
         limits: admitted.limits,
         after,
         peer_ip,
+        wait,
     })
 }
 
