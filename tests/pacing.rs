@@ -424,3 +424,26 @@ async fn three_instances_on_one_redis_pace_one_stream() {
         assert!(ttl > 0, "{key} has no TTL");
     }
 }
+
+/// The example of docs/algorithms.md's "Pacing" loads as it reads: a bucket of 5 at 10/s that
+/// delays up to 2 s, on a route with 500 waiters at most.
+#[test]
+fn the_documented_example_loads() {
+    let page = std::fs::read_to_string(support::tools::repo_path("docs/algorithms.md"))
+        .expect("docs/algorithms.md");
+    let section = page
+        .split("\n## ")
+        .find(|s| s.starts_with("Pacing"))
+        .expect("a Pacing section");
+    let blocks: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .collect();
+    assert_eq!(blocks.len(), 1);
+    let snapshot = turnstile::config::parse(blocks[0], std::path::Path::new("docs/algorithms.md"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let route = &snapshot.routes[0];
+    assert_eq!(route.max_waiting, 500);
+    assert_eq!(route.policies[0].max_delay_us, Some(2_000_000));
+}

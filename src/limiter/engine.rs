@@ -324,7 +324,8 @@ impl<'a> Verdict<'a> {
                 cost: c.cost,
                 paced: c.max_delay_us.is_some(),
             })
-            .collect();
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
         Some(Reservation {
             checks,
             slot_us: self.decision.slot_us,
@@ -388,7 +389,7 @@ impl<'a> Verdict<'a> {
 /// slot every window recorded it at. [`Engine::unreserve`] gives it back.
 #[derive(Debug, Clone)]
 pub struct Reservation {
-    checks: Vec<Reserved>,
+    checks: Box<[Reserved]>,
     slot_us: u64,
 }
 
@@ -403,7 +404,7 @@ struct Reserved {
 impl Reservation {
     /// Bytes this reservation holds on the heap (the memory a waiter holds, `docs/algorithms.md`).
     pub fn heap_bytes(&self) -> usize {
-        self.checks.capacity() * std::mem::size_of::<Reserved>()
+        self.checks.len() * std::mem::size_of::<Reserved>()
             + self.checks.iter().map(|c| c.key.len()).sum::<usize>()
     }
 }
