@@ -76,14 +76,15 @@ pub async fn admit<'l>(
 
 /// [`admit`] for the inline gateway, which sees the response: concurrency policies take a lease,
 /// and what must happen after admission (release it, charge the response's cost) is returned,
-/// with the [`Wait`] of a request admitted for later, which the gateway holds before forwarding.
+/// with the [`Wait`] of a request admitted for later (boxed: only such a request carries it),
+/// which the gateway holds before forwarding.
 pub async fn admit_inline<'l>(
     state: &Arc<AppState>,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
     note: Option<&mut Decided>,
-) -> Result<(Admitted, AfterAdmission, Option<Wait>), Refusal<'l>> {
+) -> Result<(Admitted, AfterAdmission, Option<Box<Wait>>), Refusal<'l>> {
     admit_with(state, route, resources, view, true, note).await
 }
 
@@ -95,7 +96,7 @@ async fn admit_with<'l>(
     view: &RequestView<'_>,
     inline: bool,
     note: Option<&mut Decided>,
-) -> Result<(Admitted, AfterAdmission, Option<Wait>), Refusal<'l>> {
+) -> Result<(Admitted, AfterAdmission, Option<Box<Wait>>), Refusal<'l>> {
     resources.register_metrics();
     // The bearer token is verified at most once, before any claim names a counter, however many
     // policies read claims; routes that read none never look at it. `require_jwt` is
@@ -418,18 +419,18 @@ impl Wait {
         reservation: Reservation,
         place: Option<crate::pacing::Place>,
         limits: Limits,
-    ) -> Self {
+    ) -> Box<Self> {
         resources.metrics.record_delay(delay.as_secs_f64());
         let waiting = resources.metrics.waiting().clone();
         waiting.inc();
-        Wait {
+        Box::new(Wait {
             state: state.clone(),
             delay,
             reservation: Some(reservation),
             _place: place,
             waiting,
             limits,
-        }
+        })
     }
 
     /// The heap bytes this waiter holds besides itself (its reservation's keys).
@@ -440,7 +441,7 @@ impl Wait {
     /// Waits for the slot. When the gateway shuts down first, the request is answered at once:
     /// refused as its governing policy refuses, `Retry-After` the rest of its wait, and the
     /// reservation given back.
-    pub async fn hold(mut self, route: &Route) -> Result<(), Refusal<'_>> {
+    pub async fn hold(mut self: Box<Self>, route: &Route) -> Result<(), Refusal<'_>> {
         let started = tokio::time::Instant::now();
         let waiters = self.state.waiters.clone();
         tokio::select! {

@@ -362,7 +362,7 @@ struct Admission {
     after: crate::inflight::AfterAdmission,
     peer_ip: std::net::IpAddr,
     /// Admitted for later: the wait for its slot.
-    wait: Option<admission::Wait>,
+    wait: Option<Box<admission::Wait>>,
 }
 
 /// The admit phase: everything that reads the request before it is forwarded.
