@@ -476,4 +476,7 @@ fn the_documented_example_loads() {
     let route = &snapshot.routes[0];
     assert_eq!(route.max_waiting, 500);
     assert_eq!(route.policies[0].max_delay_us, Some(2_000_000));
+    // What docs/benchmarks.md says a waiter's box holds.
+    let wait = std::mem::size_of::<turnstile::admission::Wait>();
+    assert!(wait < 200, "a waiter is {wait} bytes");
 }
