@@ -60,6 +60,7 @@ fn check(key: &str) -> Check<'_> {
         rule: &RULE,
         cost: 1,
         shadow: false,
+        max_delay_us: None,
     }
 }
 

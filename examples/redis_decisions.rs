@@ -67,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
                         rule: &rule,
                         cost: 1,
                         shadow: false,
+                        max_delay_us: None,
                     });
                 let check = &check[..policies];
                 while !done.load(Ordering::Relaxed) {
@@ -102,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
                 rule: &rule,
                 cost: 1,
                 shadow: false,
+                max_delay_us: None,
             };
             fred::util::redis_keyslot(store.redis_key(&check).as_bytes())
         })

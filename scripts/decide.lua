@@ -52,6 +52,9 @@
 -- entries it wrote; the lease, which is how a finished request releases it). Reply: {1}.
 -- A tb refund needs no stamp (0, 0): it is also how the gateway settles a reservation
 -- (`reserve: true`, docs/algorithms.md "Reserve, then settle"), giving back the unused units.
+-- A paced bucket's reservation (docs/algorithms.md "Pacing") has its slot as stamp1: it is given
+-- back only while the bucket's state is as of that slot (no reservation behind it). A paced
+-- window's has stamp2 = 1: its member or bucket stays, with the units taken off.
 --
 -- Every policy is evaluated from the stored state first; only if all allow (shadow policies aside)
 -- is anything written, so a rejected request consumes nothing anywhere. Every written key gets a
@@ -69,6 +72,8 @@ local ceil, floor, min = math.ceil, math.floor, math.min
 local MICROS = 1000000.0
 -- True for a peek: the evaluations below write nothing and no plan is consumed.
 local peeking = false
+-- True for a charge: every policy consumes, none paces.
+local force_all = false
 -- Lua numbers become Redis integers by a C cast: keep absurd durations (a rate near zero) in range.
 local MAX_US = 4611686018427387904.0
 
@@ -500,7 +505,13 @@ end
 
 local function refund(key, kind, cost, burst, s1, s2)
   if kind == 'tb' then
-    local t = redis.call('HGET', key, 't')
+    local h = redis.call('HMGET', key, 't', 'ts')
+    local t = h[1]
+    -- A paced reservation (s1: its slot) comes back only while it is the bucket's latest: a later
+    -- one was placed behind it, and the bucket may have been full in between (pacing.rs).
+    if s1 > 0 and tonumber(h[2]) ~= s1 then
+      t = nil
+    end
     -- An expired bucket is full again: nothing to give back.
     if t then
       local tokens = math.min(burst, tonumber(t) + cost)
@@ -526,12 +537,15 @@ local function refund(key, kind, cost, burst, s1, s2)
       for j = 1, #later, 2 do
         local c = sw_cum(later[j]) - back
         call('ZREM', key, later[j])
-        if j > 1 or c > before then
+        -- A paced reservation (s2 = 1) keeps its member with no units: the members its
+        -- decision found expired at the slot stay forgotten only while a member that late holds
+        -- the window's time (pacing.rs).
+        if j > 1 or c > before or s2 == 1 then
           call('ZADD', key, later[j + 1], later[j + 1] .. '#' .. int(c))
         end
       end
       -- Only "n" left: the window is empty.
-      if call('ZCARD', key) <= 1 then
+      if s2 ~= 1 and call('ZCARD', key) <= 1 then
         call('DEL', key)
       end
     end
@@ -550,7 +564,12 @@ local function refund(key, kind, cost, burst, s1, s2)
   elseif kind == 'swb' then
     local field = int(s1)
     local units = tonumber(redis.call('HGET', key, field) or '0')
-    if units <= cost then
+    if s2 == 1 then
+      -- A paced reservation's bucket stays, emptied: it holds the window's time (as sw above).
+      if units > 0 then
+        redis.call('HINCRBY', key, field, -min(units, cost))
+      end
+    elseif units <= cost then
       redis.call('HDEL', key, field)
     else
       redis.call('HINCRBY', key, field, -cost)
@@ -645,6 +664,251 @@ local function bad(i, what)
   return nil, redis.error_reply('decide.lua: ' .. what .. ' for policy ' .. i)
 end
 
+-- Policy i's plan from its six arguments at argv[a], its key `key`, evaluated at `now`; sets its
+-- outcome and commit functions. Nil and an error reply on bad arguments.
+local function eval_policy(i, key, a, now)
+  local kind = argv[a]
+  local p1, p2, p3, cost = argv[a + 1], argv[a + 2], argv[a + 3], argv[a + 4]
+  if not (p1 and p2 and p3 and cost) or cost < 0 then
+    return bad(i, 'bad arguments')
+  end
+  local p
+  if kind == 'tb' then
+    if not (p1 > 0) or p2 < 0 then
+      return bad(i, 'bad token bucket')
+    end
+    p = tb_eval(key, p1, p2, cost, now)
+    outcomes[i], commits[i] = tb_outcome, tb_commit
+  elseif kind == 'sw' then
+    if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
+      return bad(i, 'bad sliding window')
+    end
+    if p3 == 0 then
+      p = sw_eval(key, p1, p2, cost, now)
+      outcomes[i], commits[i] = sw_outcome, sw_commit
+    else
+      p = swb_eval(key, p1, p2, p3, cost, now)
+      outcomes[i], commits[i] = swb_outcome, swb_commit
+    end
+  elseif kind == 'cc' then
+    if p1 < 0 or p2 <= 0 or p3 < 0 then
+      return bad(i, 'bad concurrency')
+    end
+    p = cc_eval(key, p1, p2, p3, cost, now)
+    outcomes[i], commits[i] = cc_outcome, cc_commit
+  elseif kind == 'q' then
+    if p1 < 0 or p2 < 0 or p3 <= p2 then
+      return bad(i, 'bad quota')
+    end
+    p = q_eval(key, p1, p2, p3, cost, now)
+    outcomes[i], commits[i] = q_outcome, q_commit
+  else
+    return bad(i, 'unknown kind')
+  end
+  return p
+end
+
+---------------------------------------------------------------------------------------------------
+-- Pacing (docs/algorithms.md "Pacing"; src/limiter/pacing.rs): a policy whose mode is PACED +
+-- max_delay (µs) may admit a request it would refuse, for the earliest slot its algorithm has
+-- free, when that is within max_delay. A request waits for the latest slot of its policies and
+-- reserves in all of them there, or in none. Token buckets keep their state as of the slot they
+-- reserved (ts in the future), windows record the request at the slot: every later request is
+-- evaluated from there and queues behind. Only token buckets and sliding windows pace.
+
+local PACED = 2
+
+-- The earliest time each algorithm admits p's cost (nil: never, a cost above the limit).
+local function tb_slot(p)
+  if p.allowed then
+    return p.ts
+  end
+  if p.cost > p.burst then
+    return nil
+  end
+  return p.ts + ceil_us((p.cost - p.tokens) * MICROS / p.rate)
+end
+
+local function sw_slot(p)
+  if p.allowed then
+    return p.t
+  end
+  if p.cost > p.limit then
+    return nil
+  end
+  local _, _, _, retry = sw_outcome(p, false)
+  return p.t + retry
+end
+
+local function swb_slot(p)
+  if p.allowed then
+    local start = p.current * p.width
+    if start > p.now then
+      return start
+    end
+    return p.now
+  end
+  if p.cost > p.limit then
+    return nil
+  end
+  local _, _, _, retry = swb_outcome(p, false)
+  return p.now + retry
+end
+
+-- Reserve p's cost at `at` and return the outcome of the request decided there.
+local function tb_reserve(p, at)
+  local elapsed = at - p.ts
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  p.tokens = min(p.burst, p.tokens + elapsed * p.rate / MICROS)
+  if at > p.ts then
+    p.ts = at
+  end
+  p.allowed = true
+  local limit, remaining, reset, retry = tb_outcome(p, true)
+  if p.cost > 0 then
+    tb_commit(p)
+  end
+  return limit, remaining, reset, retry
+end
+
+local function sw_reserve(p, at)
+  -- The expired members p's evaluation removed: its base goes first.
+  if p.dirty then
+    sw_write_base(p)
+    p.dirty = false
+  end
+  local q = sw_eval(p.key, p.limit, p.window, p.cost, at)
+  q.allowed = true
+  local limit, remaining, reset, retry = sw_outcome(q, true)
+  -- The key's TTL counts from the real now.
+  q.now = p.now
+  if q.cost > 0 then
+    sw_commit(q)
+  end
+  p.t = q.t
+  return limit, remaining, reset, retry
+end
+
+local function swb_reserve(p, at)
+  local q = swb_eval(p.key, p.limit, p.window, p.n, p.cost, at)
+  q.allowed = true
+  local limit, remaining, reset, retry = swb_outcome(q, true)
+  q.now = p.now
+  if q.cost > 0 then
+    swb_commit(q)
+  end
+  p.current = q.current
+  return limit, remaining, reset, retry
+end
+
+local SLOTS = { [tb_outcome] = tb_slot, [sw_outcome] = sw_slot, [swb_outcome] = swb_slot }
+local RESERVES = { [tb_outcome] = tb_reserve, [sw_outcome] = sw_reserve,
+                   [swb_outcome] = swb_reserve }
+
+-- Whether any of a decision's policies paces (a charge or a peek never does).
+local function paces(abase, policies)
+  if peeking or force_all then
+    return false
+  end
+  for i = 1, policies do
+    local mode = argv[abase + 6 * (i - 1) + 5]
+    if mode and mode >= PACED then
+      return true
+    end
+  end
+  return false
+end
+
+-- Per policy: its max delay when it paces (false otherwise), and its slot (false: never).
+local max_delays, slots = {}, {}
+
+-- decide() for a decision with a paced policy. Reply as decide's, but allowed_all is 1 + the
+-- delay in µs when the request is admitted for later, and then every policy's second refund
+-- stamp is the slot (Redis TIME µs); a window's first stamp is where it recorded the request.
+local function decide_paced(kbase, abase, policies, now, reply, rn)
+  local at = now
+  for i = 1, policies do
+    local a = abase + 6 * (i - 1)
+    local p, err = eval_policy(i, KEYS[kbase + i], a, now)
+    if not p then
+      return nil, err
+    end
+    plans[i] = p
+    local mode, slot_of = argv[a + 5] or 0, SLOTS[outcomes[i]]
+    max_delays[i], slots[i] = false, false
+    if mode >= PACED and slot_of then
+      max_delays[i] = mode - PACED
+      slots[i] = slot_of(p) or false
+      if slots[i] and slots[i] > at then
+        at = slots[i]
+      end
+    end
+  end
+  local delay = at - now
+  local all_allowed = true
+  for i = 1, policies do
+    local ok = plans[i].allowed
+    if max_delays[i] then
+      ok = slots[i] and delay <= max_delays[i]
+    end
+    plans[i].ok = ok and true or false
+    all_allowed = all_allowed and (plans[i].ok or argv[abase + 6 * (i - 1) + 5] == 1)
+  end
+  local r = rn + 1
+  reply[r] = 0
+  if all_allowed then
+    reply[r] = 1 + delay
+  end
+  for i = 1, policies do
+    local p = plans[i]
+    local consumed = all_allowed and p.ok
+    local limit, remaining, reset, retry
+    local reserve = RESERVES[outcomes[i]]
+    if consumed and delay > 0 and reserve and (max_delays[i] or outcomes[i] ~= tb_outcome) then
+      -- Paced buckets and every window take the request at the slot.
+      limit, remaining, reset, retry = reserve(p, at)
+    else
+      limit, remaining, reset, retry = outcomes[i](p, consumed)
+      if consumed and p.cost > 0 then
+        commits[i](p)
+      end
+      if p.ok then
+        retry = 0
+      elseif max_delays[i] and slots[i] then
+        retry = delay - max_delays[i]
+        if retry > MAX_US then
+          retry = MAX_US
+        end
+      end
+    end
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+      p.ok and 1 or 0, limit, remaining, reset, retry
+    r = r + 5
+  end
+  local stamp2 = 0
+  if all_allowed and delay > 0 then
+    stamp2 = at
+  end
+  for i = 1, policies do
+    local p = plans[i]
+    local s1 = 0
+    if p.t then
+      s1 = p.t
+    elseif p.current then
+      s1 = p.current
+    elseif p.lease then
+      s1 = p.lease
+    elseif p.period then
+      s1 = p.period
+    end
+    reply[r + 1], reply[r + 2] = s1, stamp2
+    r = r + 2
+  end
+  return r
+end
+
 -- The usual decision, a single token bucket, in one straight line: tb_eval, tb_outcome and
 -- tb_commit's arithmetic in the same order, without a plan table or a call between them (15% of
 -- Redis's instructions for such a decision; docs/benchmarks.md). tests/conformance.rs holds both
@@ -713,7 +977,7 @@ end
 -- last index, or nil and an error reply on bad arguments. Indices are counted, never taken with #:
 -- the length operator is a search in Lua 5.1, and the hot path appends a dozen values a decision.
 local function decide(kbase, abase, policies, now, reply, rn, force)
-  if policies == 1 and argv[abase] == 'tb' then
+  if policies == 1 and argv[abase] == 'tb' and not (argv[abase + 5] and argv[abase + 5] >= PACED) then
     local rate, burst, cost = argv[abase + 1], argv[abase + 2], argv[abase + 4]
     if rate and burst and cost and argv[abase + 3] and cost >= 0 and rate > 0 and burst >= 0 then
       return decide_tb(KEYS[kbase + 1], rate, burst, cost, argv[abase + 5], now, reply, rn, force)
@@ -721,47 +985,15 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
   end
   -- Its checks read and write Redis directly, so the kept bucket goes first.
   flush()
+  if paces(abase, policies) then
+    return decide_paced(kbase, abase, policies, now, reply, rn)
+  end
   local all_allowed = true
   for i = 1, policies do
     local a = abase + 6 * (i - 1)
-    local kind = argv[a]
-    local p1, p2, p3, cost = argv[a + 1], argv[a + 2], argv[a + 3], argv[a + 4]
-    if not (p1 and p2 and p3 and cost) or cost < 0 then
-      return bad(i, 'bad arguments')
-    end
-    local key = KEYS[kbase + i]
-    local p
-    if kind == 'tb' then
-      if not (p1 > 0) or p2 < 0 then
-        return bad(i, 'bad token bucket')
-      end
-      p = tb_eval(key, p1, p2, cost, now)
-      outcomes[i], commits[i] = tb_outcome, tb_commit
-    elseif kind == 'sw' then
-      if p2 <= 0 or p3 < 0 or (p3 > 0 and math.fmod(p2, p3) ~= 0) then
-        return bad(i, 'bad sliding window')
-      end
-      if p3 == 0 then
-        p = sw_eval(key, p1, p2, cost, now)
-        outcomes[i], commits[i] = sw_outcome, sw_commit
-      else
-        p = swb_eval(key, p1, p2, p3, cost, now)
-        outcomes[i], commits[i] = swb_outcome, swb_commit
-      end
-    elseif kind == 'cc' then
-      if p1 < 0 or p2 <= 0 or p3 < 0 then
-        return bad(i, 'bad concurrency')
-      end
-      p = cc_eval(key, p1, p2, p3, cost, now)
-      outcomes[i], commits[i] = cc_outcome, cc_commit
-    elseif kind == 'q' then
-      if p1 < 0 or p2 < 0 or p3 <= p2 then
-        return bad(i, 'bad quota')
-      end
-      p = q_eval(key, p1, p2, p3, cost, now)
-      outcomes[i], commits[i] = q_outcome, q_commit
-    else
-      return bad(i, 'unknown kind')
+    local p, err = eval_policy(i, KEYS[kbase + i], a, now)
+    if not p then
+      return nil, err
     end
     plans[i] = p
     all_allowed = all_allowed and (p.allowed or argv[a + 5] == 1)
@@ -914,6 +1146,7 @@ end
 -- A charge consumes every policy's cost unconditionally, a peek none; their ARGV are shifted by
 -- one.
 local force = ARGV[1] == 'charge'
+force_all = force
 peeking = ARGV[1] == 'peek'
 local base = 0
 if force or peeking then

@@ -6,6 +6,8 @@
 //! admits it ([`admit`]); [`check`] does all three for the doors that only decide.
 
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderValue, Request};
 
@@ -13,7 +15,7 @@ use crate::access_log::{Decided, Decision};
 use crate::config::Route;
 use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
-use crate::limiter::{Checks, FailureMode, Kind, Outcome, Rule, Tally};
+use crate::limiter::{Checks, FailureMode, Kind, Outcome, Reservation, Rule, Tally};
 use crate::metrics::RouteMetrics;
 use crate::normalize;
 use crate::respond::headers::MAX_POLICIES;
@@ -58,38 +60,43 @@ pub fn allowed_methods(live: &Live, head: &RequestHead<'_>, from: usize) -> Opti
 /// never sees the response (forward-auth, ext_authz): concurrency policies do not apply there,
 /// and a cost from the response is charged up front as `max(fallback, min_cost)`.
 pub async fn admit<'l>(
-    state: &AppState,
+    state: &Arc<AppState>,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
     note: Option<&mut Decided>,
 ) -> Result<Admitted, Refusal<'l>> {
-    admit_with(state, route, resources, view, false, note)
-        .await
-        .map(|(admitted, _)| admitted)
+    let (admitted, _, wait) = admit_with(state, route, resources, view, false, note).await?;
+    // A door's answer waits for the slot as the gateway's forwarding does.
+    if let Some(wait) = wait {
+        Box::pin(wait.hold(route)).await?;
+    }
+    Ok(admitted)
 }
 
 /// [`admit`] for the inline gateway, which sees the response: concurrency policies take a lease,
-/// and what must happen after admission (release it, charge the response's cost) is returned.
+/// and what must happen after admission (release it, charge the response's cost) is returned,
+/// with the [`Wait`] of a request admitted for later (boxed: only such a request carries it),
+/// which the gateway holds before forwarding.
 pub async fn admit_inline<'l>(
-    state: &AppState,
+    state: &Arc<AppState>,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
     note: Option<&mut Decided>,
-) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+) -> Result<(Admitted, AfterAdmission, Option<Box<Wait>>), Refusal<'l>> {
     admit_with(state, route, resources, view, true, note).await
 }
 
 /// `note`, when given (the access log is on), learns the decision, its policy and key.
 async fn admit_with<'l>(
-    state: &AppState,
+    state: &Arc<AppState>,
     route: &'l Route,
     resources: &'l RouteResources,
     view: &RequestView<'_>,
     inline: bool,
     note: Option<&mut Decided>,
-) -> Result<(Admitted, AfterAdmission), Refusal<'l>> {
+) -> Result<(Admitted, AfterAdmission, Option<Box<Wait>>), Refusal<'l>> {
     resources.register_metrics();
     // The bearer token is verified at most once, before any claim names a counter, however many
     // policies read claims; routes that read none never look at it. `require_jwt` is
@@ -129,7 +136,7 @@ async fn admit_with<'l>(
             kind: Kind::Allowed,
             limits: Limits::default(),
         };
-        return Ok((admitted, AfterAdmission::default()));
+        return Ok((admitted, AfterAdmission::default(), None));
     }
     if !route.require_jwt {
         verified = match verify() {
@@ -153,6 +160,14 @@ async fn admit_with<'l>(
     // the checks that borrow from it, so it outlives them.
     let overrides = state.overrides.active();
     let mut checks = Checks::with_capacity(route.policies.len());
+    // A place among the route's waiters, taken before deciding so that a reservation is only
+    // made for a request that can wait for it; with none left, a policy that delays admits
+    // only what needs no wait (`docs/algorithms.md`, "Pacing").
+    let place = if route.policies.iter().any(|p| p.max_delay_us.is_some()) {
+        state.waiters.enter(&route.name, route.max_waiting)
+    } else {
+        None
+    };
     // The route's policy index of each pushed check, and the enforced ones that applied.
     let mut pushed = [0u8; MAX_POLICIES];
     let mut applied = 0u64;
@@ -186,6 +201,9 @@ async fn admit_with<'l>(
                 checks.refundable();
             }
             let i = checks.push(key, rule, cost, policy.shadow, tally);
+            if let Some(max) = policy.max_delay_us {
+                checks.pace(i, if place.is_some() { max } else { 0 });
+            }
             if let Some(slot) = pushed.get_mut(i) {
                 *slot = p as u8;
             }
@@ -207,6 +225,8 @@ async fn admit_with<'l>(
     let store_began = note.is_some().then(std::time::SystemTime::now);
     let mut verdict = state.engine.decide(checks, failure_mode).await;
     let store_call = store_began.map(|began| (began, std::time::SystemTime::now()));
+    let delay = verdict.delay();
+    let reservation = verdict.reservation();
     // A shadow policy that would have refused consumed nothing: no lease to hold or release, no
     // response cost to charge.
     later.retain(|&(i, p, _)| {
@@ -231,6 +251,7 @@ async fn admit_with<'l>(
     let limits = Limits {
         governing: governing.and_then(|(i, o)| Some((policy_of(i)?, o))),
         applied,
+        delayed_us: u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
     };
     if let Some(note) = note {
         let pushed = &pushed[..pushed_len.min(MAX_POLICIES)];
@@ -254,14 +275,15 @@ async fn admit_with<'l>(
         (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
             Err(Refusal::StoreUnavailable(&route.name))
         }
-        (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => Ok((
-            Admitted {
+        (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => {
+            let wait = reservation.map(|r| Wait::new(state, resources, delay, r, place, limits));
+            let admitted = Admitted {
                 governing: governing.map(|(_, o)| o),
                 kind,
                 limits,
-            },
-            after,
-        )),
+            };
+            Ok((admitted, after, wait))
+        }
     }
 }
 
@@ -315,7 +337,7 @@ pub enum Checked<'l> {
 /// connection's address for `client_ip.trusted_proxies`. The body is never read. Also returns
 /// the request counters the answer belongs to: its route's, or `unmatched`.
 pub async fn check<'l, B>(
-    state: &AppState,
+    state: &Arc<AppState>,
     live: &'l Live,
     req: &mut Request<B>,
     peer: IpAddr,
@@ -373,4 +395,104 @@ pub async fn check<'l, B>(
         Err(refusal) => Checked::Refused(refusal),
     };
     (checked, &resources.metrics)
+}
+
+/// A request admitted for later (`on_limit: delay`): its slot is reserved; it waits for it here,
+/// holding its place among the route's waiters and counted in `turnstile_waiting_requests`.
+/// Dropped before the slot (the client went away), it gives the reservation back where the
+/// algorithm allows (`Engine::unreserve`). It holds the reservation's keys and this struct,
+/// about 100 bytes plus its keys' length per policy (`docs/algorithms.md`, "Pacing").
+#[derive(Debug)]
+pub struct Wait {
+    state: Arc<AppState>,
+    delay: Duration,
+    /// Given back on drop, unless the slot came.
+    reservation: Option<Reservation>,
+    _place: Option<crate::pacing::Place>,
+    waiting: prometheus::IntGauge,
+    limits: Limits,
+}
+
+impl Wait {
+    fn new(
+        state: &Arc<AppState>,
+        resources: &RouteResources,
+        delay: Duration,
+        reservation: Reservation,
+        place: Option<crate::pacing::Place>,
+        limits: Limits,
+    ) -> Box<Self> {
+        resources.metrics.record_delay(delay.as_secs_f64());
+        let waiting = resources.metrics.waiting().clone();
+        waiting.inc();
+        Box::new(Wait {
+            state: state.clone(),
+            delay,
+            reservation: Some(reservation),
+            _place: place,
+            waiting,
+            limits,
+        })
+    }
+
+    /// The heap bytes this waiter holds besides itself (its reservation's keys).
+    pub fn heap_bytes(&self) -> usize {
+        self.reservation.as_ref().map_or(0, Reservation::heap_bytes)
+    }
+
+    /// Waits for the slot. When the gateway shuts down first, the request is answered at once:
+    /// refused as its governing policy refuses, `Retry-After` the rest of its wait, and the
+    /// reservation given back.
+    pub async fn hold(mut self: Box<Self>, route: &Route) -> Result<(), Refusal<'_>> {
+        let started = tokio::time::Instant::now();
+        let waiters = self.state.waiters.clone();
+        tokio::select! {
+            () = tokio::time::sleep(self.delay) => {
+                // Its slot: the reservation is used.
+                self.reservation = None;
+                Ok(())
+            }
+            () = waiters.stopped() => {
+                let left = self.delay.saturating_sub(started.elapsed());
+                Err(self.refusal(route, left))
+            }
+        }
+    }
+
+    fn refusal<'l>(&self, route: &'l Route, left: Duration) -> Refusal<'l> {
+        let Some((p, admitted)) = self.limits.governing else {
+            return Refusal::StoreUnavailable(&route.name);
+        };
+        let outcome = Outcome {
+            allowed: false,
+            retry_after_us: u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1),
+            ..admitted
+        };
+        Refusal::RateLimited {
+            route: &route.name,
+            policy: route.policies.get(p).map_or("", |p| &p.name),
+            outcome,
+            limits: Limits {
+                governing: Some((p, outcome)),
+                delayed_us: 0,
+                ..self.limits
+            },
+            headers: &route.rate_limit_headers,
+            response: &route.limited_response,
+        }
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        self.waiting.dec();
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
+        // Outside a runtime (the process ending) there is nobody left to give it to.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let state = self.state.clone();
+            runtime.spawn(async move { state.engine.unreserve(&reservation).await });
+        }
+    }
 }

@@ -201,9 +201,16 @@ pub fn handle(
                 limits,
                 mut after,
                 peer_ip,
+                wait,
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
                 let mut lease = after.lease(&state, resources.metrics.in_flight());
+                // Admitted for later: wait for the slot (boxed, so the usual request's future
+                // does not carry the wait's state). Gone before it, the reservation goes back.
+                let held = match wait {
+                    Some(wait) => Box::pin(wait.hold(route)).await,
+                    None => Ok(()),
+                };
                 // Likewise settled from here at the latest (charged its fallback unread).
                 let meter = after.meter(&state, route, resources);
                 // Bound before the await, so the step's result is not kept in this future's state.
@@ -212,6 +219,9 @@ pub fn handle(
                     trace.begin_upstream(req.headers_mut(), &method, &upstream.name);
                 }
                 let answered = 'act: {
+                    if let Err(refusal) = held {
+                        break 'act Err(refusal);
+                    }
                     let (outgoing, upgrade) =
                         match begin_act(&live, route, resources, &params, req, peer_ip) {
                             Ok(Act::Forward(outgoing, upgrade)) => (outgoing, upgrade),
@@ -382,6 +392,8 @@ struct Admission {
     limits: crate::respond::Limits,
     after: crate::inflight::AfterAdmission,
     peer_ip: std::net::IpAddr,
+    /// Admitted for later: the wait for its slot.
+    wait: Option<Box<admission::Wait>>,
 }
 
 /// The admit phase: everything that reads the request before it is forwarded.
@@ -428,11 +440,13 @@ async fn admit<'l>(
             None
         },
     };
-    let (admitted, after) = admission::admit_inline(state, route, resources, &view, note).await?;
+    let (admitted, after, wait) =
+        admission::admit_inline(state, route, resources, &view, note).await?;
     Ok(Admission {
         limits: admitted.limits,
         after,
         peer_ip,
+        wait,
     })
 }
 

@@ -254,6 +254,7 @@ fn checks<'a, T>(due: &'a [(String, Rule, u64, T)]) -> Vec<Check<'a>> {
             rule,
             cost: *cost,
             shadow: false,
+            max_delay_us: None,
         })
         .collect()
 }

@@ -51,6 +51,7 @@
 //!   swapped whole on reload), the engine, the metrics and the overrides, with the task keeping
 //!   them current; [`inflight`] (concurrency leases riding on the response body, and response
 //!   costs after admission: usage costs settled by a meter riding on the body as it ends);
+//!   [`pacing`] (the waiting room of requests admitted for a later slot, bounded per route);
 //! - [`request_id`] (the id a request is known by, kept or made) and [`access_log`] (the record
 //!   a door fills per request, queued to a writer thread that formats and writes it), and
 //!   [`otel`] (a request's spans, exported over OTLP off the request path), below admission and
@@ -90,6 +91,7 @@ pub mod normalize;
 pub mod now;
 pub mod otel;
 pub mod overrides;
+pub mod pacing;
 pub mod probe;
 pub mod proxy;
 pub mod quota;

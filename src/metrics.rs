@@ -45,6 +45,9 @@ pub struct Families {
     rls: rls::RlsMetricVecs,
     rlqs: rlqs::RlqsMetricVecs,
     in_flight: IntGaugeVec,
+    delayed: IntCounterVec,
+    delay_seconds: HistogramVec,
+    waiting: IntGaugeVec,
     cost_charged: IntCounterVec,
     usage: UsageVecs,
     quota_units: IntCounterVec,
@@ -335,6 +338,10 @@ struct RouteSeries {
     /// Bearer tokens verified: valid, invalid, missing (`turnstile_jwt_tokens_total`).
     jwt: [IntCounter; 3],
     in_flight: IntGauge,
+    /// Pacing: requests admitted for later, their waits, and how many wait now.
+    delayed: IntCounter,
+    delay: Histogram,
+    waiting: IntGauge,
 }
 
 /// Why a request body was cut off (408), as counted by
@@ -391,6 +398,9 @@ impl RouteMetrics {
                 jwt: ["valid", "invalid", "missing"]
                     .map(|r| m.jwt_tokens.with_label_values(&[route, r])),
                 in_flight: m.in_flight.with_label_values(&[route]),
+                delayed: m.delayed.with_label_values(&[route]),
+                delay: m.delay_seconds.with_label_values(&[route]),
+                waiting: m.waiting.with_label_values(&[route]),
             }
         })
     }
@@ -403,6 +413,18 @@ impl RouteMetrics {
     /// Exports this route's series, every one at 0, if they are not yet.
     pub fn register(&self) {
         self.series();
+    }
+
+    /// A request admitted for later (pacing), to wait `seconds` for its slot.
+    pub fn record_delay(&self, seconds: f64) {
+        let series = self.series();
+        series.delayed.inc();
+        series.delay.observe(seconds);
+    }
+
+    /// Requests waiting for their slot now (pacing).
+    pub fn waiting(&self) -> &IntGauge {
+        &self.series().waiting
     }
 
     /// Requests holding a concurrency lease now (admitted, response body not yet ended).
@@ -549,6 +571,28 @@ impl Metrics {
                 registry
                     .register(Box::new(g.clone()))
                     .unwrap_or_else(|e| panic!("metric turnstile_in_flight_requests: {e}"));
+                g
+            },
+            delayed: counter(
+                "turnstile_delayed_requests_total",
+                "Requests admitted for a later slot (`on_limit: delay`), per route.",
+                &["route"],
+            ),
+            delay_seconds: histogram(
+                "turnstile_delay_seconds",
+                "How long requests admitted for later were to wait for their slot, per route.",
+                &["route"],
+            ),
+            waiting: {
+                let opts = Opts::new(
+                    "turnstile_waiting_requests",
+                    "Requests waiting for their slot now (`on_limit: delay`), per route.",
+                );
+                let g = IntGaugeVec::new(opts, &["route"])
+                    .unwrap_or_else(|e| panic!("metric turnstile_waiting_requests: {e}"));
+                registry
+                    .register(Box::new(g.clone()))
+                    .unwrap_or_else(|e| panic!("metric turnstile_waiting_requests: {e}"));
                 g
             },
             cost_charged: counter(

@@ -281,7 +281,11 @@ fn governing(states: &[PolicyState<'_>]) -> Limits {
     let governing = refused
         .or_else(|| enforced.iter().min_by_key(|(_, o)| o.remaining))
         .copied();
-    Limits { governing, applied }
+    Limits {
+        governing,
+        applied,
+        delayed_us: 0,
+    }
 }
 
 /// Takes one token of the endpoint's own bucket for the asking client's network; the response

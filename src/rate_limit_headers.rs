@@ -40,6 +40,9 @@ use crate::limiter::{Outcome, Rule};
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+/// How long a request admitted for later waited for its slot (`on_limit: delay`), in seconds
+/// with three decimals: Turnstile's own field (no standard one exists).
+pub static TURNSTILE_DELAY: HeaderName = HeaderName::from_static("turnstile-delay");
 
 /// Whole seconds, rounded up.
 pub fn ceil_seconds(us: u64) -> u64 {
@@ -172,6 +175,9 @@ pub const MAX_POLICIES: usize = 64;
 pub struct Limits {
     pub governing: Option<(usize, Outcome)>,
     pub applied: u64,
+    /// Admitted for later (pacing): how long the request waited for its slot, in µs, sent as
+    /// `Turnstile-Delay` (seconds, to the millisecond, rounded up).
+    pub delayed_us: u64,
 }
 
 /// A route's rate-limit fields, prepared at config load: the per-request work is formatting two
@@ -245,6 +251,13 @@ impl RateLimitHeaders {
         let Some((policy, outcome)) = limits.governing else {
             return;
         };
+        if limits.delayed_us > 0 && self.mode != HeaderMode::None {
+            let ms = limits.delayed_us.div_ceil(1000);
+            let value = format!("{}.{:03}", ms / 1000, ms % 1000);
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.set(&TURNSTILE_DELAY, value);
+            }
+        }
         let remaining = if limited { 0 } else { outcome.remaining };
         let reset = ceil_seconds(outcome.reset_us);
         if self.mode.x_ratelimit() {
@@ -414,6 +427,7 @@ mod tests {
         let limits = Limits {
             governing: Some((0, outcome(5, 2_000_001))),
             applied: 0b11,
+            delayed_us: 0,
         };
         h.insert(&mut headers, &limits, false);
         assert_eq!(
@@ -427,6 +441,7 @@ mod tests {
         let limits = Limits {
             governing: Some((1, outcome(7, 0))),
             applied: 0b10,
+            delayed_us: 0,
         };
         h.insert(&mut headers, &limits, true);
         assert_eq!(headers[&RATELIMIT_POLICY], r#""per_ip";q=100;w=10"#);
@@ -453,6 +468,7 @@ mod tests {
                     },
                 )),
                 applied: 1,
+                delayed_us: 0,
             };
             let mut headers = HeaderMap::new();
             h.insert(&mut headers, &limits, false);
@@ -470,6 +486,7 @@ mod tests {
         let limits = Limits {
             governing: Some((0, outcome(5, 1_000_000))),
             applied: 1,
+            delayed_us: 0,
         };
         for (mode, x, ietf) in [
             (HeaderMode::XRateLimit, true, false),
@@ -511,6 +528,7 @@ mod tests {
                 let limits = Limits {
                     governing: Some((0, outcome(1_234_567, 2_500_000))),
                     applied: 1,
+                    delayed_us: 0,
                 };
                 let mut raw = RawFields::new(head.clone(), spans.to_vec());
                 h.insert(&mut raw, &limits, limited);

@@ -397,6 +397,8 @@ impl Running {
     /// last.
     pub async fn shutdown(self) {
         self.draining.store(true, Ordering::Relaxed);
+        // Requests waiting for a slot are answered now, not held through the drain.
+        self.state.waiters.stop();
         self.background.stop().await;
     }
 

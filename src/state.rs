@@ -30,6 +30,8 @@ pub struct AppState {
     pub access_log: crate::access_log::AccessLog,
     /// Spans per request (`tracing:`, read at start); off by default.
     pub tracing: crate::otel::Tracing,
+    /// Requests admitted for later, waiting for their slot (`on_limit: delay`).
+    pub waiters: crate::pacing::Waiters,
 }
 
 impl AppState {
@@ -42,6 +44,7 @@ impl AppState {
             overrides: crate::overrides::Overrides::default(),
             access_log: crate::access_log::AccessLog::off(),
             tracing: crate::otel::Tracing::off(),
+            waiters: crate::pacing::Waiters::default(),
         }
     }
 

@@ -25,6 +25,8 @@ struct Step {
     checks: Vec<(usize, u64)>,
     allowed: bool,
     outcomes: Vec<(bool, u64, u64, u64, u64)>,
+    /// Admitted for later (pacing): the wait for the slot, in µs.
+    delay_us: u64,
 }
 
 struct Case {
@@ -42,6 +44,20 @@ fn step(now: u64, checks: &[(usize, u64)], outcomes: &[(bool, u64, u64, u64, u64
         checks: checks.to_vec(),
         allowed: outcomes.iter().all(|o| o.0),
         outcomes: outcomes.to_vec(),
+        delay_us: 0,
+    }
+}
+
+/// A paced step admitted for `delay_us` later (every outcome allows).
+fn delayed(
+    now: u64,
+    checks: &[(usize, u64)],
+    delay_us: u64,
+    outcomes: &[(bool, u64, u64, u64, u64)],
+) -> Step {
+    Step {
+        delay_us,
+        ..step(now, checks, outcomes)
     }
 }
 
@@ -455,6 +471,7 @@ fn step_checks<'a>(case: &'a Case, keys: &'a [String], step: &Step) -> Vec<Check
             rule: &case.counters[i],
             cost,
             shadow: case.shadow.contains(&i),
+            max_delay_us: None,
         })
         .collect()
 }
@@ -475,6 +492,12 @@ fn expected(step: &Step) -> Decision {
                 },
             )
             .collect(),
+        delay_us: step.delay_us,
+        slot_us: if step.delay_us > 0 {
+            step.now + step.delay_us
+        } else {
+            0
+        },
     }
 }
 
@@ -600,6 +623,7 @@ async fn every_key_written_has_a_ttl() {
                 rule,
                 cost: 1,
                 shadow: false,
+                max_delay_us: None,
             })
             .collect();
         remote.check(&checks).await.expect("decision");
@@ -893,6 +917,7 @@ async fn leases_and_charges_follow_the_spec() {
             rule: &counters[i],
             cost,
             shadow: false,
+            max_delay_us: None,
         };
         for (n, op) in ops.iter().enumerate() {
             match op {
@@ -975,6 +1000,7 @@ async fn a_charge_of_two_million_units_is_one_member_on_redis() {
         rule: &rule,
         cost,
         shadow: false,
+        max_delay_us: None,
     };
     for (now, cost) in [(T, 2_000_000), (T, 200_000), (T + S, 2_000_000)] {
         clock.set(now);
@@ -1101,4 +1127,266 @@ fn a_window_count_survives_a_call_refused_for_bad_arguments() {
     // 1 unit in the window: 4 more fit.
     let reply = eval(&[&["1", "tot{a}:sw:2", later], &window[..], &["4", "0"]].concat());
     assert_eq!(reply[..4], ["1", "1", "5", "0"]);
+}
+
+/// A paced case (`on_limit: delay`): `Case` with each counter's `max_delay` (`None`: refuses at
+/// once).
+struct PacedCase {
+    case: Case,
+    max_delay_us: Vec<Option<u64>>,
+}
+
+/// Pacing (`docs/algorithms.md`, "Pacing"), worked out by hand: the slot of each algorithm, a
+/// request admitted for later reserving there, the ones behind it queueing after it, the latest
+/// slot of several policies, and a refusal's `retry_after` as the time until the latest slot
+/// would be within `max_delay`.
+fn paced_cases() -> Vec<PacedCase> {
+    const MS: u64 = 1000;
+    vec![
+        PacedCase {
+            // 10/s, burst 2, max_delay 300 ms: two at once, then one each 100 ms.
+            case: Case {
+                name: "paced_bucket_queues_at_its_rate",
+                shadow: &[],
+                counters: vec![tb(10.0, 2)],
+                steps: vec![
+                    one(T, 1, (true, 2, 1, 100 * MS, 0)),
+                    one(T, 1, (true, 2, 0, 200 * MS, 0)),
+                    delayed(T, &[(0, 1)], 100 * MS, &[(true, 2, 0, 200 * MS, 0)]),
+                    delayed(T, &[(0, 1)], 200 * MS, &[(true, 2, 0, 200 * MS, 0)]),
+                    delayed(T, &[(0, 1)], 300 * MS, &[(true, 2, 0, 200 * MS, 0)]),
+                    // Its slot would be 400 ms away: 100 ms until it is within 300.
+                    one(T, 1, (false, 2, 0, 200 * MS, 100 * MS)),
+                    // 100 ms later it is.
+                    delayed(
+                        T + 100 * MS,
+                        &[(0, 1)],
+                        300 * MS,
+                        &[(true, 2, 0, 200 * MS, 0)],
+                    ),
+                ],
+            },
+            max_delay_us: vec![Some(300 * MS)],
+        },
+        PacedCase {
+            // 2 a second, exact: a slot is when the oldest entry leaves.
+            case: Case {
+                name: "paced_exact_window_takes_the_slot_the_oldest_frees",
+                shadow: &[],
+                counters: vec![sw(2, S, 0)],
+                steps: vec![
+                    one(T, 1, (true, 2, 1, S, 0)),
+                    one(T + 250 * MS, 1, (true, 2, 0, S, 0)),
+                    delayed(T + 500 * MS, &[(0, 1)], 500 * MS, &[(true, 2, 0, S, 0)]),
+                    delayed(T + 500 * MS, &[(0, 1)], 750 * MS, &[(true, 2, 0, S, 0)]),
+                    // Behind the two reserved, at T + 2 s: 1.5 s away, 0.5 s over the bound.
+                    one(T + 500 * MS, 1, (false, 2, 0, S, 500 * MS)),
+                ],
+            },
+            max_delay_us: vec![Some(S)],
+        },
+        PacedCase {
+            // Two buckets of 500 ms: a slot is the start of the bucket that has room.
+            case: Case {
+                name: "paced_bucketed_window_takes_a_later_bucket",
+                shadow: &[],
+                counters: vec![sw(2, S, 2)],
+                steps: vec![
+                    one(T, 1, (true, 2, 1, 1500 * MS, 0)),
+                    one(T, 1, (true, 2, 0, 1500 * MS, 0)),
+                    delayed(T, &[(0, 1)], 1500 * MS, &[(true, 2, 1, 1500 * MS, 0)]),
+                    delayed(T, &[(0, 1)], 1500 * MS, &[(true, 2, 0, 1500 * MS, 0)]),
+                    one(T, 1, (false, 2, 0, 3 * S, S)),
+                ],
+            },
+            max_delay_us: vec![Some(2 * S)],
+        },
+        PacedCase {
+            // Two paced buckets (10/s and 2/s) and a window that does not pace: the request
+            // waits for the slowest bucket's slot, every check takes it there or none does.
+            case: Case {
+                name: "paced_policies_wait_for_the_latest_slot_together",
+                shadow: &[],
+                counters: vec![tb(10.0, 1), tb(2.0, 1), sw(10, S, 0)],
+                steps: vec![
+                    step(
+                        T,
+                        &[(0, 1), (1, 1), (2, 1)],
+                        &[
+                            (true, 1, 0, 100 * MS, 0),
+                            (true, 1, 0, 500 * MS, 0),
+                            (true, 10, 9, S, 0),
+                        ],
+                    ),
+                    delayed(
+                        T + 100 * MS,
+                        &[(0, 1), (1, 1), (2, 1)],
+                        400 * MS,
+                        &[
+                            (true, 1, 0, 100 * MS, 0),
+                            (true, 1, 0, 500 * MS, 0),
+                            (true, 10, 8, S, 0),
+                        ],
+                    ),
+                    delayed(
+                        T + 100 * MS,
+                        &[(0, 1), (1, 1), (2, 1)],
+                        900 * MS,
+                        &[
+                            (true, 1, 0, 100 * MS, 0),
+                            (true, 1, 0, 500 * MS, 0),
+                            (true, 10, 8, S, 0),
+                        ],
+                    ),
+                    // The slowest slot is 1.4 s away: both buckets refuse, nothing is taken.
+                    step(
+                        T + 100 * MS,
+                        &[(0, 1), (1, 1), (2, 1)],
+                        &[
+                            (false, 1, 0, 100 * MS, 400 * MS),
+                            (false, 1, 0, 500 * MS, 400 * MS),
+                            (true, 10, 8, S, 0),
+                        ],
+                    ),
+                    delayed(T + 100 * MS, &[(2, 1)], 0, &[(true, 10, 7, S, 0)]),
+                ],
+            },
+            max_delay_us: vec![Some(S), Some(S), None],
+        },
+    ]
+}
+
+fn paced_checks<'a>(paced: &'a PacedCase, keys: &'a [String], step: &Step) -> Vec<Check<'a>> {
+    let mut checks = step_checks(&paced.case, keys, step);
+    for (check, &(i, _)) in checks.iter_mut().zip(&step.checks) {
+        check.max_delay_us = paced.max_delay_us[i];
+    }
+    checks
+}
+
+#[tokio::test]
+async fn both_stores_pace_to_the_spec() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "paced:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    let mut steps = 0;
+    for paced in paced_cases() {
+        let case = &paced.case;
+        let keys: Vec<String> = (0..case.counters.len())
+            .map(|i| format!("{}:{i}", case.name))
+            .collect();
+        for (n, step) in case.steps.iter().enumerate() {
+            clock.set(step.now);
+            let checks = paced_checks(&paced, &keys, step);
+            let want = expected(step);
+            assert_eq!(
+                memory.check(&checks),
+                want,
+                "memory, {} step {n}",
+                case.name
+            );
+            let from_redis = remote.check(&checks).await.expect("redis decision");
+            assert_eq!(from_redis, want, "redis, {} step {n}", case.name);
+            steps += 1;
+        }
+        // Every key a paced decision wrote expires.
+        for key in redis.cli(&["keys", "paced:*"]) {
+            let ttl: i64 = redis.cli(&["pttl", &key])[0].parse().expect("pttl");
+            assert!(ttl > 0, "{key} has no TTL ({ttl})");
+        }
+    }
+    assert!(steps >= 20, "the paced suite lost its cases: {steps} steps");
+}
+
+/// A waiter that goes away gives its reservation back where the algorithm allows, on both
+/// engines alike: a window its entry at the slot, a bucket only its latest reservation (one
+/// behind it was placed from its state).
+#[tokio::test]
+async fn a_reservation_given_back_frees_its_slot_on_both_stores() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "unreserve:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    let bucket = tb(10.0, 1);
+    let window = sw(1, S, 0);
+    for (name, rule) in [("bucket", &bucket), ("window", &window)] {
+        let check = Check {
+            key: name,
+            rule,
+            cost: 1,
+            shadow: false,
+            max_delay_us: Some(10 * S),
+        };
+        let mut delays = Vec::new();
+        let mut slots = Vec::new();
+        for d in [
+            memory.check(&[check]),
+            remote.check(&[check]).await.expect("redis"),
+        ] {
+            assert!(d.allowed && d.delay_us == 0);
+        }
+        for _ in 0..2 {
+            let m = memory.check(&[check]);
+            let r = remote.check(&[check]).await.expect("redis");
+            assert_eq!(m, r, "{name}");
+            delays.push(m.delay_us);
+            slots.push(m.slot_us);
+        }
+        // The earlier of the two waiters goes: a window frees its entry, so the next request
+        // takes that slot; a bucket keeps it (the later waiter was placed behind it).
+        memory.unreserve(&[check], slots[0]);
+        remote
+            .unreserve(&[check], slots[0])
+            .await
+            .expect("redis unreserve");
+        let m = memory.check(&[check]);
+        assert_eq!(m, remote.check(&[check]).await.expect("redis"), "{name}");
+        let after_middle = m.delay_us;
+        // The latest waiter goes: both give it back.
+        memory.unreserve(&[check], m.slot_us);
+        remote
+            .unreserve(&[check], m.slot_us)
+            .await
+            .expect("redis unreserve");
+        let again = memory.check(&[check]);
+        assert_eq!(
+            again,
+            remote.check(&[check]).await.expect("redis"),
+            "{name}"
+        );
+        assert_eq!(
+            again.delay_us, after_middle,
+            "{name}: the latest slot came back"
+        );
+        match name {
+            "bucket" => {
+                assert_eq!(delays, [100_000, 200_000]);
+                assert_eq!(
+                    after_middle, 300_000,
+                    "a bucket keeps a slot behind which one waits"
+                );
+            }
+            _ => {
+                assert_eq!(delays, [S, 2 * S]);
+                // The window's entry at 1 s is gone, but a new request still queues behind
+                // the newest (2 s): slot 3 s. The freed unit lowers every later window's count.
+                assert_eq!(after_middle, 3 * S, "{name}");
+            }
+        }
+    }
 }

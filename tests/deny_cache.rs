@@ -106,6 +106,7 @@ async fn replay(
                 rule: &rules[counter],
                 cost,
                 shadow,
+                max_delay_us: None,
             })
             .collect();
         let verdict = engine

@@ -37,6 +37,7 @@ async fn concurrent_decisions_share_calls_and_admit_exactly_the_limit() {
                 rule: &bucket,
                 cost: 1,
                 shadow: false,
+                max_delay_us: None,
             }];
             if i % 2 == 0 {
                 checks.push(Check {
@@ -44,6 +45,7 @@ async fn concurrent_decisions_share_calls_and_admit_exactly_the_limit() {
                     rule: &window,
                     cost: 1,
                     shadow: false,
+                    max_delay_us: None,
                 });
             }
             let d = store.check(&checks).await.expect("a decision");

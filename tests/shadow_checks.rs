@@ -24,12 +24,14 @@ fn a_shadow_check_over_its_limit_neither_rejects_nor_blocks_the_others() {
                 rule: &strict,
                 cost: 1,
                 shadow,
+                max_delay_us: None,
             },
             Check {
                 key: "enforced",
                 rule: &loose,
                 cost: 1,
                 shadow: false,
+                max_delay_us: None,
             },
         ]
     };
@@ -58,12 +60,14 @@ fn a_rejected_request_consumes_from_no_shadow_check() {
             rule: &zero,
             cost: 1,
             shadow: false,
+            max_delay_us: None,
         },
         Check {
             key: "shadow-loose",
             rule: &loose,
             cost: 1,
             shadow: true,
+            max_delay_us: None,
         },
     ];
     for _ in 0..3 {

@@ -277,6 +277,10 @@ pub struct RawRoute {
     /// A path pattern on the public listener where a client reads its own state of this route's
     /// policies, consuming nothing (`docs/status.md`).
     pub quota_endpoint: Option<String>,
+    /// With a policy that delays (`on_limit: delay`): the most requests waiting for a slot on
+    /// this route at once, on this instance; past it, a request is refused as usual. Default
+    /// 1000.
+    pub max_waiting: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -322,6 +326,11 @@ pub struct RawPolicy {
     /// `true`: one counter for every route that has a shared policy of this name (defined the
     /// same in each), instead of one per route.
     pub shared: Option<bool>,
+    /// `refuse` (default) or `delay`: a request over the limit waits for a free slot up to
+    /// `max_delay` instead of being refused (`docs/algorithms.md`, "Pacing").
+    pub on_limit: Option<String>,
+    /// With `on_limit: delay`: the longest a request waits (`2s`, `500ms`).
+    pub max_delay: Option<String>,
 }
 
 /// `concurrency: {limit, lease_ttl, refuse_with}`.

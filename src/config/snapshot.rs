@@ -158,6 +158,9 @@ pub struct Policy {
     pub response_cost: Option<ResponseCost>,
     /// The status of a refusal by a concurrency policy (`refuse_with`, 429 by default).
     pub refuse_with: StatusCode,
+    /// `on_limit: delay`: the longest a request may wait for a slot, in µs, instead of being
+    /// refused (`docs/algorithms.md`, "Pacing"); `None` refuses at once.
+    pub max_delay_us: Option<u64>,
 }
 
 /// The cost a response reports (`docs/algorithms.md`, "Cost from the response").
@@ -264,6 +267,7 @@ impl Policy {
             key_prefix: format!("{route}:{name}:"),
             response_cost: None,
             refuse_with: StatusCode::TOO_MANY_REQUESTS,
+            max_delay_us: None,
         }
     }
 
@@ -319,6 +323,8 @@ pub struct Route {
     pub rewrite: Option<super::rewrite::PathRewrite>,
     /// `quota_endpoint`: where a client asks for its own remaining quota on this route.
     pub quota_endpoint: Option<QuotaEndpoint>,
+    /// The most requests waiting for a slot at once (`max_waiting`), when a policy delays.
+    pub max_waiting: usize,
 }
 
 /// A route's quota endpoint (`quota_endpoint: /api/users/{user_id}/quota`): `GET` or `HEAD` of

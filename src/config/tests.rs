@@ -811,3 +811,70 @@ fn tracing_is_off_by_default_and_samples_every_trace_when_set() {
         (1.0, "turnstile")
     );
 }
+
+/// Pacing's settings (`on_limit: delay`, `max_delay`, `max_waiting`): each mistake names its
+/// file, line and field.
+#[test]
+fn pacing_settings_are_checked_with_their_line() {
+    let policy = |extra: &str| {
+        format!(
+            "{BASE}  - name: a\n    upstream: api\n    policies:\n      - name: p\n        \
+             key: [client_ip]\n{extra}"
+        )
+    };
+    let tb = "        token_bucket: { rate: 10/s, burst: 1 }\n";
+    let ok = parse(
+        &policy(&format!(
+            "{tb}        on_limit: delay\n        max_delay: 1500ms\n"
+        )),
+        Path::new("p.yaml"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ok.routes[0].policies[0].max_delay_us, Some(1_500_000));
+    assert_eq!(ok.routes[0].max_waiting, 1000);
+    let cases = [
+        (
+            format!("{tb}        on_limit: wait\n"),
+            "p.yaml:11:19: routes[0].policies[0].on_limit: `wait` is not an answer",
+        ),
+        (
+            format!("{tb}        on_limit: delay\n"),
+            "p.yaml:11:19: routes[0].policies[0].on_limit: `delay` needs `max_delay`",
+        ),
+        (
+            format!("{tb}        max_delay: 1s\n"),
+            "p.yaml:11:20: routes[0].policies[0].max_delay: applies only with `on_limit: delay`",
+        ),
+        (
+            format!("{tb}        on_limit: delay\n        max_delay: 2h\n"),
+            "p.yaml:12:20: routes[0].policies[0].max_delay: must be more than 0ms and at most",
+        ),
+        (
+            "        concurrency: { limit: 2 }\n        on_limit: delay\n        max_delay: 1s\n"
+                .to_string(),
+            "p.yaml:11:19: routes[0].policies[0].on_limit: `delay` is not supported for a \
+             concurrency policy",
+        ),
+        (
+            "        quota: { limit: 2, per: day }\n        on_limit: delay\n        \
+             max_delay: 1s\n"
+                .to_string(),
+            "p.yaml:11:19: routes[0].policies[0].on_limit: `delay` is not supported for a quota",
+        ),
+        (
+            format!("{tb}        mode: shadow\n        on_limit: delay\n        max_delay: 1s\n"),
+            "p.yaml:12:19: routes[0].policies[0].on_limit: a shadow policy never refuses",
+        ),
+    ];
+    for (extra, want) in cases {
+        let e = errors(&policy(&extra));
+        assert!(e.iter().any(|e| e.starts_with(want)), "{want}\n got {e:?}");
+    }
+    let e = errors(&format!(
+        "{BASE}  - name: a\n    upstream: api\n    max_waiting: 5\n"
+    ));
+    assert!(
+        e[0].starts_with("p.yaml:7:18: routes[0].max_waiting: applies only to a route with"),
+        "{e:?}"
+    );
+}

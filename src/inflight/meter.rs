@@ -287,6 +287,7 @@ fn checks(due: &[(String, Rule, u64)]) -> Vec<Check<'_>> {
             rule,
             cost: *cost,
             shadow: false,
+            max_delay_us: None,
         })
         .collect()
 }

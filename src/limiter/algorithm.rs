@@ -134,7 +134,8 @@ impl BucketPlan {
 /// one entry, and every operation but the `retry_after` walk is O(1) amortised.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WindowLog {
-    /// (time, units): times strictly increasing, units at least 1.
+    /// (time, units): times strictly increasing, units at least 1 (0 only for a paced
+    /// reservation given back, [`WindowLog::unreserve`]).
     entries: VecDeque<(u64, u64)>,
     /// The sum of the entries' units.
     total: u64,
@@ -188,7 +189,8 @@ impl WindowLog {
         let newest = if consumed && cost > 0 {
             Some(now)
         } else {
-            self.entries.back().map(|&(ts, _)| ts)
+            // An emptied entry (`unreserve`) restores nothing.
+            self.entries.back().map(|&(ts, _)| ts).filter(|_| count > 0)
         };
         let reset_us = newest.map_or(0, |ts| ts + rule.window_us - now);
         let retry_after_us = if plan.allowed {
@@ -242,6 +244,21 @@ impl WindowLog {
     /// Writes a plan that was consumed (decide.lua's `sw_commit`).
     pub fn commit(&mut self, plan: &LogPlan) {
         self.consume(plan.now, plan.cost);
+    }
+
+    /// Gives back up to `units` recorded at exactly `at` (a paced reservation whose request went
+    /// away before its slot: `pacing.rs`); other units at that time stay. Nothing when the
+    /// entry has left the window already.
+    ///
+    /// The entry stays, emptied: the entries this log dropped when it admitted the request at
+    /// its slot are forgotten soundly only while an entry that late holds the log's time
+    /// (`eval` runs on the newest entry's time).
+    pub fn unreserve(&mut self, at: u64, units: u64) {
+        if let Some(entry) = self.entries.iter_mut().rev().find(|(ts, _)| *ts == at) {
+            let back = units.min(entry.1);
+            entry.1 -= back;
+            self.total = self.total.saturating_sub(back);
+        }
     }
 
     /// Entries held: one per distinct time with units in the window, whatever the units.
@@ -319,7 +336,12 @@ impl WindowBuckets {
         let newest = if consumed && cost > 0 {
             Some(current)
         } else {
-            self.counts.back().map(|&(j, _)| j)
+            // An emptied bucket (`unreserve`) restores nothing (decide.lua's `live`).
+            self.counts
+                .iter()
+                .rev()
+                .find(|&&(_, c)| c > 0)
+                .map(|&(j, _)| j)
         };
         let reset_us = newest.map_or(0, until_gone);
         let retry_after_us = if plan.allowed {
@@ -366,6 +388,15 @@ impl WindowBuckets {
     /// Writes a plan that was consumed (decide.lua's `swb_commit`).
     pub fn commit(&mut self, plan: &BucketsPlan) {
         self.consume(plan.current, plan.cost);
+    }
+
+    /// Gives back up to `units` recorded in bucket `index` (a paced reservation whose request
+    /// went away: `pacing.rs`). Nothing when the bucket has left the window already.
+    /// The bucket stays, emptied, as [`WindowLog::unreserve`]'s entry does.
+    pub fn unreserve(&mut self, index: u64, units: u64) {
+        if let Some((_, c)) = self.counts.iter_mut().find(|(j, _)| *j == index) {
+            *c = c.saturating_sub(units);
+        }
     }
 
     pub fn is_idle(&self, rule: &SlidingWindow, now: u64) -> bool {
@@ -470,7 +501,7 @@ impl QuotaPlan {
 pub const MAX_US: u64 = 1 << 62;
 
 /// Whole microseconds, rounded up, at most [`MAX_US`] (decide.lua's `ceil_us`).
-fn ceil_us(us: f64) -> u64 {
+pub(crate) fn ceil_us(us: f64) -> u64 {
     if us <= 0.0 {
         0
     } else {

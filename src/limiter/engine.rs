@@ -81,6 +81,8 @@ struct Item<'a> {
     /// For a leader: the merged cost and whether every merged item is shadow.
     total_cost: u64,
     all_shadow: bool,
+    /// Pacing ([`Checks::pace`]): the longest this check may hold the request for a slot.
+    max_delay_us: Option<u64>,
 }
 
 /// The checks of one request, in the door's order. Pushing a key already asked for merges it
@@ -147,8 +149,27 @@ impl<'a> Checks<'a> {
             check,
             total_cost: cost,
             all_shadow: shadow,
+            max_delay_us: None,
         });
         index
+    }
+
+    /// Lets the check pushed at `index` hold the request up to `max_delay_us` for a slot instead
+    /// of refusing it (`on_limit: delay`, [`super::pacing`]). On a merged check the first pushed
+    /// stands, as its rule does; a shadow check never delays. Its refusals are not cached: a
+    /// waiter that goes away gives its slot back.
+    pub fn pace(&mut self, index: usize, max_delay_us: u64) {
+        if let Some(item) = self.items.get_mut(index) {
+            if item.leader == index && !item.shadow {
+                item.max_delay_us = Some(max_delay_us);
+                self.refundable = true;
+            }
+        }
+    }
+
+    /// Whether any check may delay the request.
+    pub fn paces(&self) -> bool {
+        self.items.iter().any(|i| i.max_delay_us.is_some())
     }
 
     pub fn len(&self) -> usize {
@@ -175,6 +196,7 @@ impl<'a> Checks<'a> {
                     rule: item.rule,
                     cost: item.total_cost,
                     shadow: item.all_shadow,
+                    max_delay_us: item.max_delay_us.filter(|_| !item.all_shadow),
                 });
             }
         }
@@ -273,6 +295,43 @@ impl<'a> Verdict<'a> {
         (self.lease != 0 && self.kind == Kind::Allowed).then_some(self.lease)
     }
 
+    /// Admitted for later (pacing): how long the request must wait for its slot. Zero when it
+    /// may go now, or was not admitted.
+    pub fn delay(&self) -> std::time::Duration {
+        if self.kind == Kind::Allowed {
+            std::time::Duration::from_micros(self.decision.delay_us)
+        } else {
+            std::time::Duration::ZERO
+        }
+    }
+
+    /// Admitted for later: what the request gives back if it goes away before its slot, owned so
+    /// that a guard can give it back from anywhere (`Engine::unreserve`). `None` when the request
+    /// was not delayed (it allocates nothing then).
+    pub fn reservation(&self) -> Option<Reservation> {
+        if self.kind != Kind::Allowed || self.decision.delay_us == 0 {
+            return None;
+        }
+        let checks = self
+            .checks
+            .store_checks()
+            .iter()
+            .zip(&self.decision.outcomes)
+            .filter(|(c, o)| !c.shadow || o.allowed)
+            .map(|(c, _)| Reserved {
+                key: c.key.into(),
+                rule: *c.rule,
+                cost: c.cost,
+                paced: c.max_delay_us.is_some(),
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Some(Reservation {
+            checks,
+            slot_us: self.decision.slot_us,
+        })
+    }
+
     /// Failed open by the local fallback: the lease id the store may have taken anyway (its call
     /// timed out or its connection failed after it may have run), to be released when the
     /// request ends. `None` when nothing can have reached the store.
@@ -323,6 +382,30 @@ impl<'a> Verdict<'a> {
             leaders.min_by_key(|(_, _, o)| o.remaining)
         };
         best.map(|(i, _, o)| (i, o))
+    }
+}
+
+/// A delayed admission's reservation, owned: the checks that consumed (key, rule, cost) and the
+/// slot every window recorded it at. [`Engine::unreserve`] gives it back.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    checks: Box<[Reserved]>,
+    slot_us: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Reserved {
+    key: Box<str>,
+    rule: Rule,
+    cost: u64,
+    paced: bool,
+}
+
+impl Reservation {
+    /// Bytes this reservation holds on the heap (the memory a waiter holds, `docs/algorithms.md`).
+    pub fn heap_bytes(&self) -> usize {
+        self.checks.len() * std::mem::size_of::<Reserved>()
+            + self.checks.iter().map(|c| c.key.len()).sum::<usize>()
     }
 }
 
@@ -419,6 +502,25 @@ impl Engine {
     pub async fn release(&self, checks: &[Check<'_>], lease: u64) {
         if let Err(error) = self.store.release(checks, lease).await {
             tracing::debug!(%error, "releasing a concurrency lease failed; it expires by its TTL");
+        }
+    }
+
+    /// Gives back a delayed admission's reservation (its request went away before its slot). A
+    /// failure is logged: the slot then stays taken, delaying later requests by at most it.
+    pub async fn unreserve(&self, reservation: &Reservation) {
+        let checks: SmallVec<[Check<'_>; INLINE_CHECKS]> = reservation
+            .checks
+            .iter()
+            .map(|c| Check {
+                key: &c.key,
+                rule: &c.rule,
+                cost: c.cost,
+                shadow: false,
+                max_delay_us: c.paced.then_some(0),
+            })
+            .collect();
+        if let Err(error) = self.store.unreserve(&checks, reservation.slot_us).await {
+            tracing::debug!(%error, "giving back a paced reservation failed; its slot stays taken");
         }
     }
 
@@ -603,6 +705,8 @@ impl Engine {
         enforced.then_some(Decision {
             allowed: false,
             outcomes,
+            delay_us: 0,
+            slot_us: 0,
         })
     }
 
@@ -802,6 +906,8 @@ fn fall_back<'a>(
         decision: Decision {
             allowed: false,
             outcomes,
+            delay_us: 0,
+            slot_us: 0,
         },
         error: None,
         lease: 0,

@@ -498,3 +498,44 @@ async fn concurrency_refusals_are_never_cached() {
     assert_eq!(decide_one(&f, &m, &rule, 1, false).await, Kind::FailedOpen);
     assert_eq!(deny_hits(&f), 0.0);
 }
+
+/// A paced check through the engine: the verdict says how long to wait and holds the owned
+/// reservation (its heap bytes: one entry per check and its key, the memory a waiter holds); a
+/// paced refusal is never cached, since a waiter that goes away frees its slot.
+#[tokio::test]
+async fn a_paced_verdict_waits_and_owns_its_reservation() {
+    let f = Fixture::new();
+    let m = f.metrics.policy("r", "p");
+    let rule = tb(10.0, 1);
+    let key = "r:p:a-key-of-thirty-bytes-long!";
+    let decide = || {
+        let mut checks = Checks::with_capacity(1);
+        let i = checks.push(key, &rule, 1, false, policy(&m, "p"));
+        checks.pace(i, S);
+        f.engine.decide(checks, FailureMode::Closed)
+    };
+    let first = decide().await;
+    assert!(first.admits() && first.delay().is_zero() && first.reservation().is_none());
+    let second = decide().await;
+    assert_eq!(second.delay(), std::time::Duration::from_millis(100));
+    let reservation = second
+        .reservation()
+        .expect("a delayed verdict's reservation");
+    let per_check = std::mem::size_of::<Reserved>();
+    assert_eq!(reservation.heap_bytes(), per_check + key.len());
+    assert!(per_check <= 100, "{per_check} bytes per check");
+    for _ in 0..9 {
+        assert!(decide().await.admits());
+    }
+    // Eleven reserved: the next slot is 1.1 s away.
+    let refused = decide().await;
+    assert_eq!(refused.kind, Kind::Limited);
+    assert_eq!(
+        f.engine.deny_cache_len(),
+        0,
+        "a paced refusal is not cached"
+    );
+    f.engine.unreserve(&reservation).await;
+    f.clock.set(T + 100_000);
+    assert!(decide().await.admits(), "a slot came back with time");
+}

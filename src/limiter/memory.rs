@@ -21,9 +21,10 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::algorithm::{BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
+use super::algorithm::{BucketPlan, BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
 use super::engine::INLINE_CHECKS;
 use super::leases::{LeasePlan, Leases};
+use super::pacing;
 use super::{Check, Clock, Decision, Outcome, Rule};
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
@@ -295,6 +296,9 @@ impl MemoryStore {
     }
 
     fn decide(&self, checks: &[Check<'_>], lease: u64, now: u64) -> Decision {
+        if checks.iter().any(|c| c.max_delay_us.is_some()) {
+            return self.decide_paced(checks, lease, now);
+        }
         if let [check] = checks {
             return self.check_one(check, lease, now);
         }
@@ -339,6 +343,100 @@ impl MemoryStore {
                     commit(self, shard, hash, check, p, now, lease);
                 }
             }
+        }
+        decision
+    }
+
+    /// A decision with paced checks (`on_limit: delay`, [`pacing`]): every check evaluated at
+    /// `now`, each paced one's slot found, and the request admitted at the latest slot when that
+    /// is within every paced check's `max_delay`; then each token bucket that paces and every
+    /// window reserves at that slot, the other checks commit as usual. All or nothing, under the
+    /// shards' locks, as [`MemoryStore::decide`].
+    fn decide_paced(&self, checks: &[Check<'_>], lease: u64, now: u64) -> Decision {
+        type Few<T> = SmallVec<[T; INLINE_CHECKS]>;
+        let hashes: Few<u64> = checks.iter().map(|c| self.hasher.hash_one(c.key)).collect();
+        let shard_of: Few<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Few<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+
+        let mut outcomes = super::Outcomes::with_capacity(checks.len());
+        let mut pending: Few<_> = SmallVec::with_capacity(checks.len());
+        // Per check: (max delay, slot) when it paces.
+        let mut paced: Few<Option<(u64, Option<u64>)>> = SmallVec::with_capacity(checks.len());
+        let mut at = now;
+        for ((check, &shard), &hash) in checks.iter().zip(&shard_of).zip(&hashes) {
+            let shard = shard_mut(&mut guards, shard);
+            let (p, outcome) = self.evaluate(shard, hash, check, now);
+            let pace = check.max_delay_us.and_then(|max| {
+                let entry = shard.table.find_mut(hash, |e| *e.key == *check.key)?;
+                let slot = slot_of(entry, check, &p, now)?;
+                Some((max, slot))
+            });
+            if let Some((_, Some(slot))) = pace {
+                at = at.max(slot);
+            }
+            outcomes.push(outcome);
+            pending.push(p);
+            paced.push(pace);
+        }
+        for (outcome, pace) in outcomes.iter_mut().zip(&paced) {
+            if let Some((max, slot)) = *pace {
+                pacing::refused(outcome, slot, at, now, max);
+            }
+        }
+        let mut decision = Decision::from_checks(checks, outcomes);
+        if !decision.allowed {
+            // As `decide`: the state as it stays; a paced check keeps its own verdict.
+            let all = checks.iter().zip(&shard_of).zip(&hashes).zip(&pending);
+            let all = all.zip(&paced).zip(&mut decision.outcomes);
+            for (((((check, &shard), &hash), p), pace), outcome) in all {
+                if (outcome.allowed || pace.is_some()) && check.cost > 0 {
+                    let peek = Check {
+                        cost: 0,
+                        max_delay_us: None,
+                        ..*check
+                    };
+                    let shard = shard_mut(&mut guards, shard);
+                    let (allowed, retry_after_us) = (outcome.allowed, outcome.retry_after_us);
+                    *outcome = match p {
+                        Pending::Overflow(_) => shard.overflow.evaluate(hash, peek.rule, now, 0).1,
+                        _ => self.evaluate(shard, hash, &peek, now).1,
+                    };
+                    if pace.is_some() {
+                        outcome.allowed = allowed;
+                        outcome.retry_after_us = retry_after_us;
+                    }
+                }
+            }
+            return decision;
+        }
+        let delayed = at > now;
+        let all = checks.iter().zip(&shard_of).zip(&hashes).zip(pending);
+        for (i, (((check, &shard), &hash), p)) in all.enumerate() {
+            if !decision.commits(i) {
+                continue;
+            }
+            let shard = shard_mut(&mut guards, shard);
+            let reserved = delayed && check.cost > 0 && {
+                let pace = paced[i].is_some();
+                match shard.table.find_mut(hash, |e| *e.key == *check.key) {
+                    Some(entry) => reserve(entry, check, &p, pace, at).map(|outcome| {
+                        decision.outcomes[i] = outcome;
+                    }),
+                    None => None,
+                }
+                .is_some()
+            };
+            if !reserved {
+                commit(self, shard, hash, check, p, now, lease);
+            }
+        }
+        if delayed {
+            decision.delay_us = at - now;
+            decision.slot_us = at;
         }
         decision
     }
@@ -430,6 +528,36 @@ impl MemoryStore {
                 if let State::Bucket(state) = &mut entry.state {
                     state.refund(tb, check.cost);
                 }
+            }
+        }
+    }
+
+    /// Gives back a delayed decision's reservation made at slot `at` (its request went away
+    /// before the slot): the units every window recorded at `at`, every token bucket's cost
+    /// (capped at the burst) but a paced bucket's only while no reservation was made behind it
+    /// (`docs/algorithms.md`, "Pacing"). Quotas and leases are not given back here (a lease goes with
+    /// its request's guard).
+    pub fn unreserve(&self, checks: &[Check<'_>], at: u64) {
+        for check in checks.iter().filter(|c| c.cost > 0) {
+            let hash = self.hasher.hash_one(check.key);
+            let mut shard = lock(&self.shards[self.shard_index(hash)]);
+            let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) else {
+                continue;
+            };
+            match (&mut entry.state, check.rule) {
+                // A paced bucket's reservation only while it is the latest: one behind it was
+                // placed from this state, and the bucket may have been full in between.
+                (State::Bucket(state), Rule::TokenBucket(tb))
+                    if check.max_delay_us.is_none() || state.ts == at =>
+                {
+                    state.refund(tb, check.cost)
+                }
+                (State::Log(log), Rule::SlidingWindow(_)) => log.unreserve(at, check.cost),
+                (State::Buckets(buckets), Rule::SlidingWindow(sw)) => {
+                    let width = sw.window_us / u64::from(sw.buckets);
+                    buckets.unreserve(at / width, check.cost);
+                }
+                _ => {}
             }
         }
     }
@@ -722,6 +850,62 @@ fn commit(
         }
         (State::Quota(count), Pending::Quota(plan)) => count.commit(&plan),
         _ => {}
+    }
+}
+
+/// A paced check's slot (`pacing`), from what phase one left in its counter: `None` when its
+/// kind does not pace (or the overflow sketch decided it), else the slot, itself `None` when no
+/// wait would ever admit the cost.
+fn slot_of(entry: &mut Entry, check: &Check<'_>, p: &Pending, now: u64) -> Option<Option<u64>> {
+    match (&mut entry.state, check.rule, p) {
+        (State::Bucket(_), Rule::TokenBucket(tb), Pending::Bucket(refilled)) => {
+            Some(pacing::bucket_slot(tb, &bucket_plan(refilled, check.cost)))
+        }
+        (State::Log(log), Rule::SlidingWindow(sw), Pending::Log(_)) => {
+            let plan = log.eval(sw, now, check.cost);
+            Some(pacing::log_slot(log, sw, &plan))
+        }
+        (State::Buckets(buckets), Rule::SlidingWindow(sw), Pending::Buckets(_)) => {
+            let plan = buckets.eval(sw, now, check.cost);
+            Some(pacing::buckets_slot(buckets, sw, &plan))
+        }
+        _ => None,
+    }
+}
+
+/// The plan phase one's refilled bucket stands for (`BucketState::eval` at its time).
+fn bucket_plan(refilled: &BucketState, cost: u64) -> BucketPlan {
+    BucketPlan {
+        tokens: refilled.tokens,
+        ts: refilled.ts,
+        cost,
+        allowed: refilled.tokens >= cost as f64,
+    }
+}
+
+/// Reserves a delayed decision's check at its slot `at`: a token bucket that paces, and every
+/// window (a window counts the request when it passes). `None`: the check commits as usual.
+fn reserve(
+    entry: &mut Entry,
+    check: &Check<'_>,
+    p: &Pending,
+    paces: bool,
+    at: u64,
+) -> Option<Outcome> {
+    match (&mut entry.state, check.rule, p) {
+        (State::Bucket(state), Rule::TokenBucket(tb), Pending::Bucket(refilled)) if paces => {
+            let (reserved, outcome) =
+                pacing::bucket_reserve(tb, &bucket_plan(refilled, check.cost), at);
+            *state = reserved;
+            Some(outcome)
+        }
+        (State::Log(log), Rule::SlidingWindow(sw), Pending::Log(_)) => {
+            Some(pacing::log_reserve(log, sw, check.cost, at))
+        }
+        (State::Buckets(buckets), Rule::SlidingWindow(sw), Pending::Buckets(_)) => {
+            Some(pacing::buckets_reserve(buckets, sw, check.cost, at))
+        }
+        _ => None,
     }
 }
 

@@ -14,6 +14,7 @@ fn check<'a>(key: &'a str, rule: &'a Rule) -> Check<'a> {
         rule,
         cost: 1,
         shadow: false,
+        max_delay_us: None,
     }
 }
 
@@ -352,6 +353,7 @@ fn one_shadow_check_over_its_limit_admits_and_consumes_nothing() {
     });
     let shadow = Check {
         shadow: true,
+        max_delay_us: None,
         ..check("s", &rule)
     };
     for _ in 0..2 {

@@ -15,13 +15,14 @@ pub mod deny_cache;
 pub mod engine;
 pub mod leases;
 pub mod memory;
+pub mod pacing;
 pub mod quota;
 pub mod redis;
 
 use std::time::Duration;
 
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
-pub use engine::{Checks, Engine, FailureMode, Kind, Tally, Verdict};
+pub use engine::{Checks, Engine, FailureMode, Kind, Reservation, Tally, Verdict};
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -137,6 +138,11 @@ pub struct Check<'a> {
     /// Report only (Envoy's `shadow_mode`): the check is evaluated and consumes when it and the
     /// decision allow, but its own refusal never rejects the request.
     pub shadow: bool,
+    /// Pacing (`on_limit: delay`): the longest the request may wait for a slot, in µs, instead
+    /// of being refused (`pacing.rs`); `None` refuses at once. `Some(0)` admits only what needs
+    /// no wait, behind every reservation already made (a route whose waiters are at their cap).
+    /// Token buckets and sliding windows; other kinds ignore it.
+    pub max_delay_us: Option<u64>,
 }
 
 /// What one rule says about one request. Times are microseconds so both engines agree exactly.
@@ -169,6 +175,12 @@ pub struct Decision {
     pub allowed: bool,
     /// One outcome per check, in the order of the checks.
     pub outcomes: Outcomes,
+    /// Admitted for later (pacing): how long the request waits for its slot, in µs; 0 when it
+    /// was admitted now or refused.
+    pub delay_us: u64,
+    /// Admitted for later: the slot, in the store's clock (µs), at which every window check of
+    /// the decision recorded it (its refund stamp, `Store::unreserve`); 0 otherwise.
+    pub slot_us: u64,
 }
 
 /// One outcome per check, inline for the usual few checks (no allocation per decision).
@@ -180,6 +192,8 @@ impl Decision {
         Decision {
             allowed: outcomes.iter().all(|o| o.allowed),
             outcomes,
+            delay_us: 0,
+            slot_us: 0,
         }
     }
 
@@ -192,6 +206,8 @@ impl Decision {
                 .zip(&outcomes)
                 .all(|(c, o)| c.shadow || o.allowed),
             outcomes,
+            delay_us: 0,
+            slot_us: 0,
         }
     }
 
@@ -307,6 +323,21 @@ impl Store {
                 Ok(())
             }
             Store::Redis(store) => Box::pin(store.refund(checks)).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(()),
+        }
+    }
+
+    /// Gives back a delayed decision's reservation made at slot `at` ([`Decision::slot_us`]):
+    /// its request went away before the slot. Token buckets get their cost back (capped at the
+    /// burst), windows the units recorded at the slot; quotas and leases are not given back here.
+    pub async fn unreserve(&self, checks: &[Check<'_>], at: u64) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(store) => {
+                store.unreserve(checks, at);
+                Ok(())
+            }
+            Store::Redis(store) => Box::pin(store.unreserve(checks, at)).await,
             #[cfg(test)]
             Store::Faulty(_) => Ok(()),
         }

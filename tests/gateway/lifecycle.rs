@@ -600,6 +600,7 @@ fn a_reload_names_each_policy_whose_counters_it_restarts() {
             rule,
             cost,
             shadow: false,
+            max_delay_us: None,
         };
         assert!(store.check_leased(&[check(old, 1)], 0).allowed);
         let after = store.check_leased(&[check(new, 0)], 0).outcomes[0];

@@ -11,6 +11,7 @@ mod direct;
 mod docs;
 mod envoy;
 mod nginx;
+mod pacing;
 mod traefik;
 
 use std::net::SocketAddr;
@@ -52,6 +53,14 @@ routes:
       - name: per_get
         key: [path:id]
         token_bucket: { rate: 1/h, burst: 1 }
+  - name: paced
+    match: { prefix: /api/paced }
+    policies:
+      - name: per_paced
+        key: [method]
+        token_bucket: { rate: 5/s, burst: 1 }
+        on_limit: delay
+        max_delay: 2s
   - name: this_host
     match: { host: 127.0.0.1, prefix: /api/host }
     policies:

@@ -53,6 +53,8 @@ struct Shared {
     frames_rx: Mutex<mpsc::UnboundedReceiver<Bytes>>,
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
+    /// When each request's head arrived, in order (pacing tests measure the spacing).
+    arrivals: std::sync::Mutex<Vec<std::time::Instant>>,
 }
 
 /// One request in flight at the upstream, counted until dropped.
@@ -100,6 +102,7 @@ impl Upstream {
             frames_rx: Mutex::new(frames_rx),
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
+            arrivals: std::sync::Mutex::default(),
         });
         let accept_shared = shared.clone();
         let task = tokio::spawn(async move {
@@ -126,6 +129,15 @@ impl Upstream {
             }
         });
         Upstream { addr, shared, task }
+    }
+
+    /// When each request's head arrived so far, in arrival order.
+    pub fn arrivals(&self) -> Vec<std::time::Instant> {
+        self.shared
+            .arrivals
+            .lock()
+            .map(|a| a.clone())
+            .unwrap_or_default()
     }
 
     /// TCP connections accepted so far (to observe the gateway's connection pool).
@@ -215,6 +227,9 @@ async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<UpBody>, Infallible> {
+    if let Ok(mut arrivals) = shared.arrivals.lock() {
+        arrivals.push(std::time::Instant::now());
+    }
     shared.requests.send_modify(|n| *n += 1);
     let _in_flight = InFlight::new(&shared);
     if let Some(ms) = req

@@ -21,6 +21,7 @@ mod inflight;
 mod exempt;
 mod listeners;
 mod observability;
+mod pacing;
 mod policies;
 mod responses;
 mod routes;

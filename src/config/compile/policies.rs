@@ -160,6 +160,7 @@ pub(super) fn policy(
         policy.share();
     }
     inflight::finish(e, path, raw, &mut policy);
+    super::pacing::on_limit(e, path, raw, &mut policy);
     Some(policy)
 }
 
@@ -185,6 +186,8 @@ pub(super) fn shared_policies(e: &mut Errors, routes: &[RawRoute]) {
                 ("concurrency", p.concurrency != f.concurrency),
                 ("cost", p.cost != f.cost),
                 ("mode", p.mode != f.mode),
+                ("on_limit", p.on_limit != f.on_limit),
+                ("max_delay", p.max_delay != f.max_delay),
             ];
             if let Some((field, _)) = differs.iter().find(|(_, d)| *d) {
                 e.add(

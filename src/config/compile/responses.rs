@@ -80,6 +80,13 @@ pub(super) fn route_responses(
             .find(|p| *p.name == *raw_policy.name)
         {
             policy.shadow = route_shadow || shadow;
+            if policy.shadow && policy.max_delay_us.is_some() {
+                e.add(
+                    format!("{path}.policies[{j}].on_limit"),
+                    "a shadow policy never refuses, so it cannot delay: leave out `on_limit: \
+                     delay`, or enforce the policy",
+                );
+            }
         }
     }
     if route.policies.len() > MAX_POLICIES {

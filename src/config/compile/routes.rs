@@ -114,6 +114,7 @@ pub(super) fn route(
         limited_response: Default::default(),
         rewrite: rewrite?,
         quota_endpoint: quota_endpoint(e, path, raw, &params)?,
+        max_waiting: super::pacing::max_waiting(e, path, raw),
     })
 }
 

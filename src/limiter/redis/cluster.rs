@@ -499,8 +499,18 @@ pub(super) async fn check(
     }
 }
 
+/// The checks of one slot's call. Their groups decide apart, each at its own node's time, so
+/// none can tell the others when a slot is free: a paced check there admits only what needs no
+/// wait (`max_delay` 0, `docs/redis.md`), and a request whose counters span slots is never
+/// delayed, only admitted now or refused.
 fn subset<'a>(checks: &[Check<'a>], members: &[usize]) -> Vec<Check<'a>> {
-    members.iter().map(|&i| checks[i]).collect()
+    members
+        .iter()
+        .map(|&i| Check {
+            max_delay_us: checks[i].max_delay_us.map(|_| 0),
+            ..checks[i]
+        })
+        .collect()
 }
 
 /// Gives back every consumption in `consumed` (check index, stamp), one concurrent call per slot,

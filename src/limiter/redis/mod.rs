@@ -351,6 +351,26 @@ impl RedisStore {
         .await
     }
 
+    /// Gives back a delayed decision's reservation at slot `at` (decide.lua's refund): every
+    /// token bucket's cost, and what every window recorded at the slot (an exact window's
+    /// member at `at`, a bucketed window's bucket of `at`). One call, or on a Cluster one per
+    /// check. See [`crate::limiter::Store::unreserve`].
+    pub async fn unreserve(&self, checks: &[Check<'_>], at: u64) -> Result<(), StoreError> {
+        let kept: Vec<Check<'_>> = checks
+            .iter()
+            .filter(|c| c.cost > 0 && wire::unreserve_stamp(c, at).is_some())
+            .copied()
+            .collect();
+        self.per_slot(&kept, |subset| {
+            let entries: Vec<(Check<'_>, [i64; 2])> = subset
+                .iter()
+                .filter_map(|c| Some((*c, wire::unreserve_stamp(c, at)?)))
+                .collect();
+            wire::refund_args(&entries)
+        })
+        .await
+    }
+
     /// Releases lease `lease` on every concurrency check of `checks` (decide.lua's refund).
     pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
         self.per_slot(checks, |subset| wire::release_args(subset, lease))

@@ -88,10 +88,26 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
             }
         }
         args.push(int(check.cost));
-        args.push(Value::Integer(i64::from(check.shadow)));
+        args.push(int(mode(check)));
     }
     args
 }
+
+/// A check's last argument (decide.lua's `mode`): 0 enforced, 1 shadow, or for a paced check
+/// [`PACED`] plus its `max_delay` in µs.
+pub fn mode(check: &Check<'_>) -> u64 {
+    match check.max_delay_us {
+        Some(max) if !check.shadow => PACED.saturating_add(max.min(MAX_DELAY_US)),
+        _ => u64::from(check.shadow),
+    }
+}
+
+/// The mode of a paced check with no delay allowed (decide.lua's `PACED`).
+pub const PACED: u64 = 2;
+
+/// The longest `max_delay` the wire carries (a day; the config allows less): the mode stays an
+/// exact double.
+pub const MAX_DELAY_US: u64 = 86_400_000_000;
 
 /// One decision of a packed batch (decide.lua, "Packed batch"): the numbers [`args`] would send
 /// after `"batch"`, each a little-endian double appended to `out`: `now` (-1 for Redis `TIME`), the
@@ -118,14 +134,7 @@ pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut Vec<u8
                 (4.0, int(q.limit), int(period.start), int(period.end))
             }
         };
-        for v in [
-            kind,
-            p1,
-            p2,
-            p3,
-            int(check.cost),
-            f64::from(u8::from(check.shadow)),
-        ] {
+        for v in [kind, p1, p2, p3, int(check.cost), int(mode(check))] {
             put(v);
         }
     }
@@ -166,7 +175,7 @@ fn packed_integer(chunk: &[u8]) -> Option<i64> {
 }
 
 /// One decision's part of a packed reply (`1 + 7 * checks` doubles), read as [`decode`] reads
-/// the integers, straight from the bytes (the refund stamps are not read: a batch never refunds).
+/// the integers, straight from the bytes (of the refund stamps only a delayed decision's slot).
 pub fn decode_packed(bytes: &[u8], checks: usize) -> Result<Decision, StoreError> {
     if bytes.len() != 8 * (1 + 7 * checks) {
         return Err(StoreError::Script(format!(
@@ -231,9 +240,19 @@ fn outcomes(
             retry_after_us: unsigned(at + 4)?,
         });
     }
+    // allowed_all is 1 + the delay for an admission held for later, with its slot in the
+    // second stamp of every check (decide.lua's `paced`).
+    let all = unsigned(0)?;
+    let (delay_us, slot_us) = if all > 1 && checks > 0 {
+        (all - 1, unsigned(1 + 5 * checks + 1)?)
+    } else {
+        (0, 0)
+    };
     Ok(Decision {
-        allowed: value(0)? != 0,
+        allowed: all != 0,
         outcomes,
+        delay_us,
+        slot_us,
     })
 }
 
@@ -286,6 +305,25 @@ pub fn release_args(checks: &[Check<'_>], lease: u64) -> Vec<Value> {
 pub fn stamp(reply: &[i64], checks: usize, i: usize) -> [i64; 2] {
     let at = 1 + 5 * checks + 2 * i;
     [reply[at], reply[at + 1]]
+}
+
+/// The refund stamp of check `check` in a decision delayed to slot `at` (decide.lua's
+/// `paced`): a bucket needs none, an exact window's member is at `at`, a bucketed window's
+/// bucket is the one `at` falls in. `None` for the kinds a delayed reservation does not give back.
+pub fn unreserve_stamp(check: &Check<'_>, at: u64) -> Option<[i64; 2]> {
+    let at_i = i64::try_from(at).unwrap_or(i64::MAX);
+    match check.rule {
+        // A paced bucket only while its reservation is the latest (decide.lua's refund).
+        Rule::TokenBucket(_) if check.max_delay_us.is_some() => Some([at_i, 0]),
+        Rule::TokenBucket(_) => Some([0, 0]),
+        // Stamp 2 is 1: the member or bucket stays, emptied (decide.lua's refund).
+        Rule::SlidingWindow(sw) if sw.buckets == 0 => Some([at_i, 1]),
+        Rule::SlidingWindow(sw) => {
+            let width = (sw.window_us / u64::from(sw.buckets)).max(1);
+            Some([i64::try_from(at / width).unwrap_or(i64::MAX), 1])
+        }
+        Rule::Concurrency(_) | Rule::Quota(_) => None,
+    }
 }
 
 /// The refund's ARGV: `"refund"`, then `kind, cost, burst, stamp1, stamp2` per consumption.
@@ -350,6 +388,7 @@ mod tests {
                 rule,
                 cost: i as u64 + 1,
                 shadow: i == 1,
+                max_delay_us: None,
             })
             .collect();
         for now in [Some(1_763_900_000_123_457), None] {
