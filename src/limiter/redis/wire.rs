@@ -166,7 +166,8 @@ fn packed_integer(chunk: &[u8]) -> Option<i64> {
 }
 
 /// One decision's part of a packed reply (`1 + 7 * checks` doubles), read as [`decode`] reads
-/// the integers, straight from the bytes (the refund stamps are not read: a batch never refunds).
+/// the integers, straight from the bytes, the refund stamps included (a reservation is settled
+/// against them).
 pub fn decode_packed(bytes: &[u8], checks: usize) -> Result<Decision, StoreError> {
     if bytes.len() != 8 * (1 + 7 * checks) {
         return Err(StoreError::Script(format!(
@@ -212,7 +213,8 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     outcomes(checks, |i| Ok(reply[i]))
 }
 
-/// The decision in a reply whose `i`th integer is `value(i)`: `allowed_all`, then five per check.
+/// The decision in a reply whose `i`th integer is `value(i)`: `allowed_all`, five per check,
+/// then two stamp values per check, of which the first is the stamp ([`Decision::stamps`]).
 fn outcomes(
     checks: usize,
     value: impl Fn(usize) -> Result<i64, StoreError>,
@@ -231,9 +233,14 @@ fn outcomes(
             retry_after_us: unsigned(at + 4)?,
         });
     }
+    let mut stamps = crate::limiter::Stamps::with_capacity(checks);
+    for i in 0..checks {
+        stamps.push(unsigned(1 + 5 * checks + 2 * i)?);
+    }
     Ok(Decision {
         allowed: value(0)? != 0,
         outcomes,
+        stamps,
     })
 }
 
