@@ -524,7 +524,12 @@ async fn both_stores_follow_the_spec() {
                 case.name
             );
             let from_redis = remote.check(&checks).await.expect("redis decision");
-            assert_eq!(answer(&from_redis), want, "redis store, {} step {n}", case.name);
+            assert_eq!(
+                answer(&from_redis),
+                want,
+                "redis store, {} step {n}",
+                case.name
+            );
             assert_eq!(
                 from_memory.stamps, from_redis.stamps,
                 "stamps, {} step {n}",
@@ -919,13 +924,28 @@ fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
                 Refund(NOON + H, 0, 5, 0),
                 Take(NOON + H, vec![(0, 7)], 0, vec![(true, 10, 0, 11 * H, 0)]),
                 // Midnight: a new period.
-                Take(NOON + 12 * H, vec![(0, 4)], 0, vec![(true, 10, 6, 24 * H, 0)]),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 4)],
+                    0,
+                    vec![(true, 10, 6, 24 * H, 0)],
+                ),
                 Refund(NOON + 12 * H, 0, 7, 2),
-                Take(NOON + 12 * H, vec![(0, 0)], 0, vec![(true, 10, 6, 24 * H, 0)]),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 0)],
+                    0,
+                    vec![(true, 10, 6, 24 * H, 0)],
+                ),
                 // More than was used: down to 0, never below.
                 Refund(NOON + 12 * H, 0, 100, 3),
                 Take(NOON + 12 * H, vec![(0, 0)], 0, vec![(true, 10, 10, 0, 0)]),
-                Take(NOON + 12 * H, vec![(0, 10)], 0, vec![(true, 10, 0, 24 * H, 0)]),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 10)],
+                    0,
+                    vec![(true, 10, 0, 24 * H, 0)],
+                ),
             ],
         ),
         (
@@ -937,7 +957,12 @@ fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
                 Take(NOON, vec![(0, 1)], 0, vec![(true, 10, 9, 12 * H, 0)]),
                 Charge(NOON, 0, 20),
                 Take(NOON, vec![(0, 1)], 0, vec![(false, 10, 0, 12 * H, 12 * H)]),
-                Take(NOON + 12 * H, vec![(0, 1)], 0, vec![(true, 10, 9, 24 * H, 0)]),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 1)],
+                    0,
+                    vec![(true, 10, 9, 24 * H, 0)],
+                ),
             ],
         ),
         (

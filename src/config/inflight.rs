@@ -455,7 +455,10 @@ mod tests {
             let p = &s.routes[0].policies[0];
             assert_eq!(p.cost, 5000, "{rule}: admission reserves the limit");
             let rc = p.response_cost.as_ref().expect("response cost");
-            assert!(rc.reserve && rc.max_cost == 5000 && rc.min_cost == 1, "{rule}");
+            assert!(
+                rc.reserve && rc.max_cost == 5000 && rc.min_cost == 1,
+                "{rule}"
+            );
             let s = load("{ usage: anthropic, min_cost: 10, max_cost: 800 }");
             let p = &s.routes[0].policies[0];
             let rc = p.response_cost.as_ref().expect("response cost");

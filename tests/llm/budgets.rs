@@ -71,7 +71,11 @@ async fn window_and_quota_budgets_settle_to_their_usage(store: TestStore) {
         .await;
         assert_eq!((status, clean), (200, false), "{rule}");
         let (_, reserved, unreported, _) = wait_settled(&gw, "openai").await;
-        assert_eq!((reserved, unreported), (0.0, 1.0), "{rule}: nothing left reserved");
+        assert_eq!(
+            (reserved, unreported),
+            (0.0, 1.0),
+            "{rule}: nothing left reserved"
+        );
         assert_eq!(
             remaining(&gw, "/v1/chat/completions", CHAT, &[]).await,
             BUDGET - 3 * 26 - RESERVE - RESERVE,
@@ -92,7 +96,11 @@ async fn window_and_quota_budgets_charge_after_the_response(store: TestStore) {
         )
         .await;
         let first = post(&gw, "/v1/chat/completions", CHAT_STREAM, &[]).await;
-        assert_eq!(first.header_u64("x-ratelimit-remaining"), BUDGET - 1, "{rule}");
+        assert_eq!(
+            first.header_u64("x-ratelimit-remaining"),
+            BUDGET - 1,
+            "{rule}"
+        );
         // No reservation to wait for: the charge is counted once it has landed.
         let deadline = Instant::now() + LIVENESS;
         loop {

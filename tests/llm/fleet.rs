@@ -200,7 +200,10 @@ routes:
         // The counter in Redis holds exactly the usage: less than one reservation is left.
         // (A refusal's x-ratelimit-remaining says 0, whatever is left below the cost.)
         let used = used_in_redis(&redis, budget, key);
-        assert_eq!(used, reported, "{key}: the counter is exactly the usage ({budget:?})");
+        assert_eq!(
+            used, reported,
+            "{key}: the counter is exactly the usage ({budget:?})"
+        );
         assert!(BUDGET - used < RESERVE, "{key}: {} left", BUDGET - used);
         assert!(reported > BUDGET - RESERVE, "{key}: only {reported} used");
     }
