@@ -17,7 +17,9 @@
 #           as not measured unless LIMITADOR_BIN names a built limitador-server; see bench/rls.sh);
 #           access_log (the memory row with the access log on, every request to a file, against
 #           off; see bench/access_log.sh); tracing (the memory row with OpenTelemetry tracing at
-#           100% sampling to an OTLP receiver, against off; see bench/tracing.sh).
+#           100% sampling to an OTLP receiver, against off; see bench/tracing.sh); hotpath (the
+#           memory row on this build against TURNSTILE_BASE_BIN, an older build: what an ordinary
+#           route pays for newer features; see bench/hotpath.sh).
 # --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
 # of a plain `cargo build --release`.
 #
@@ -35,7 +37,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls access_log tracing)
+SECTIONS_ALL=(memory redis tls flood rls access_log tracing hotpath)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -58,7 +60,7 @@ TICKS=$(getconf CLK_TCK)
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -535,6 +537,8 @@ source "$BENCH_DIR/flood.sh"
 source "$BENCH_DIR/rls.sh"
 # shellcheck source=bench/access_log.sh
 source "$BENCH_DIR/access_log.sh"
+# shellcheck source=bench/hotpath.sh
+source "$BENCH_DIR/hotpath.sh"
 # shellcheck source=bench/tracing.sh
 source "$BENCH_DIR/tracing.sh"
 
