@@ -18,22 +18,26 @@ const RULES: [&str; 3] = [
     "quota: { limit: 1000, per: month, time_zone: Europe/Berlin }",
 ];
 
-/// One route, `openai`, whose policy `tokens` is `rule` with the usage cost `cost`.
+/// One route, `openai`, whose policy `tokens` is `rule` with the usage cost `cost`; refusing when
+/// the store fails, which on Redis is given 2 s (the default 50 ms fails open on a loaded machine,
+/// and an admission without a decision carries no rate-limit fields).
 fn budget(store: &TestStore, rule: &str, cost: &str) -> String {
-    store.config(&format!(
+    let config = store.config(&format!(
         r#"
 upstreams:
   llm: {{ url: "http://$UPSTREAM" }}
 routes:
   - name: openai
     upstream: llm
+    failure_mode: closed
     policies:
       - name: tokens
         key: ["header:authorization"]
         {rule}
         cost: {cost}
 "#
-    ))
+    ));
+    config.replacen("  type: redis\n", "  type: redis\n  timeout: 2s\n", 1)
 }
 
 /// Each budget, reserving: a JSON body and a stream settle to their usage (26 tokens each), a
