@@ -660,6 +660,10 @@ enum Op {
     Refund(u64, usize, u64, usize),
 }
 
+/// A Take's (counter, cost) checks and its decision's stamps, kept by op index for the refunds
+/// that name it.
+type Taken = (Vec<(usize, u64)>, Vec<u64>);
+
 fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
     Rule::Concurrency(Concurrency {
         limit,
@@ -1018,9 +1022,7 @@ async fn leases_and_charges_follow_the_spec() {
     assert!(remote.wait_ready(Duration::from_secs(10)).await);
     for (name, counters, ops) in lease_and_charge_cases().into_iter().chain(peek_cases()) {
         let keys: Vec<String> = (0..counters.len()).map(|i| format!("{name}:{i}")).collect();
-        // Each Take's (counter, cost) checks and its decision's stamps, by op index.
-        let mut taken: std::collections::HashMap<usize, (Vec<(usize, u64)>, Vec<u64>)> =
-            std::collections::HashMap::new();
+        let mut taken: std::collections::HashMap<usize, Taken> = std::collections::HashMap::new();
         let check = |i: usize, cost: u64| Check {
             key: &keys[i],
             rule: &counters[i],
