@@ -22,7 +22,8 @@
 #           requests with the cache of verified tokens against without; see bench/jwt.sh); peers
 #           (against NGINX limit_req, HAProxy stick tables, Envoy local_ratelimit, Traefik RateLimit
 #           in memory and on Redis, and Envoy + Limitador, each limiter checked first; see
-#           bench/peers.sh).
+#           bench/peers.sh); hotpath (the memory row on this build against TURNSTILE_BASE_BIN, an
+#           older build: what an ordinary route pays for newer features; see bench/hotpath.sh).
 # --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
 # of a plain `cargo build --release`.
 #
@@ -40,7 +41,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls access_log tracing jwt peers)
+SECTIONS_ALL=(memory redis tls flood rls access_log tracing jwt peers hotpath)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -64,7 +65,7 @@ WRK_ARGS=()                        # extra wrk arguments of run_pair's runs (the
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -542,6 +543,8 @@ source "$BENCH_DIR/flood.sh"
 source "$BENCH_DIR/rls.sh"
 # shellcheck source=bench/access_log.sh
 source "$BENCH_DIR/access_log.sh"
+# shellcheck source=bench/hotpath.sh
+source "$BENCH_DIR/hotpath.sh"
 # shellcheck source=bench/tracing.sh
 source "$BENCH_DIR/tracing.sh"
 # shellcheck source=bench/jwt.sh

@@ -86,6 +86,8 @@ def main():
     ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--events", type=int, default=50)
     ap.add_argument("--delay-ms", type=int, default=5)
+    ap.add_argument("--pair", action="append", default=[],
+                    help="A/B: also print A's paired per-round ratios to B")
     a = ap.parse_args()
     targets = []
     for t in a.target:
@@ -93,7 +95,9 @@ def main():
         host, port = addr.rsplit(":", 1)
         targets.append((name, host, int(port)))
     stats = {name: {"ttfb": [], "gap": [], "rate": []} for name, _, _ in targets}
+    pairs = [tuple(p.split("/", 1)) for p in a.pair]
     ratios = {name: {"ttfb_p50": [], "gap_p99": [], "rate": []} for name, _, _ in targets[1:]}
+    pair_ratios = {p: {"ttfb_p50": [], "gap_p99": [], "rate": []} for p in pairs}
     for r in range(a.rounds):
         order = targets[r % len(targets):] + targets[:r % len(targets)]
         round_stats = {}
@@ -104,25 +108,30 @@ def main():
             stats[name]["gap"] += gaps
             stats[name]["rate"].append(rate)
             round_stats[name] = (pct(ttfb, 50), pct(gaps, 99) if gaps else 0.0, rate)
-        base = round_stats[targets[0][0]]
+        def ratio(into, s, base):
+            into["ttfb_p50"].append(s[0] / base[0])
+            into["gap_p99"].append(s[1] / base[1] if base[1] else 0.0)
+            into["rate"].append(s[2] / base[2])
         for name, _, _ in targets[1:]:
-            s = round_stats[name]
-            ratios[name]["ttfb_p50"].append(s[0] / base[0])
-            ratios[name]["gap_p99"].append(s[1] / base[1] if base[1] else 0.0)
-            ratios[name]["rate"].append(s[2] / base[2])
+            ratio(ratios[name], round_stats[name], round_stats[targets[0][0]])
+        for num, den in pairs:
+            ratio(pair_ratios[(num, den)], round_stats[num], round_stats[den])
     print(f"{a.rounds} rounds x {a.streams} streams ({a.concurrency} at once) x {a.events} events "
           f"{a.delay_ms} ms apart")
-    print(f"{'target':<10} {'TTFB p50':>10} {'TTFB p99':>10} {'gap p50':>9} {'gap p99':>9} {'events/s':>9}")
+    print(f"{'target':<16} {'TTFB p50':>10} {'TTFB p99':>10} {'gap p50':>9} {'gap p99':>9} {'events/s':>9}")
     for name, _, _ in targets:
         s = stats[name]
-        print(f"{name:<10} {pct(s['ttfb'], 50) * 1e3:>8.2f}ms {pct(s['ttfb'], 99) * 1e3:>8.2f}ms "
+        print(f"{name:<16} {pct(s['ttfb'], 50) * 1e3:>8.2f}ms {pct(s['ttfb'], 99) * 1e3:>8.2f}ms "
               f"{pct(s['gap'], 50) * 1e3:>7.2f}ms {pct(s['gap'], 99) * 1e3:>7.2f}ms "
               f"{statistics.median(s['rate']):>9.0f}")
     base = targets[0][0]
-    for name in ratios:
-        q = ratios[name]
-        print(f"{name}/{base} paired medians: TTFB p50 x{statistics.median(q['ttfb_p50']):.3f}, "
-              f"gap p99 x{statistics.median(q['gap_p99']):.3f}, events/s x{statistics.median(q['rate']):.3f}")
+    named = [(f"{name}/{base}", ratios[name]) for name in ratios]
+    named += [(f"{num}/{den}", pair_ratios[(num, den)]) for num, den in pairs]
+    for label, q in named:
+        per_round = " ".join(f"{v:.2f}" for v in q["rate"])
+        print(f"{label} paired medians: TTFB p50 x{statistics.median(q['ttfb_p50']):.3f}, "
+              f"gap p99 x{statistics.median(q['gap_p99']):.3f}, "
+              f"events/s x{statistics.median(q['rate']):.3f} (per round {per_round})")
 
 
 if __name__ == "__main__":

@@ -46,12 +46,15 @@
 -- key, member, field or TTL (expired window members and leases are skipped, not removed). Same
 -- reply.
 --
--- Refund (Redis Cluster, a request whose counters span slots; docs/redis.md): ARGV[1] "refund",
--- then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0, stamp1, stamp2. Gives back
--- exactly what one admitted call consumed from KEYS[i] (tokens capped at the burst; the window
--- entries it wrote; the lease, which is how a finished request releases it). Reply: {1}.
--- A tb refund needs no stamp (0, 0): it is also how the gateway settles a reservation
--- (`reserve: true`, docs/algorithms.md "Reserve, then settle"), giving back the unused units.
+-- Refund: ARGV[1] "refund", then per key from ARGV[2 + 5*(i-1)]: kind, cost, burst (tb) or 0,
+-- stamp1, stamp2 (the stamp the decision's reply gave). Gives back at most `cost` of what that
+-- decision consumed from KEYS[i], where it consumed it: tokens capped at the burst (no stamp
+-- needed); the exact window's member of the time written (later members renumbered); the
+-- bucketed window's bucket; the quota's count while it is still in the period stamped (a later
+-- period gets nothing); the lease, which is how a finished request releases it. Reply: {1}.
+-- Redis Cluster uses it for a request whose counters span slots (docs/redis.md); the gateway to
+-- settle a reservation (`reserve: true`, docs/algorithms.md "Reserve, then settle"), giving
+-- back the units the response did not use.
 -- A paced bucket's reservation (docs/algorithms.md "Pacing") has its slot as stamp1: it is given
 -- back only while the bucket's state is as of that slot (no reservation behind it). A paced
 -- window's has stamp2 = 1: its member or bucket stays, with the units taken off.

@@ -41,9 +41,8 @@ pub struct AfterAdmission {
     local: Option<LocalSlots>,
     /// (counter key, rule) of each concurrency check holding `lease` or `local`.
     leased: Vec<(String, Rule)>,
-    /// (counter key, rule, policy index in the route, units admission took) of each cost from
-    /// the response.
-    charges: Vec<(String, Rule, usize, u64)>,
+    /// What admission took for each cost from the response.
+    charges: Vec<Taken>,
     /// The store decided (and so took what admission asked): a request admitted because the
     /// store failed may have taken nothing, so its reservations are never refunded.
     decided: bool,
@@ -79,7 +78,13 @@ impl AfterAdmission {
                     after.leased.push((key, rule));
                 }
             } else if policy.response_cost.is_some() {
-                after.charges.push((key, rule, j, taken));
+                after.charges.push(Taken {
+                    key,
+                    rule,
+                    policy: j,
+                    units: taken,
+                    stamp: verdict.stamp(i),
+                });
             }
         }
         after
@@ -132,12 +137,12 @@ impl AfterAdmission {
                 .and_then(|p| p.response_cost.as_ref())
                 .is_some_and(|rc| rc.usage().is_some())
         };
-        if !self.charges.iter().any(|(_, _, j, _)| is_usage(*j)) {
+        if !self.charges.iter().any(|t| is_usage(t.policy)) {
             return None;
         }
         let (usage, header): (Vec<_>, Vec<_>) = std::mem::take(&mut self.charges)
             .into_iter()
-            .partition(|(_, _, j, _)| is_usage(*j));
+            .partition(|t| is_usage(t.policy));
         self.charges = header;
         Meter::new(state, route, resources, usage, self.decided)
     }
@@ -154,8 +159,15 @@ impl AfterAdmission {
         headers: &HeaderMap,
     ) {
         let mut due: Vec<(String, Rule, u64, IntCounter)> = Vec::new();
-        let mut refunds: Vec<(String, Rule, u64, ())> = Vec::new();
-        for (key, rule, j, taken) in &self.charges {
+        let mut refunds: Vec<(String, Rule, u64, u64)> = Vec::new();
+        for Taken {
+            key,
+            rule,
+            policy: j,
+            units: taken,
+            stamp,
+        } in &self.charges
+        {
             let (Some(policy), Some(metrics)) =
                 (route.policies.get(*j), resources.policies.get(*j))
             else {
@@ -174,7 +186,7 @@ impl AfterAdmission {
             if rc.reserve {
                 let back = taken.saturating_sub(total);
                 if back > 0 {
-                    refunds.push((key.clone(), *rule, back, ()));
+                    refunds.push((key.clone(), *rule, back, *stamp));
                 }
                 continue;
             }
@@ -188,14 +200,14 @@ impl AfterAdmission {
         }
         if let Store::Memory(store) = state.engine.store() {
             store.charge(&checks(&due));
-            store.refund(&checks(&refunds));
+            store.refund(&stamped(&refunds));
             due.iter().for_each(|(_, _, extra, c)| c.inc_by(*extra));
             return;
         }
         let state = state.clone();
         tokio::spawn(async move {
             if !refunds.is_empty() {
-                if let Err(error) = state.engine.refund(&checks(&refunds)).await {
+                if let Err(error) = state.engine.refund(&stamped(&refunds)).await {
                     tracing::warn!(%error, "refunding a reservation failed");
                 }
             }
@@ -245,6 +257,32 @@ fn renew_while_held(
             }
         }
     })
+}
+
+/// What admission took for one cost from the response: the counter and the rule it was decided
+/// under, the policy's index in the route, the units, and the stamp a refund of them names.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub key: String,
+    pub rule: Rule,
+    pub policy: usize,
+    pub units: u64,
+    pub stamp: u64,
+}
+
+/// Refunds of (key, rule, units, stamp), as the store takes them.
+fn stamped(due: &[(String, Rule, u64, u64)]) -> Vec<(Check<'_>, u64)> {
+    due.iter()
+        .map(|(key, rule, cost, stamp)| {
+            let check = Check {
+                key,
+                rule,
+                cost: *cost,
+                shadow: false,
+            };
+            (check, *stamp)
+        })
+        .collect()
 }
 
 fn checks<'a, T>(due: &'a [(String, Rule, u64, T)]) -> Vec<Check<'a>> {

@@ -107,6 +107,8 @@ fn at(text: &str) -> u64 {
 }
 
 const H: u64 = 3600 * S;
+/// Noon in Europe/Berlin (the quotas' zone), 2026-11-23.
+const NOON: u64 = 1_795_431_600_000_000;
 
 /// Calendar quotas in Europe/Berlin: midnight, the DST days of 23 and 25 hours, a month and an
 /// ISO week boundary, and a clock stepped back over midnight.
@@ -476,8 +478,18 @@ fn step_checks<'a>(case: &'a Case, keys: &'a [String], step: &Step) -> Vec<Check
         .collect()
 }
 
+/// A decision without its stamps: the answer the spec's steps give (stamps are compared
+/// between the engines instead).
+fn answer(d: &Decision) -> Decision {
+    Decision {
+        stamps: Default::default(),
+        ..d.clone()
+    }
+}
+
 fn expected(step: &Step) -> Decision {
     Decision {
+        stamps: Default::default(),
         allowed: step.allowed,
         outcomes: step
             .outcomes
@@ -528,9 +540,24 @@ async fn both_stores_follow_the_spec() {
             let checks = step_checks(&case, &keys, step);
             let want = expected(step);
             let from_memory = memory.check(&checks);
-            assert_eq!(from_memory, want, "memory store, {} step {n}", case.name);
+            assert_eq!(
+                answer(&from_memory),
+                want,
+                "memory store, {} step {n}",
+                case.name
+            );
             let from_redis = remote.check(&checks).await.expect("redis decision");
-            assert_eq!(from_redis, want, "redis store, {} step {n}", case.name);
+            assert_eq!(
+                answer(&from_redis),
+                want,
+                "redis store, {} step {n}",
+                case.name
+            );
+            assert_eq!(
+                from_memory.stamps, from_redis.stamps,
+                "stamps, {} step {n}",
+                case.name
+            );
             steps += 1;
         }
     }
@@ -578,12 +605,12 @@ async fn a_peek_before_every_step_agrees_with_its_decision() {
             );
             let want = expected(step);
             assert_eq!(
-                memory.check(&checks),
+                answer(&memory.check(&checks)),
                 want,
                 "memory, {} step {n}",
                 case.name
             );
-            assert_eq!(remote.check(&checks).await.expect("redis"), want);
+            assert_eq!(answer(&remote.check(&checks).await.expect("redis")), want);
             for ((p, d), check) in peeked.outcomes.iter().zip(&want.outcomes).zip(&checks) {
                 if want.allowed && d.allowed {
                     assert!(p.allowed, "{} step {n}: {p:?} / {d:?}", case.name);
@@ -652,9 +679,14 @@ enum Op {
     Renew(u64, usize, u64),
     /// At `now`, peek these (counter, cost) checks: the expected outcomes, and nothing written.
     Peek(u64, Vec<(usize, u64)>, Vec<(bool, u64, u64, u64, u64)>),
-    /// At `now`, give back `cost` to counter `i` (a reservation settled below what it took).
-    Refund(u64, usize, u64),
+    /// At `now`, give back `cost` to counter `i` (a reservation settled below what it took), from
+    /// the consumption of the `Take` at op index `from`, whose stamp it names.
+    Refund(u64, usize, u64, usize),
 }
+
+/// A Take's (counter, cost) checks and its decision's stamps, kept by op index for the refunds
+/// that name it.
+type Taken = (Vec<(usize, u64)>, Vec<u64>);
 
 fn cc(limit: u64, lease_ttl_us: u64) -> Rule {
     Rule::Concurrency(Concurrency {
@@ -845,18 +877,120 @@ fn lease_and_charge_cases() -> Vec<(&'static str, Vec<Rule>, Vec<Op>)> {
             vec![
                 // A reservation of 8, of which the response used 3: 5 come back.
                 Take(T, vec![(0, 8)], 0, vec![(true, 10, 2, 8 * S, 0)]),
-                Refund(T, 0, 5),
+                Refund(T, 0, 5, 0),
                 Take(T, vec![(0, 8)], 0, vec![(false, 10, 7, 3 * S, S)]),
                 Take(T, vec![(0, 7)], 0, vec![(true, 10, 0, 10 * S, 0)]),
                 // Never above the burst: 0 + 20 is 10, full.
-                Refund(T + 2 * S, 0, 20),
+                Refund(T + 2 * S, 0, 20, 3),
                 Take(T + 2 * S, vec![(0, 10)], 0, vec![(true, 10, 0, 10 * S, 0)]),
                 // Added before the refill since T + 2 s: 4 + 3 s of refill.
-                Refund(T + 5 * S, 0, 4),
+                Refund(T + 5 * S, 0, 4, 5),
                 Take(T + 5 * S, vec![(0, 0)], 0, vec![(true, 10, 7, 3 * S, 0)]),
                 // A counter never taken from (or forgotten full) gets nothing: still 10.
-                Refund(T + 5 * S, 1, 4),
+                Refund(T + 5 * S, 1, 4, 5),
                 Take(T + 5 * S, vec![(1, 0)], 0, vec![(true, 10, 10, 0, 0)]),
+            ],
+        ),
+        (
+            // The stamped refund of an exact window: units go back to the entry of the time the
+            // admission wrote, so they leave the window when it does; an entry that has left
+            // the window gets nothing, and no refund takes more than the entry holds.
+            "reserve_then_refund_window",
+            vec![sw(10, 10 * S, 0)],
+            vec![
+                Take(T, vec![(0, 8)], 0, vec![(true, 10, 2, 10 * S, 0)]),
+                Take(T + S, vec![(0, 2)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                // The first used 3 of its 8: the entry of T holds 3.
+                Refund(T + 2 * S, 0, 5, 0),
+                Take(T + 2 * S, vec![(0, 5)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                // At T + 10 s the entry of T (3) leaves: 2 + 5 counted, 3 fit.
+                Take(T + 10 * S, vec![(0, 3)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                // Refunded after its entry left the window: nothing, the window is not inflated.
+                Refund(T + 10 * S, 0, 5, 0),
+                Take(T + 10 * S, vec![(0, 0)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                // More than the entry of T + 1 s holds: only its 2, never below zero.
+                Refund(T + 10 * S, 0, 100, 1),
+                Take(T + 10 * S, vec![(0, 0)], 0, vec![(true, 10, 2, 10 * S, 0)]),
+                // Admitted at the same time as the 3 of T + 10 s: one entry of 5, of which the
+                // first admission's refund takes back its own 2; the other 3 stay.
+                Take(T + 10 * S, vec![(0, 2)], 0, vec![(true, 10, 0, 10 * S, 0)]),
+                Refund(T + 10 * S, 0, 2, 4),
+                Take(T + 10 * S, vec![(0, 0)], 0, vec![(true, 10, 2, 10 * S, 0)]),
+                // 5 of T + 2 s and 3 of T + 10 s: 3 more wait for T + 2 s to leave.
+                Take(T + 11 * S, vec![(0, 3)], 0, vec![(false, 10, 2, 9 * S, S)]),
+                Take(T + 12 * S, vec![(0, 3)], 0, vec![(true, 10, 4, 10 * S, 0)]),
+            ],
+        ),
+        (
+            // The same on a bucketed window (five buckets of 2 s; bucket 500 is [T, T + 2 s)).
+            "reserve_then_refund_bucketed_window",
+            vec![sw(10, 10 * S, 5)],
+            vec![
+                Take(T, vec![(0, 8)], 0, vec![(true, 10, 2, 12 * S, 0)]),
+                Take(T + 2 * S, vec![(0, 2)], 0, vec![(true, 10, 0, 12 * S, 0)]),
+                Refund(T + 3 * S, 0, 5, 0),
+                Take(T + 3 * S, vec![(0, 5)], 0, vec![(true, 10, 0, 11 * S, 0)]),
+                // Bucket 506: bucket 500 (3) has left, 501 holds 7.
+                Take(T + 12 * S, vec![(0, 3)], 0, vec![(true, 10, 0, 12 * S, 0)]),
+                Refund(T + 12 * S, 0, 5, 0),
+                Take(T + 12 * S, vec![(0, 0)], 0, vec![(true, 10, 0, 12 * S, 0)]),
+                // Bucket 501 gives back 2 of its 7 (the second admission's), 506 keeps its 3.
+                Refund(T + 12 * S, 0, 2, 1),
+                Take(T + 12 * S, vec![(0, 0)], 0, vec![(true, 10, 2, 12 * S, 0)]),
+                // More than bucket 506 holds: emptied, never below zero.
+                Refund(T + 12 * S, 0, 100, 4),
+                Take(T + 12 * S, vec![(0, 0)], 0, vec![(true, 10, 5, 2 * S, 0)]),
+            ],
+        ),
+        (
+            // A quota's refund goes to the period admission counted in, while the counter is
+            // still in it: after midnight it gives nothing, so the new day is not inflated.
+            "reserve_then_refund_quota",
+            vec![quota(10, Per::Day)],
+            vec![
+                Take(NOON, vec![(0, 8)], 0, vec![(true, 10, 2, 12 * H, 0)]),
+                Refund(NOON + H, 0, 5, 0),
+                Take(NOON + H, vec![(0, 7)], 0, vec![(true, 10, 0, 11 * H, 0)]),
+                // Midnight: a new period.
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 4)],
+                    0,
+                    vec![(true, 10, 6, 24 * H, 0)],
+                ),
+                Refund(NOON + 12 * H, 0, 7, 2),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 0)],
+                    0,
+                    vec![(true, 10, 6, 24 * H, 0)],
+                ),
+                // More than was used: down to 0, never below.
+                Refund(NOON + 12 * H, 0, 100, 3),
+                Take(NOON + 12 * H, vec![(0, 0)], 0, vec![(true, 10, 10, 0, 0)]),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 10)],
+                    0,
+                    vec![(true, 10, 0, 24 * H, 0)],
+                ),
+            ],
+        ),
+        (
+            // The optimistic mode on a quota: admission takes min_cost (1), the response's rest
+            // is charged whatever the count, and refusals last until the period ends.
+            "charge_quota",
+            vec![quota(10, Per::Day)],
+            vec![
+                Take(NOON, vec![(0, 1)], 0, vec![(true, 10, 9, 12 * H, 0)]),
+                Charge(NOON, 0, 20),
+                Take(NOON, vec![(0, 1)], 0, vec![(false, 10, 0, 12 * H, 12 * H)]),
+                Take(
+                    NOON + 12 * H,
+                    vec![(0, 1)],
+                    0,
+                    vec![(true, 10, 9, 24 * H, 0)],
+                ),
             ],
         ),
         (
@@ -912,6 +1046,7 @@ async fn leases_and_charges_follow_the_spec() {
     assert!(remote.wait_ready(Duration::from_secs(10)).await);
     for (name, counters, ops) in lease_and_charge_cases().into_iter().chain(peek_cases()) {
         let keys: Vec<String> = (0..counters.len()).map(|i| format!("{name}:{i}")).collect();
+        let mut taken: std::collections::HashMap<usize, Taken> = std::collections::HashMap::new();
         let check = |i: usize, cost: u64| Check {
             key: &keys[i],
             rule: &counters[i],
@@ -925,13 +1060,14 @@ async fn leases_and_charges_follow_the_spec() {
                     clock.set(*now);
                     let checks: Vec<Check<'_>> = items.iter().map(|&(i, c)| check(i, c)).collect();
                     let want = expected(&step(*now, items, outcomes));
-                    assert_eq!(
-                        memory.check_leased(&checks, *lease),
-                        want,
-                        "memory store, {name} op {n}"
-                    );
+                    let local = memory.check_leased(&checks, *lease);
+                    assert_eq!(answer(&local), want, "memory store, {name} op {n}");
                     let got = remote.check_leased(&checks, *lease).await.expect("redis");
-                    assert_eq!(got, want, "redis store, {name} op {n}");
+                    assert_eq!(answer(&got), want, "redis store, {name} op {n}");
+                    // Both engines name each consumption alike: a refund means the same on both.
+                    assert_eq!(local.stamps, got.stamps, "stamps, {name} op {n}");
+                    assert_eq!(got.stamps.len(), checks.len(), "{name} op {n}");
+                    taken.insert(n, (items.clone(), got.stamps.to_vec()));
                 }
                 Op::Release(i, lease) => {
                     memory.release(&[check(*i, 1)], *lease);
@@ -964,10 +1100,17 @@ async fn leases_and_charges_follow_the_spec() {
                         "the peek wrote, {name} op {n}"
                     );
                 }
-                Op::Refund(now, i, cost) => {
+                Op::Refund(now, i, cost, from) => {
                     clock.set(*now);
-                    memory.refund(&[check(*i, *cost)]);
-                    remote.refund(&[check(*i, *cost)]).await.expect("refund");
+                    let (items, stamps) = taken.get(from).expect("a Take before the refund");
+                    // A counter that Take did not check was never taken from: no stamp (0).
+                    let stamp = items
+                        .iter()
+                        .position(|&(c, _)| c == *i)
+                        .map_or(0, |at| stamps[at]);
+                    let refund = [(check(*i, *cost), stamp)];
+                    memory.refund(&refund);
+                    remote.refund(&refund).await.expect("refund");
                 }
             }
         }

@@ -143,6 +143,7 @@ async fn a_fleet_on_a_redis_cluster() {
     traffic_on_a_migrating_slot_keeps_deciding(&cluster, &gateways).await;
     a_request_split_by_a_migration_fails_fast(&cluster, &gateways).await;
     overrides_follow_their_slot_when_it_moves(&cluster, &gateways).await;
+    stamped_refunds_land_in_each_slot(&cluster).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -187,6 +188,108 @@ async fn a_rejection_in_one_slot_consumes_nothing_in_another(
         (left - 98.0).abs() < 0.01,
         "only the two admitted requests consumed from `wide`: {left} tokens left"
     );
+}
+
+/// Reservations settled on a Cluster (`docs/algorithms.md`, "Reserve, then settle"): one request's
+/// exact window, bucketed window and quota, in three slots, each stamped by its own slot's call;
+/// each stamped refund, one call per slot, gives back exactly the units of that admission, in
+/// its entry, bucket and period, and leaves another admission's units where they are.
+async fn stamped_refunds_land_in_each_slot(cluster: &RedisCluster) {
+    use std::sync::Arc;
+    use turnstile::limiter::calendar::Per;
+    use turnstile::limiter::redis::{Auth, Target};
+    use turnstile::limiter::{Check, ManualClock, Quota, RedisStore, Rule, SlidingWindow};
+    let nodes = cluster
+        .seeds()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .map(str::to_string)
+        .collect();
+    let target = Target::Cluster {
+        nodes,
+        auth: Auth::default(),
+    };
+    let noon = 1_795_431_600_000_000; // 2026-11-23 12:00 in Europe/Berlin
+    let clock = Arc::new(ManualClock::new(noon));
+    let store = RedisStore::connect_to_with_test_clock(
+        &target,
+        Duration::from_secs(2),
+        "st:",
+        clock.clone(),
+    )
+    .expect("cluster store");
+    assert!(
+        store.wait_ready(READY).await,
+        "the cluster store never became ready"
+    );
+    let rules = [
+        Rule::SlidingWindow(SlidingWindow {
+            limit: 100,
+            window_us: 3_600_000_000,
+            buckets: 0,
+        }),
+        Rule::SlidingWindow(SlidingWindow {
+            limit: 100,
+            window_us: 3_600_000_000,
+            buckets: 60,
+        }),
+        Rule::Quota(Quota {
+            limit: 100,
+            per: Per::Month,
+            time_zone: chrono_tz::Europe::Berlin,
+        }),
+    ];
+    let keys = ["refund:window", "refund:buckets", "refund:quota"];
+    let checks = |cost: u64| -> Vec<Check<'_>> {
+        keys.iter()
+            .zip(&rules)
+            .map(|(key, rule)| Check {
+                key,
+                rule,
+                cost,
+                shadow: false,
+            })
+            .collect()
+    };
+    // A first admission of 30 units stays; the second, a minute later (another entry and
+    // bucket), reserves 60 and used 25.
+    let first = store.check(&checks(30)).await.expect("decision");
+    assert!(first.allowed);
+    let later = noon + 61_000_000;
+    clock.set(later);
+    let second = store.check(&checks(60)).await.expect("decision");
+    assert!(second.allowed);
+    assert_eq!(second.stamps.len(), 3, "a stamp per check, from each slot");
+    assert_eq!(
+        second.stamps[0], later,
+        "the exact window's: the time written"
+    );
+    let slots: Vec<u16> = keys.iter().map(|k| cluster.slot(k)).collect();
+    assert!(
+        slots[0] != slots[1] && slots[1] != slots[2] && slots[0] != slots[2],
+        "the test needs three slots: {slots:?}"
+    );
+    let stamped = |cost: u64| -> Vec<(Check<'_>, u64)> {
+        checks(cost)
+            .into_iter()
+            .zip(second.stamps.iter().copied())
+            .collect()
+    };
+    let refunds = stamped(35);
+    store.refund(&refunds).await.expect("refund");
+    let after = store.check(&checks(0)).await.expect("decision");
+    let remaining: Vec<u64> = after.outcomes.iter().map(|o| o.remaining).collect();
+    assert_eq!(
+        remaining,
+        [45, 45, 45],
+        "100 less 30 and 25, on each counter"
+    );
+    // The same refund again (a bug's double settlement) cannot take the first admission's units:
+    // only the 25 left of the second's in its entry and bucket; the quota's count is one number.
+    store.refund(&stamped(35)).await.expect("refund");
+    let after = store.check(&checks(0)).await.expect("decision");
+    let remaining: Vec<u64> = after.outcomes.iter().map(|o| o.remaining).collect();
+    assert_eq!(remaining[..2], [70, 70], "the first admission's 30 stay");
 }
 
 /// Writes every node of the cluster counted since it started (`rdb_changes_since_last_save`).

@@ -17,7 +17,7 @@ use crate::limiter::{Concurrency, Rule};
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(60);
 
 /// The units taken at admission: the fixed `cost`, or a response cost's `min_cost` (default 1),
-/// or with `reserve: true` its `max_cost` (default: the burst).
+/// or with `reserve: true` its `max_cost` (default: the burst or limit).
 pub(super) fn admission_cost(raw: &RawPolicy) -> u64 {
     match &raw.cost {
         None => 1,
@@ -25,6 +25,8 @@ pub(super) fn admission_cost(raw: &RawPolicy) -> u64 {
         Some(RawCost::Response(rc)) if rc.reserve == Some(true) => rc
             .max_cost
             .or(raw.token_bucket.as_ref().map(|tb| tb.burst))
+            .or(raw.sliding_window.as_ref().map(|sw| sw.limit))
+            .or(raw.quota.as_ref().map(|q| q.limit))
             .unwrap_or(1),
         Some(RawCost::Response(rc)) => rc.min_cost.unwrap_or(1),
     }
@@ -80,7 +82,7 @@ pub(super) fn concurrency(e: &mut Errors, path: &str, raw: &RawPolicy) -> Option
 }
 
 /// The fields that only some kinds have: `refuse_with`, and a cost from the response (on a token
-/// bucket or a sliding window only).
+/// bucket, a sliding window or a quota).
 pub(super) fn finish(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut Policy) {
     if let Some(cc) = &raw.concurrency {
         if cc.refuse_with == Some(503) {
@@ -92,21 +94,14 @@ pub(super) fn finish(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut P
     };
     let at = |field: &str| format!("{path}.cost.{field}");
     let source = source(e, path, rc);
-    if !matches!(policy.rule, Rule::TokenBucket(_) | Rule::SlidingWindow(_)) {
+    if matches!(policy.rule, Rule::Concurrency(_)) {
         e.add(
             at(source_field(rc)),
-            "a cost from the response applies to a token bucket or a sliding window only",
+            "a cost from the response applies to a token bucket, a sliding window or a quota",
         );
         return;
     }
     let reserve = rc.reserve == Some(true);
-    if reserve && !matches!(policy.rule, Rule::TokenBucket(_)) {
-        e.add(
-            at("reserve"),
-            "a reservation is refunded to a token bucket only (a window's entries keep their \
-             admission time): use a token_bucket, or leave reserve out",
-        );
-    }
     if reserve && rc.min_cost.is_some() {
         e.add(
             at("min_cost"),
@@ -440,16 +435,42 @@ mod tests {
         );
     }
 
+    /// `reserve: true` and the optimistic `min_cost` apply to windows (exact and bucketed) and to
+    /// calendar quotas as to a bucket: admission reserves `max_cost`, by default the limit.
+    #[test]
+    fn a_window_or_a_quota_takes_a_reserving_or_an_optimistic_usage_cost() {
+        for rule in [
+            "sliding_window: { limit: 5000, window: 1h }",
+            "sliding_window: { limit: 5000, window: 1h, buckets: 60 }",
+            "quota: { limit: 5000, per: month, time_zone: Europe/Berlin }",
+        ] {
+            let load = |cost: &str| {
+                parse(
+                    &format!("{BASE}        {rule}\n        cost: {cost}\n"),
+                    Path::new("p.yaml"),
+                )
+                .unwrap_or_else(|e| panic!("{rule}: {e}"))
+            };
+            let s = load("{ usage: openai, reserve: true }");
+            let p = &s.routes[0].policies[0];
+            assert_eq!(p.cost, 5000, "{rule}: admission reserves the limit");
+            let rc = p.response_cost.as_ref().expect("response cost");
+            assert!(
+                rc.reserve && rc.max_cost == 5000 && rc.min_cost == 1,
+                "{rule}"
+            );
+            let s = load("{ usage: anthropic, min_cost: 10, max_cost: 800 }");
+            let p = &s.routes[0].policies[0];
+            let rc = p.response_cost.as_ref().expect("response cost");
+            assert_eq!((p.cost, rc.min_cost, rc.max_cost), (10, 10, 800), "{rule}");
+            assert!(!rc.reserve);
+        }
+    }
+
     #[test]
     fn usage_cost_mistakes_are_errors_at_their_field() {
         let tb = "        token_bucket: { rate: 1/s, burst: 50 }\n";
-        let sw = "        sliding_window: { limit: 50, window: 1m }\n";
         for (rule, cost, want) in [
-            (
-                sw,
-                "{ usage: openai, reserve: true }",
-                "cost.reserve: a reservation is refunded to a token bucket only",
-            ),
             (
                 tb,
                 "{ usage: openai, reserve: true, min_cost: 2 }",

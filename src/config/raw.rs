@@ -364,8 +364,9 @@ pub struct RawResponseCost {
     pub usage: Option<RawUsage>,
     /// The units one token of each kind costs (usage only; default 1 each).
     pub weights: Option<RawWeights>,
-    /// `true`: admission reserves `max_cost` and the response's cost is settled by a refund of
-    /// the difference, so the counter never goes below zero (token buckets only).
+    /// `true`: admission reserves `max_cost` (or less, bounded by the request body) and the
+    /// response's cost is settled by a refund of the difference into the window entry, bucket or
+    /// period admission charged, so the counter never passes its limit.
     pub reserve: Option<bool>,
     /// The most of a JSON (not streamed) response body read for its usage (default 1MiB).
     pub max_body: Option<String>,

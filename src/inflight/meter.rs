@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use prometheus::{IntCounter, IntGauge};
 
-use super::most_charged;
+use super::{most_charged, stamped, Taken};
 use crate::config::usage::{UsageCost, UsageFormat};
 use crate::config::{ResponseCost, Route};
 use crate::limiter::{Check, Rule, Store};
@@ -30,6 +30,8 @@ struct Due {
     cost: ResponseCost,
     /// What admission took: the reservation with `reserve`, else `min_cost`.
     taken: u64,
+    /// What identifies admission's consumption, for the refund ([`crate::limiter::Decision`]).
+    stamp: u64,
     reported: Reported,
     charged: IntCounter,
     series: UsageSeries,
@@ -61,12 +63,19 @@ impl Meter {
         state: &Arc<AppState>,
         route: &Route,
         resources: &RouteResources,
-        charges: Vec<(String, Rule, usize, u64)>,
+        charges: Vec<Taken>,
         decided: bool,
     ) -> Option<Meter> {
         let due: Vec<Due> = charges
             .into_iter()
-            .filter_map(|(key, rule, j, taken)| {
+            .filter_map(|t| {
+                let Taken {
+                    key,
+                    rule,
+                    policy: j,
+                    units: taken,
+                    stamp,
+                } = t;
                 let policy = route.policies.get(j)?;
                 let metrics = resources.policies.get(j)?;
                 let cost = policy.response_cost.clone()?;
@@ -80,6 +89,7 @@ impl Meter {
                     rule,
                     cost,
                     taken,
+                    stamp,
                     reported: Reported::default(),
                     charged: metrics.cost_charged().clone(),
                     series,
@@ -145,7 +155,7 @@ impl Meter {
             return;
         }
         let mut charges: Vec<(String, Rule, u64)> = Vec::new();
-        let mut refunds: Vec<(String, Rule, u64)> = Vec::new();
+        let mut refunds: Vec<(String, Rule, u64, u64)> = Vec::new();
         let mut released: Vec<(IntGauge, i64)> = Vec::new();
         for due in &mut self.due {
             let (rc, weights) = match due.usage() {
@@ -187,7 +197,7 @@ impl Meter {
                 };
                 if back > 0 {
                     due.series.refunded.inc_by(back);
-                    refunds.push((std::mem::take(&mut due.key), due.rule, back));
+                    refunds.push((std::mem::take(&mut due.key), due.rule, back, due.stamp));
                 } else if beyond > 0 {
                     due.charged.inc_by(beyond);
                     charges.push((std::mem::take(&mut due.key), due.rule, beyond));
@@ -246,7 +256,7 @@ fn gauge_units(units: u64) -> i64 {
 fn apply(
     state: &Arc<AppState>,
     charges: Vec<(String, Rule, u64)>,
-    refunds: Vec<(String, Rule, u64)>,
+    refunds: Vec<(String, Rule, u64, u64)>,
     released: Vec<(IntGauge, i64)>,
 ) {
     let release = move || released.iter().for_each(|(g, n)| g.sub(*n));
@@ -256,7 +266,7 @@ fn apply(
     }
     if let Store::Memory(store) = state.engine.store() {
         store.charge(&checks(&charges));
-        store.refund(&checks(&refunds));
+        store.refund(&stamped(&refunds));
         release();
         return;
     }
@@ -272,7 +282,7 @@ fn apply(
             }
         }
         if !refunds.is_empty() {
-            if let Err(error) = state.engine.refund(&checks(&refunds)).await {
+            if let Err(error) = state.engine.refund(&stamped(&refunds)).await {
                 tracing::warn!(%error, "refunding a reservation failed");
             }
         }

@@ -261,6 +261,24 @@ impl WindowLog {
         }
     }
 
+    /// Gives back `units` of those admitted at time `at` (the stamp of their decision, the time
+    /// its [`LogPlan`] ran on), never more than that entry holds (decide.lua's `refund` of an
+    /// `sw` key): the units admitted at other times, later ones included, stay as they are, and
+    /// an entry that has left the window (or was never written) gets nothing.
+    pub fn refund(&mut self, at: u64, units: u64) {
+        let Ok(i) = self.entries.binary_search_by_key(&at, |&(ts, _)| ts) else {
+            return;
+        };
+        let held = self.entries[i].1;
+        let back = held.min(units);
+        self.total = self.total.saturating_sub(back);
+        if back == held {
+            self.entries.remove(i);
+        } else {
+            self.entries[i].1 = held - back;
+        }
+    }
+
     /// Entries held: one per distinct time with units in the window, whatever the units.
     pub fn entries(&self) -> usize {
         self.entries.len()
@@ -399,6 +417,21 @@ impl WindowBuckets {
         }
     }
 
+    /// Gives back `units` of those counted in bucket `bucket` (the stamp of their decision, its
+    /// [`BucketsPlan::current`]), never more than the bucket holds (decide.lua's `refund` of an
+    /// `swb` key): a bucket that has left the window gets nothing, and no other bucket changes.
+    pub fn refund(&mut self, bucket: u64, units: u64) {
+        let Ok(i) = self.counts.binary_search_by_key(&bucket, |&(j, _)| j) else {
+            return;
+        };
+        let held = self.counts[i].1;
+        if held <= units {
+            self.counts.remove(i);
+        } else {
+            self.counts[i].1 = held - units;
+        }
+    }
+
     pub fn is_idle(&self, rule: &SlidingWindow, now: u64) -> bool {
         self.idle_at(rule) <= now
     }
@@ -461,6 +494,16 @@ impl QuotaCount {
     pub fn commit(&mut self, plan: &QuotaPlan) {
         self.period = Some(plan.period);
         self.used = plan.used + plan.cost;
+    }
+
+    /// Gives back `units` charged in the period starting at `start` (the stamp of their
+    /// decision, its [`QuotaPlan::period`]'s start), at most what was used (decide.lua's `refund`
+    /// of a `q` key): once the counter has moved to a later period, the earlier one is over and
+    /// nothing is given back, so a refund never lends a new period units it did not count.
+    pub fn refund(&mut self, start: u64, units: u64) {
+        if self.period.is_some_and(|p| p.start == start) {
+            self.used = self.used.saturating_sub(units);
+        }
     }
 
     /// A counter whose period is over holds no information.

@@ -289,6 +289,15 @@ impl<'a> Verdict<'a> {
         self.checks.items.get(item.leader).map(|leader| leader.rule)
     }
 
+    /// What identifies the consumption of the check pushed at `index`, for a refund of it
+    /// ([`super::Decision::stamps`]; 0 when the store did not decide).
+    pub fn stamp(&self, index: usize) -> u64 {
+        self.checks
+            .items
+            .get(index)
+            .map_or(0, |item| self.decision.stamp(item.check))
+    }
+
     /// The lease id this request's concurrency checks hold when it was admitted (`None`: no
     /// concurrency check, or nothing taken). Give it back with [`Engine::release`].
     pub fn lease(&self) -> Option<u64> {
@@ -529,8 +538,9 @@ impl Engine {
         self.store.charge(checks).await
     }
 
-    /// Gives back the unused part of reservations (token buckets), whatever the counters hold.
-    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+    /// Gives back the unused part of reservations, each from the consumption its stamp names
+    /// ([`Store::refund`]).
+    pub async fn refund(&self, checks: &[(Check<'_>, u64)]) -> Result<(), StoreError> {
         self.store.refund(checks).await
     }
 
@@ -707,6 +717,7 @@ impl Engine {
             outcomes,
             delay_us: 0,
             slot_us: 0,
+            stamps: super::Stamps::new(),
         })
     }
 
@@ -908,6 +919,7 @@ fn fall_back<'a>(
             outcomes,
             delay_us: 0,
             slot_us: 0,
+            stamps: super::Stamps::new(),
         },
         error: None,
         lease: 0,

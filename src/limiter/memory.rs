@@ -146,6 +146,21 @@ enum Pending {
     Overflow(f64),
 }
 
+impl Pending {
+    /// What identifies the consumption for a refund, as decide.lua's reply stamps it: the time
+    /// an exact window writes at, a bucketed window's bucket, a quota's period start, the lease
+    /// (0 for a bucket, which needs none, and for the overflow sketch, which refunds nothing).
+    fn stamp(&self, lease: u64) -> u64 {
+        match self {
+            Pending::Log(at) => *at,
+            Pending::Buckets(current) => *current,
+            Pending::Quota(plan) => plan.period.start,
+            Pending::Leases(_) => lease,
+            Pending::Bucket(_) | Pending::Overflow(_) => 0,
+        }
+    }
+}
+
 /// One shard: its counters, the queue of when each becomes idle, and its overflow sketch.
 #[derive(Debug)]
 struct Shard {
@@ -320,6 +335,7 @@ impl MemoryStore {
             pending.push(p);
         }
         let mut decision = Decision::from_checks(checks, outcomes);
+        decision.stamps = pending.iter().map(|p| p.stamp(lease)).collect();
         if !decision.allowed {
             // Nothing is consumed, so the policies that would have allowed report the state
             // as it stays: the outcome of a zero-cost check.
@@ -448,8 +464,9 @@ impl MemoryStore {
         let hash = self.hasher.hash_one(check.key);
         let mut shard = lock(&self.shards[self.shard_index(hash)]);
         let (pending, outcome) = self.evaluate(&mut shard, hash, check, now);
-        let decision =
+        let mut decision =
             Decision::from_checks(std::slice::from_ref(check), smallvec::smallvec![outcome]);
+        decision.stamps.push(pending.stamp(lease));
         if decision.commits(0) {
             commit(self, &mut shard, hash, check, pending, now, lease);
         }
@@ -514,20 +531,29 @@ impl MemoryStore {
         }
     }
 
-    /// Gives back every token-bucket check's `cost` (the unused part of a reservation), capped at
-    /// the burst; a counter no longer held (forgotten when full) has nothing to give back, and
-    /// other kinds are skipped.
-    pub fn refund(&self, checks: &[Check<'_>]) {
-        for check in checks.iter().filter(|c| c.cost > 0) {
-            let Rule::TokenBucket(tb) = check.rule else {
-                continue;
-            };
+    /// Gives back every check's `cost` (the unused part of a reservation) from the consumption
+    /// its stamp names ([`Decision::stamps`]): a bucket capped at its burst, a window's entry or
+    /// bucket and a quota's period only while the counter still holds them. A counter no longer
+    /// held (forgotten when idle), or whose state restarted under another rule since, has
+    /// nothing to give back; concurrency checks are skipped.
+    pub fn refund(&self, checks: &[(Check<'_>, u64)]) {
+        for (check, stamp) in checks.iter().filter(|(c, _)| c.cost > 0) {
             let hash = self.hasher.hash_one(check.key);
             let mut shard = lock(&self.shards[self.shard_index(hash)]);
-            if let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) {
-                if let State::Bucket(state) = &mut entry.state {
-                    state.refund(tb, check.cost);
+            let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) else {
+                continue;
+            };
+            if entry.rule.restarts_from(check.rule).is_some() {
+                continue;
+            }
+            match (&mut entry.state, check.rule) {
+                (State::Bucket(state), Rule::TokenBucket(tb)) => state.refund(tb, check.cost),
+                (State::Log(log), Rule::SlidingWindow(_)) => log.refund(*stamp, check.cost),
+                (State::Buckets(buckets), Rule::SlidingWindow(_)) => {
+                    buckets.refund(*stamp, check.cost)
                 }
+                (State::Quota(count), Rule::Quota(_)) => count.refund(*stamp, check.cost),
+                _ => {}
             }
         }
     }

@@ -181,10 +181,19 @@ pub struct Decision {
     /// Admitted for later: the slot, in the store's clock (µs), at which every window check of
     /// the decision recorded it (its refund stamp, `Store::unreserve`); 0 otherwise.
     pub slot_us: u64,
+    /// What identifies each check's consumption, for a refund of it ([`Store::refund`]): one per
+    /// check when the store decided them, else none. A token bucket's is 0 (a refund needs no
+    /// stamp); an exact window's the time its units were written at; a bucketed window's the
+    /// bucket index; a quota's the start of the period it counted in; a concurrency check's its
+    /// lease (decide.lua's reply, `docs/algorithms.md` "Reserve, then settle").
+    pub stamps: Stamps,
 }
 
 /// One outcome per check, inline for the usual few checks (no allocation per decision).
 pub type Outcomes = smallvec::SmallVec<[Outcome; engine::INLINE_CHECKS]>;
+
+/// One refund stamp per check (see [`Decision::stamps`]), inline like [`Outcomes`].
+pub type Stamps = smallvec::SmallVec<[u64; engine::INLINE_CHECKS]>;
 
 impl Decision {
     pub fn from_outcomes(outcomes: impl Into<Outcomes>) -> Self {
@@ -194,7 +203,13 @@ impl Decision {
             outcomes,
             delay_us: 0,
             slot_us: 0,
+            stamps: Stamps::new(),
         }
+    }
+
+    /// The stamp of check `i` (0 when the store gave none).
+    pub fn stamp(&self, i: usize) -> u64 {
+        self.stamps.get(i).copied().unwrap_or(0)
     }
 
     /// The decision over `checks` (one outcome each, in order): shadow checks never reject.
@@ -208,6 +223,7 @@ impl Decision {
             outcomes,
             delay_us: 0,
             slot_us: 0,
+            stamps: Stamps::new(),
         }
     }
 
@@ -314,9 +330,13 @@ impl Store {
         }
     }
 
-    /// Gives back the token-bucket checks' `cost`: the part of a reservation the response did not
-    /// use (`docs/algorithms.md`, "Reserve, then settle"), capped at the burst.
-    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+    /// Gives back each check's `cost` from the consumption its stamp names (the admission's
+    /// [`Decision::stamps`]): the part of a reservation the response did not use
+    /// (`docs/algorithms.md`, "Reserve, then settle"). A bucket is capped at its burst; a window
+    /// or a quota gets back at most what that admission wrote, in the entry, bucket or period
+    /// it wrote it in, and nothing once that has left the window or the period has ended.
+    /// Concurrency checks are skipped (a lease is released, not refunded).
+    pub async fn refund(&self, checks: &[(Check<'_>, u64)]) -> Result<(), StoreError> {
         match self {
             Store::Memory(store) => {
                 store.refund(checks);

@@ -1,7 +1,8 @@
 //! The key promise of `reserve: true`: many concurrent streams from several API keys, on two
-//! gateway processes sharing one real Redis, against a 1,000-token budget per key. The tokens the
-//! upstream reports for a key never exceed 1,000, and once demand has run the budget down, what is
-//! left is less than one reservation (the documented slack, `docs/llm.md`).
+//! gateway processes sharing one real Redis, against a 1,000-token budget per key, as a token
+//! bucket, a monthly quota and an hour's sliding window. The tokens the upstream reports for a key
+//! never exceed 1,000, and once demand has run the budget down, what is left is less than one
+//! reservation (the documented slack, `docs/llm.md`).
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,14 @@ use http_body_util::BodyExt;
 use super::support::client::{full, request};
 use super::support::llm::LlmUpstream;
 use super::support::{Client, GatewayProcess, RedisServer, LIVENESS};
+
+/// The kind of budget a fleet run meters.
+#[derive(Clone, Copy, Debug)]
+enum Budget {
+    Bucket,
+    MonthlyQuota,
+    Window,
+}
 
 const KEYS: [&str; 3] = ["Bearer sk-a", "Bearer sk-b", "Bearer sk-c"];
 const WORKERS_PER_KEY: usize = 8;
@@ -40,6 +49,59 @@ async fn stream(client: &Client, url: &str, key: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_streams_on_two_instances_never_exceed_the_budget() {
+    fleet(Budget::Bucket).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_streams_on_two_instances_never_exceed_a_monthly_quota() {
+    fleet(Budget::MonthlyQuota).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_streams_on_two_instances_never_exceed_a_window_budget() {
+    fleet(Budget::Window).await;
+}
+
+/// The units `key`'s counter holds in Redis, read from its layout (`docs/redis.md`, Keys).
+fn used_in_redis(redis: &RedisServer, budget: Budget, key: &str) -> u64 {
+    let name = key.replace(' ', "%2520");
+    let counter = redis
+        .keys()
+        .into_iter()
+        .find(|k| k.contains(&format!("{name}}}")))
+        .expect("the key's counter");
+    match budget {
+        Budget::Bucket => {
+            // The budget less the tokens (plus the millionths refilled at one a day).
+            let tokens: f64 = redis.cli(&["hget", &counter, "t"])[0]
+                .parse()
+                .expect("tokens");
+            BUDGET - tokens.floor() as u64
+        }
+        Budget::MonthlyQuota => redis.cli(&["hget", &counter, "n"])[0]
+            .parse()
+            .expect("units used"),
+        Budget::Window => {
+            // The newest member counts the units up to it; "n" is scored -(base + 1).
+            let members = redis.cli(&["zrange", &counter, "0", "-1", "withscores"]);
+            let base: i64 = members[1].parse().expect("the base's score");
+            let newest = &members[members.len() - 2];
+            let cum: u64 = newest
+                .rsplit('#')
+                .next()
+                .and_then(|c| c.parse().ok())
+                .expect("a member's count");
+            cum - (-base - 1) as u64
+        }
+    }
+}
+
+async fn fleet(budget: Budget) {
+    let rule = match budget {
+        Budget::Bucket => format!("token_bucket: {{ rate: 1/d, burst: {BUDGET} }}"),
+        Budget::MonthlyQuota => format!("quota: {{ limit: {BUDGET}, per: month }}"),
+        Budget::Window => format!("sliding_window: {{ limit: {BUDGET}, window: 1h }}"),
+    };
     let redis = RedisServer::start();
     let upstream = LlmUpstream::start();
     let yaml = format!(
@@ -54,7 +116,7 @@ routes:
     policies:
       - name: tokens
         key: ["header:authorization"]
-        token_bucket: {{ rate: 1/d, burst: {BUDGET} }}
+        {rule}
         cost: {{ usage: openai, reserve: true, max_cost: {RESERVE} }}
 "#,
         redis.url(),
@@ -67,7 +129,7 @@ routes:
     let urls = [a.url("/v1/chat/completions"), b.url("/v1/chat/completions")];
     // Every worker streams until its deadline; a refused one retries shortly after, so the budget
     // is run down to less than one reservation once the others' refunds have landed.
-    let deadline = Instant::now() + Duration::from_secs(8);
+    let deadline = Instant::now() + Duration::from_secs(6);
     let mut tasks = Vec::new();
     for (k, key) in KEYS.iter().enumerate() {
         for w in 0..WORKERS_PER_KEY {
@@ -135,28 +197,18 @@ routes:
                 .await;
             assert_eq!(probe.status, 429, "{key}: {reported} used, {probe:?}");
         }
-        // The bucket in Redis holds exactly the budget less the usage (plus the millionths of a
-        // token refilled at one a day): less than one reservation. (A refusal's
-        // x-ratelimit-remaining says 0, whatever is left below the cost.)
-        let name = key.replace(' ', "%2520");
-        let bucket = redis
-            .keys()
-            .into_iter()
-            .find(|k| k.contains(&format!("{name}}}")))
-            .expect("the key's bucket");
-        let tokens: f64 = redis.cli(&["hget", &bucket, "t"])[0]
-            .parse()
-            .expect("tokens");
+        // The counter in Redis holds exactly the usage: less than one reservation is left.
+        // (A refusal's x-ratelimit-remaining says 0, whatever is left below the cost.)
+        let used = used_in_redis(&redis, budget, key);
         assert_eq!(
-            tokens.floor() as u64,
-            BUDGET - reported,
-            "{key}: the counter is exactly the usage"
+            used, reported,
+            "{key}: the counter is exactly the usage ({budget:?})"
         );
-        assert!(tokens < RESERVE as f64, "{key}: {tokens} left");
+        assert!(BUDGET - used < RESERVE, "{key}: {} left", BUDGET - used);
         assert!(reported > BUDGET - RESERVE, "{key}: only {reported} used");
     }
     println!(
-        "streams admitted {admitted}, refused {refused}; reported per key: {}",
+        "{budget:?}: streams admitted {admitted}, refused {refused}; reported per key: {}",
         stats["by_key"]
     );
     assert!(admitted >= 3 * (BUDGET / 67), "{admitted} streams admitted");

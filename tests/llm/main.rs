@@ -10,6 +10,7 @@
 mod support;
 
 mod body;
+mod budgets;
 mod failures;
 mod fleet;
 mod sdk;

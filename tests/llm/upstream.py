@@ -6,7 +6,7 @@ numbered), written from the providers' published API references:
   {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens,
   completion_tokens_details.reasoning_tokens}; with "stream": true, `chat.completion.chunk` events
   as `data:` lines, the usage chunk (empty `choices`) last before `data: [DONE]` only when
-  "stream_options": {"include_usage": true}.
+  "stream_options": {"include_usage": true}, and then every other chunk with "usage": null.
 - OpenAI Responses, POST /v1/responses: a `response` object with `usage` {input_tokens,
   output_tokens, total_tokens, input_tokens_details, output_tokens_details}; streamed as typed
   events (`event: response.created`, `response.output_text.delta`, ..., `response.completed`
@@ -190,6 +190,9 @@ class Handler(BaseHTTPRequestHandler):
         include = (body.get("stream_options") or {}).get("include_usage")
         self.start_stream()
         chunk = dict(base, object="chat.completion.chunk")
+        if include:
+            # With include_usage every chunk but the last carries "usage": null.
+            chunk["usage"] = None
         self.event(dict(chunk, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
         for w in self.words(out):
             self.event(dict(chunk, choices=[{"index": 0, "delta": {"content": w}, "finish_reason": None}]))

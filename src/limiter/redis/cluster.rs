@@ -458,6 +458,7 @@ pub(super) async fn check(
     let replies = join_all(calls).await;
 
     let mut outcomes = vec![None; checks.len()];
+    let mut stamps = vec![0u64; checks.len()];
     // What was consumed, to give back if the request is not admitted.
     let mut consumed: Vec<Consumed> = Vec::new();
     let mut error = None;
@@ -469,6 +470,7 @@ pub(super) async fn check(
                         consumed.push((i, wire::stamp(&reply, members.len(), j)));
                     }
                     outcomes[i] = Some(decision.outcomes[j]);
+                    stamps[i] = decision.stamp(j);
                 }
             }
             Err(e) => error = error.or(Some(e)),
@@ -477,7 +479,10 @@ pub(super) async fn check(
     let decision = match error {
         Some(e) => Err(e),
         None => match outcomes.into_iter().collect::<Option<Vec<_>>>() {
-            Some(outcomes) => Ok(Decision::from_checks(checks, outcomes)),
+            Some(outcomes) => Ok(Decision {
+                stamps: stamps.into(),
+                ..Decision::from_checks(checks, outcomes)
+            }),
             None => Err(StoreError::Script("a check without an outcome".to_string())),
         },
     };

@@ -336,19 +336,17 @@ impl RedisStore {
         Ok(Decision::from_checks(checks, outcomes))
     }
 
-    /// Gives back every token-bucket check's `cost` (decide.lua's refund of a `tb` key, which
-    /// needs no stamp); other kinds are skipped. One call, or on a Cluster one per check.
-    pub async fn refund(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
-        let buckets: Vec<Check<'_>> = checks
+    /// Gives back every check's `cost` from the consumption its stamp names (decide.lua's
+    /// `refund`: a bucket's tokens capped at the burst, an exact window's member of that time, a
+    /// bucketed window's bucket, a quota's count while it is still in that period); concurrency
+    /// checks are skipped. One call, or on a Cluster one per check.
+    pub async fn refund(&self, checks: &[(Check<'_>, u64)]) -> Result<(), StoreError> {
+        let due: Vec<(Check<'_>, [i64; 2])> = checks
             .iter()
-            .filter(|c| c.cost > 0 && matches!(c.rule, crate::limiter::Rule::TokenBucket(_)))
-            .copied()
+            .filter(|(c, _)| c.cost > 0 && !matches!(c.rule, crate::limiter::Rule::Concurrency(_)))
+            .map(|(c, stamp)| (*c, [i64::try_from(*stamp).unwrap_or(i64::MAX), 0]))
             .collect();
-        self.per_slot(&buckets, |subset| {
-            let entries: Vec<(Check<'_>, [i64; 2])> = subset.iter().map(|c| (*c, [0, 0])).collect();
-            wire::refund_args(&entries)
-        })
-        .await
+        self.per_slot_of(&due, |(c, _)| *c, wire::refund_args).await
     }
 
     /// Gives back a delayed decision's reservation at slot `at` (decide.lua's refund): every
@@ -390,19 +388,33 @@ impl RedisStore {
         checks: &[Check<'_>],
         args: impl Fn(&[Check<'_>]) -> Vec<Value>,
     ) -> Result<(), StoreError> {
-        if checks.is_empty() {
+        self.per_slot_of(checks, |c| *c, args).await
+    }
+
+    /// [`RedisStore::per_slot`] over items that each carry a check (`check` finds it) and
+    /// whatever else their call needs (a refund's stamp).
+    async fn per_slot_of<'c, T>(
+        &self,
+        items: &[T],
+        check: impl Fn(&T) -> Check<'c>,
+        args: impl Fn(&[T]) -> Vec<Value>,
+    ) -> Result<(), StoreError> {
+        if items.is_empty() {
             return Ok(());
         }
-        let groups: Vec<&[Check<'_>]> = if self.shared.cluster {
-            checks.chunks(1).collect()
+        let groups: Vec<&[T]> = if self.shared.cluster {
+            items.chunks(1).collect()
         } else {
-            vec![checks]
+            vec![items]
         };
         let calls = groups.into_iter().map(|group| {
-            let args = &args;
+            let (args, check) = (&args, &check);
             async move {
                 self.shared
-                    .run(|| (self.keys(group), args(group)))
+                    .run(|| {
+                        let checks: Vec<Check<'_>> = group.iter().map(check).collect();
+                        (self.keys(&checks), args(group))
+                    })
                     .await
                     .map(|_| ())
             }

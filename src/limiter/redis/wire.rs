@@ -175,7 +175,8 @@ fn packed_integer(chunk: &[u8]) -> Option<i64> {
 }
 
 /// One decision's part of a packed reply (`1 + 7 * checks` doubles), read as [`decode`] reads
-/// the integers, straight from the bytes (of the refund stamps only a delayed decision's slot).
+/// the integers, straight from the bytes, the refund stamps included (a reservation is settled
+/// against them; a delayed decision's slot is the second stamp).
 pub fn decode_packed(bytes: &[u8], checks: usize) -> Result<Decision, StoreError> {
     if bytes.len() != 8 * (1 + 7 * checks) {
         return Err(StoreError::Script(format!(
@@ -221,7 +222,8 @@ pub fn decode(reply: &[i64], checks: usize) -> Result<Decision, StoreError> {
     outcomes(checks, |i| Ok(reply[i]))
 }
 
-/// The decision in a reply whose `i`th integer is `value(i)`: `allowed_all`, then five per check.
+/// The decision in a reply whose `i`th integer is `value(i)`: `allowed_all`, five per check,
+/// then two stamp values per check, of which the first is the stamp ([`Decision::stamps`]).
 fn outcomes(
     checks: usize,
     value: impl Fn(usize) -> Result<i64, StoreError>,
@@ -248,11 +250,16 @@ fn outcomes(
     } else {
         (0, 0)
     };
+    let mut stamps = crate::limiter::Stamps::with_capacity(checks);
+    for i in 0..checks {
+        stamps.push(unsigned(1 + 5 * checks + 2 * i)?);
+    }
     Ok(Decision {
         allowed: all != 0,
         outcomes,
         delay_us,
         slot_us,
+        stamps,
     })
 }
 
