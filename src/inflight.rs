@@ -279,6 +279,7 @@ fn stamped(due: &[(String, Rule, u64, u64)]) -> Vec<(Check<'_>, u64)> {
                 rule,
                 cost: *cost,
                 shadow: false,
+                max_delay_us: None,
             };
             (check, *stamp)
         })

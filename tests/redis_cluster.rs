@@ -248,6 +248,7 @@ async fn stamped_refunds_land_in_each_slot(cluster: &RedisCluster) {
                 rule,
                 cost,
                 shadow: false,
+                max_delay_us: None,
             })
             .collect()
     };

@@ -862,6 +862,14 @@ fn pacing_settings_are_checked_with_their_line() {
             "p.yaml:11:19: routes[0].policies[0].on_limit: `delay` is not supported for a quota",
         ),
         (
+            format!(
+                "{tb}        cost: {{ response_header: x-cost }}\n        on_limit: delay\n        \
+                 max_delay: 1s\n"
+            ),
+            "p.yaml:12:19: routes[0].policies[0].on_limit: `delay` is not supported with a cost \
+             from the response",
+        ),
+        (
             format!("{tb}        mode: shadow\n        on_limit: delay\n        max_delay: 1s\n"),
             "p.yaml:12:19: routes[0].policies[0].on_limit: a shadow policy never refuses",
         ),

@@ -55,6 +55,14 @@ pub(super) fn on_limit(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut
                 );
                 return;
             }
+            if policy.response_cost.is_some() {
+                e.add(
+                    format!("{path}.on_limit"),
+                    "`delay` is not supported with a cost from the response: a settled charge or \
+                     refund would move a slot already handed out; pace with a policy of its own",
+                );
+                return;
+            }
             match policy.rule {
                 Rule::TokenBucket(_) | Rule::SlidingWindow(_) => {
                     policy.max_delay_us = Some(max.as_micros() as u64);
