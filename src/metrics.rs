@@ -5,6 +5,7 @@
 //! increments a counter it already holds, with no label lookup or formatting, and `/metrics`
 //! grows with the routes in use, not with the routes configured.
 
+pub mod ext_proc;
 pub mod rls;
 
 use std::sync::{Arc, OnceLock};

@@ -363,14 +363,15 @@ pub async fn serve(
         .await
 }
 
-/// A connection counted in its listener's open-connections gauge until it is dropped.
-struct Counted {
+/// A connection counted in its listener's open-connections gauge until it is dropped (the
+/// ext_authz and ext_proc listeners).
+pub(crate) struct Counted {
     stream: TcpStream,
     open: IntGauge,
 }
 
 impl Counted {
-    fn new(stream: TcpStream, open: &IntGauge) -> Self {
+    pub(crate) fn new(stream: TcpStream, open: &IntGauge) -> Self {
         open.inc();
         Counted {
             stream,

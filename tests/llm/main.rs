@@ -10,6 +10,7 @@
 mod support;
 
 mod body;
+mod envoy;
 mod failures;
 mod fleet;
 mod sdk;

@@ -188,6 +188,11 @@ pub fn compile(
         .as_ref()
         .and_then(|f| forward_auth(e, f, listen, admin_listen));
 
+    let ext_proc = raw.ext_proc.as_ref().and_then(|x| {
+        let others = [("listen", listen), ("admin_listen", admin_listen)];
+        listeners::ext_proc(e, x, others)
+    });
+
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok((
             Snapshot {
@@ -207,6 +212,7 @@ pub fn compile(
                 routes,
                 rls,
                 forward_auth,
+                ext_proc,
                 request_id,
                 access_log,
                 tracing,
