@@ -232,7 +232,10 @@ async fn an_exhausted_budget_is_refused_through_envoy_before_the_upstream() {
     // The client sees the stream break, or (the upstream broke before Envoy passed the head on)
     // Envoy's 502.
     let broken = |(status, _, clean): (u16, Vec<u8>, bool)| {
-        assert!(status == 502 || (status, clean) == (200, false), "{status} {clean}");
+        assert!(
+            status == 502 || (status, clean) == (200, false),
+            "{status} {clean}"
+        );
     };
     for _ in 0..BUDGET / RESERVE {
         broken(
@@ -431,6 +434,49 @@ async fn concurrent_streams_through_envoy_never_exceed_the_budget() {
     );
     // Each stream uses 7 + 40 tokens: every key ran its budget down to less than a reservation.
     assert!(refused > 0 && admitted >= 2 * ((BUDGET - RESERVE) / 47));
+}
+
+/// A concurrency policy on a check-only route holds its lease through Envoy until the response
+/// ends: a second request while a stream runs is refused, and admitted once it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_held_through_envoy_until_the_response_ends() {
+    let upstream = LlmUpstream::start();
+    let yaml = r#"
+ext_proc:
+  listen: 127.0.0.1:0
+routes:
+  - name: one_at_a_time
+    policies:
+      - name: in_flight
+        key: ["header:authorization"]
+        concurrency: { limit: 1 }
+"#;
+    let gw = TestGateway::start(yaml).await;
+    let ext_proc = gw.running().ext_proc_addr.expect("the ext_proc listener");
+    let door = Door {
+        envoy: Envoy::start(&bootstrap(ext_proc, upstream.addr)).await,
+        gw,
+    };
+    let slow = [("x-test-delay-ms", "20"), ("x-test-output-tokens", "10")];
+    let response = Client::new()
+        .head(door.post_request("/v1/chat/completions", CHAT_STREAM, &slow))
+        .await;
+    assert_eq!(response.status(), 200);
+    let second = door.post("/v1/chat/completions", CHAT, &[]).await;
+    assert_eq!(second.status, 429, "{second:?}");
+    let mut body = response.into_body();
+    while let Some(frame) = body.frame().await {
+        frame.expect("the stream ends cleanly");
+    }
+    let in_flight = [("route", "one_at_a_time")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while door.gw.metric("turnstile_in_flight_requests", &in_flight).await != 0.0 {
+        assert!(Instant::now() < deadline, "the lease was never released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let third = door.post("/v1/chat/completions", CHAT, &[]).await;
+    assert_eq!(third.status, 200, "{third:?}");
+    assert_eq!(upstream.stats().await["requests"], 2);
 }
 
 /// `docs/llm.md` shows the bootstrap these tests run, verbatim.

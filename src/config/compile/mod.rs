@@ -139,7 +139,9 @@ pub fn compile(
             );
         }
         let jwt = (&jwt, raw.jwt.is_some());
-        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode, jwt) {
+        let ext_proc = raw.ext_proc.is_some();
+        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode, jwt, ext_proc)
+        {
             let own = exempt(e, &format!("{path}.exempt"), &raw_route.exempt);
             route.exempt = Exempt {
                 client_ips: [global_exempt.client_ips.clone(), own.client_ips].concat(),
