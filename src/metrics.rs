@@ -519,7 +519,7 @@ impl Metrics {
             ),
             door_checks: counter(
                 "turnstile_door_checks_total",
-                "Checks answered by a deciding door (forward_auth, ext_authz), by result.",
+                "Checks answered by a deciding door (forward_auth, ext_authz, ext_proc), by result.",
                 &["door", "result"],
             ),
             jwt_tokens: counter(
@@ -616,7 +616,8 @@ impl Metrics {
                     Opts::new(
                         name,
                         "Connections open, per listener: `public` (the gateway, TLS included), \
-                         `forward_auth` (the HTTP check listener) or `ext_authz` (the gRPC one).",
+                         `forward_auth` (the HTTP check listener), `ext_authz` (the gRPC one) or \
+                         `ext_proc` (Envoy's external processor).",
                     ),
                     &["listener"],
                 )

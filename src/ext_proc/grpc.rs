@@ -52,12 +52,12 @@ use crate::state::AppState;
 #[derive(Debug, Clone)]
 pub struct ExtProc {
     state: Arc<AppState>,
-    metrics: ExtProcMetrics,
+    metrics: Arc<ExtProcMetrics>,
 }
 
 impl ExtProc {
     pub fn new(state: Arc<AppState>) -> Self {
-        let metrics = ExtProcMetrics::register(&state.metrics);
+        let metrics = Arc::new(ExtProcMetrics::register(&state.metrics));
         ExtProc { state, metrics }
     }
 }
@@ -402,4 +402,105 @@ pub async fn serve(
             let _ = shutdown.changed().await;
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use envoy_types::pb::envoy::config::core::v3::HeaderMap as EnvoyHeaders;
+    use envoy_types::pb::google::protobuf::Value;
+
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)], raw: bool) -> HttpHeaders {
+        HttpHeaders {
+            headers: Some(EnvoyHeaders {
+                headers: pairs
+                    .iter()
+                    .map(|(k, v)| HeaderValue {
+                        key: k.to_string(),
+                        value: if raw { String::new() } else { v.to_string() },
+                        raw_value: if raw {
+                            v.as_bytes().to_vec()
+                        } else {
+                            Vec::new()
+                        },
+                    })
+                    .collect(),
+            }),
+            ..HttpHeaders::default()
+        }
+    }
+
+    fn source(address: &str) -> HashMap<String, Struct> {
+        let value = Value {
+            kind: Some(ValueKind::StringValue(address.to_string())),
+        };
+        let fields = HashMap::from([("source.address".to_string(), value)]);
+        HashMap::from([("envoy.filters.http.ext_proc".to_string(), Struct { fields })])
+    }
+
+    #[test]
+    fn the_request_is_rebuilt_from_pseudo_headers_with_repeated_fields_kept() {
+        for raw in [true, false] {
+            let h = headers(
+                &[
+                    (":method", "POST"),
+                    (":path", "/v1/chat/completions?x=1"),
+                    (":authority", "api.example"),
+                    (":scheme", "http"),
+                    ("x-api-key", "a"),
+                    ("x-api-key", "b"),
+                ],
+                raw,
+            );
+            let start = request_start(&h, &source("192.0.2.7:4321")).expect("a request");
+            let r = &start.request;
+            assert_eq!(r.method(), Method::POST);
+            assert_eq!(r.uri().path(), "/v1/chat/completions");
+            assert_eq!(r.uri().query(), Some("x=1"));
+            assert_eq!(r.headers()["host"], "api.example");
+            // Twice, so that a key on it is refused as ambiguous, as on the gateway.
+            assert_eq!(r.headers().get_all("x-api-key").iter().count(), 2);
+            assert_eq!(start.client, "192.0.2.7".parse().ok());
+        }
+        let no_path = headers(&[(":method", "GET"), (":path", "http://x/")], true);
+        assert!(request_start(&no_path, &HashMap::new()).is_err());
+        let no_method = headers(&[(":path", "/")], true);
+        assert!(request_start(&no_method, &HashMap::new()).is_err());
+    }
+
+    #[test]
+    fn a_response_envoy_made_itself_is_told_apart() {
+        let h = headers(&[(":status", "503"), ("content-type", "text/plain")], true);
+        let details = |d: &str| {
+            let value = Value {
+                kind: Some(ValueKind::StringValue(d.to_string())),
+            };
+            let fields = HashMap::from([("response.code_details".to_string(), value)]);
+            HashMap::from([("envoy.filters.http.ext_proc".to_string(), Struct { fields })])
+        };
+        let local = response_start(&h, &details("upstream_reset_before_response_started"));
+        assert_eq!((local.status.as_u16(), local.local), (503, true));
+        assert!(!response_start(&h, &details("via_upstream")).local);
+        assert!(!response_start(&h, &HashMap::new()).local);
+    }
+
+    #[test]
+    fn the_mode_override_asks_only_for_what_the_route_needs() {
+        let none = mode(Needs::NONE, BodySendMode::Buffered as i32);
+        assert_eq!(none.request_body_mode, BodySendMode::None as i32);
+        assert_eq!(none.response_header_mode, HeaderSendMode::Skip as i32);
+        assert_eq!(none.response_body_mode, BodySendMode::None as i32);
+        let all = Needs {
+            request_body: true,
+            response_headers: true,
+            response_body: true,
+        };
+        let all = mode(all, BodySendMode::Buffered as i32);
+        assert_eq!(all.request_body_mode, BodySendMode::Buffered as i32);
+        assert_eq!(all.response_body_mode, BodySendMode::Streamed as i32);
+        assert_eq!(all.response_trailer_mode, HeaderSendMode::Send as i32);
+    }
 }

@@ -82,7 +82,7 @@ impl Needs {
         }
     }
 
-    const NONE: Needs = Needs {
+    pub(crate) const NONE: Needs = Needs {
         request_body: false,
         response_headers: false,
         response_body: false,
@@ -147,7 +147,7 @@ struct Owed {
 pub struct Exchange {
     state: Arc<AppState>,
     live: Arc<Live>,
-    metrics: ExtProcMetrics,
+    metrics: Arc<ExtProcMetrics>,
     /// The gRPC connection's peer: Envoy.
     peer: IpAddr,
     started: Instant,
@@ -155,7 +155,7 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    pub fn new(state: Arc<AppState>, metrics: ExtProcMetrics, peer: IpAddr) -> Exchange {
+    pub fn new(state: Arc<AppState>, metrics: Arc<ExtProcMetrics>, peer: IpAddr) -> Exchange {
         let live = state.live.load_full();
         Exchange {
             state,
@@ -206,6 +206,7 @@ impl Exchange {
         };
         let Found::Route(index, params) = admission::route_for(&live, &head) else {
             self.metrics.door.record(CheckResult::NoRoute);
+            live.unmatched.record_response(200, self.seconds());
             self.finish(StreamEnd::Passed);
             return Answer::Continue(Changes {
                 remove,
@@ -304,9 +305,7 @@ impl Exchange {
             body,
         };
         let admitted = admission::admit_inline(&self.state, route, resources, &view, None).await;
-        let seconds = crate::now::read()
-            .saturating_duration_since(self.started)
-            .as_secs_f64();
+        let seconds = self.seconds();
         match admitted {
             Ok((admitted, mut after)) => {
                 self.metrics.door.record(match admitted.kind {
@@ -404,8 +403,16 @@ impl Exchange {
 
     fn malformed(&mut self, message: String) -> Answer {
         self.metrics.door.record(CheckResult::BadRequest);
+        self.live.unmatched.record_response(400, self.seconds());
         self.finish(StreamEnd::Passed);
         Answer::Respond(crate::respond::refusal(&Refusal::BadRequest(message)))
+    }
+
+    /// Since the request headers arrived.
+    fn seconds(&self) -> f64 {
+        crate::now::read()
+            .saturating_duration_since(self.started)
+            .as_secs_f64()
     }
 
     fn finish(&mut self, end: StreamEnd) {

@@ -470,7 +470,12 @@ routes:
     }
     let in_flight = [("route", "one_at_a_time")];
     let deadline = Instant::now() + Duration::from_secs(10);
-    while door.gw.metric("turnstile_in_flight_requests", &in_flight).await != 0.0 {
+    while door
+        .gw
+        .metric("turnstile_in_flight_requests", &in_flight)
+        .await
+        != 0.0
+    {
         assert!(Instant::now() < deadline, "the lease was never released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
