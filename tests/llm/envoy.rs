@@ -318,7 +318,9 @@ async fn failures_through_envoy_settle_as_the_gateway_settles_them() {
     let upstream = LlmUpstream::start();
     let door = Door::start(&TestStore::memory(), upstream.addr).await;
     let pad = (2 << 20).to_string();
-    let cases: [(&str, &[(&str, &str)], u16, u64); 3] = [
+    // (API key, the request's test switches, the status the client gets, the units charged).
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u16, u64);
+    let cases: [Case; 3] = [
         ("Bearer sk-error", &[("x-test-mode", "error")], 500, 1),
         (
             "Bearer sk-malformed",
