@@ -375,15 +375,18 @@ async fn concurrent_streams_through_envoy_never_exceed_the_budget() {
     const BODY: &str = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":40,"messages":[{"role":"user","content":"count to twenty please"}]}"#;
     let upstream = LlmUpstream::start();
     let door = std::sync::Arc::new(Door::start(&TestStore::memory(), upstream.addr).await);
-    let deadline = Instant::now() + Duration::from_secs(6);
+    // Every worker streams until it has been refused 40 times in a row (a second of refusals,
+    // longer than a stream runs, so the refunds of the streams before have landed), or the
+    // deadline: the budget is then run down to less than one reservation.
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut tasks = Vec::new();
     for key in KEYS {
         for _ in 0..8 {
             let door = door.clone();
             tasks.push(tokio::spawn(async move {
-                let (mut admitted, mut refused) = (0u64, 0u64);
+                let (mut admitted, mut refused, mut streak) = (0u64, 0u64, 0u32);
                 for _ in 0..1000 {
-                    if Instant::now() > deadline {
+                    if Instant::now() > deadline || streak >= 40 {
                         break;
                     }
                     let headers = [
@@ -398,9 +401,11 @@ async fn concurrent_streams_through_envoy_never_exceed_the_budget() {
                         200 => {
                             assert!(clean, "the stream ends cleanly");
                             admitted += 1;
+                            streak = 0;
                         }
                         429 => {
                             refused += 1;
+                            streak += 1;
                             tokio::time::sleep(Duration::from_millis(25)).await;
                         }
                         other => panic!("status {other}"),
