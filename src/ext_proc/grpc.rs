@@ -132,9 +132,9 @@ impl Processing {
                 let start = match request_start(&headers, attributes) {
                     Ok(start) => start,
                     Err(message) => {
-                        let refusal = crate::respond::Refusal::BadRequest(message);
-                        let response = crate::respond::refusal(&refusal);
-                        return immediate(response).await;
+                        // A 400, counted as the gateway counts a malformed request.
+                        let answer = self.exchange.malformed(message);
+                        return self.answer_async(answer, Reply::RequestHeaders).await;
                     }
                 };
                 let answer = self.exchange.request_headers(start).await;
