@@ -11,7 +11,9 @@
 //!   it is assigned; the shares of each budget are decided by [`limiter::quota`];
 //! - the ingress door ([`forward_auth`]): nginx `auth_request`, ingress-nginx, Traefik and Caddy
 //!   forward-auth over HTTP, and Envoy ext_authz over gRPC, answered by the gateway's own
-//!   routing and keys ([`admission`]).
+//!   routing and keys ([`admission`]);
+//! - Envoy's external processor ([`ext_proc`]): the request through Envoy admitted as the
+//!   gateway admits it, and its response read as it streams by, to settle LLM token budgets.
 //!
 //! The tree follows the data; `tests/layers.rs` (`cargo test --test layers`) fails on any import
 //! cycle between these modules:
@@ -58,7 +60,7 @@
 //!   the doors;
 //! - [`admission`]: route a canonical request and admit it through the engine (every door);
 //!   [`quota`]: the same keys peeked without consuming (a route's quota endpoint, the status
-//!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`rls`], [`rlqs`];
+//!   page's lookup); the doors: [`gateway`], [`forward_auth`], [`ext_proc`], [`rls`], [`rlqs`];
 //! - [`admin`]: metrics, health, the overrides API and the status page (`admin/status.html`,
 //!   embedded) on a separate listener; [`listener`]: the public listener and the bounds on each
 //!   connection;
@@ -77,6 +79,7 @@ pub mod admission;
 pub mod client_cert;
 pub mod clock;
 pub mod config;
+pub mod ext_proc;
 pub mod forward_auth;
 pub mod gateway;
 pub mod import;

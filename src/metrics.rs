@@ -5,6 +5,7 @@
 //! increments a counter it already holds, with no label lookup or formatting, and `/metrics`
 //! grows with the routes in use, not with the routes configured.
 
+pub mod ext_proc;
 pub mod rlqs;
 pub mod rls;
 
@@ -546,7 +547,7 @@ impl Metrics {
             ),
             door_checks: counter(
                 "turnstile_door_checks_total",
-                "Checks answered by a deciding door (forward_auth, ext_authz), by result.",
+                "Checks answered by a deciding door (forward_auth, ext_authz, ext_proc), by result.",
                 &["door", "result"],
             ),
             jwt_tokens: counter(
@@ -666,7 +667,8 @@ impl Metrics {
                     Opts::new(
                         name,
                         "Connections open, per listener: `public` (the gateway, TLS included), \
-                         `forward_auth` (the HTTP check listener) or `ext_authz` (the gRPC one).",
+                         `forward_auth` (the HTTP check listener), `ext_authz` (the gRPC one) or \
+                         `ext_proc` (Envoy's external processor).",
                     ),
                     &["listener"],
                 )

@@ -37,6 +37,8 @@ pub struct Running {
     pub forward_auth_addr: Option<SocketAddr>,
     /// The Envoy ext_authz gRPC listener, when `forward_auth.grpc_listen` is configured.
     pub ext_authz_addr: Option<SocketAddr>,
+    /// Envoy's external processor's gRPC listener, when `ext_proc.listen` is configured.
+    pub ext_proc_addr: Option<SocketAddr>,
     /// What every listener shares: the live config, the engine, the metrics.
     pub state: Arc<AppState>,
     /// Owns every background task: the listeners, the sweeper, the overrides sync, the
@@ -214,6 +216,7 @@ pub async fn start(
         }
     }
     let (forward_auth_addr, ext_authz_addr) = start_forward_auth(&state, &mut background).await?;
+    let ext_proc_addr = start_ext_proc(&state, &mut background).await?;
     let tls = start_tls(&state, &mut background).await?;
     let tls_addr = tls.as_ref().map(|(l, _)| l.local_addr()).transpose()?;
     background.spawn(
@@ -229,6 +232,7 @@ pub async fn start(
         rlqs_addr,
         forward_auth_addr,
         ext_authz_addr,
+        ext_proc_addr,
         state,
         background,
         draining,
@@ -325,6 +329,26 @@ fn server_tls(
     let stop = background.signal();
     background.spawn("certificate watch", tls.clone().watch(stop));
     Ok(Some(tls))
+}
+
+/// Binds and serves Envoy's external processor on `ext_proc.listen` (read once, at start).
+async fn start_ext_proc(
+    state: &Arc<AppState>,
+    background: &mut Shutdown,
+) -> std::io::Result<Option<SocketAddr>> {
+    let Some(listen) = state.live.load().config.ext_proc else {
+        return Ok(None);
+    };
+    let listener = bind("ext_proc.listen", listen).await?;
+    let addr = listener.local_addr()?;
+    let service = crate::ext_proc::grpc::ExtProc::new(state.clone());
+    let rx = background.signal();
+    background.spawn("ext_proc listener", async move {
+        if let Err(e) = crate::ext_proc::grpc::serve(listener, service, rx).await {
+            tracing::error!(error = %e, "ext_proc listener failed");
+        }
+    });
+    Ok(Some(addr))
 }
 
 /// Binds one listener; the error names the config field and the address, so that "Address already
@@ -553,6 +577,7 @@ pub fn needs_restart(current: &Snapshot, next: &Snapshot) -> Vec<&'static str> {
             "forward_auth.listen",
             forward_auth_listen(current) != forward_auth_listen(next),
         ),
+        ("ext_proc.listen", current.ext_proc != next.ext_proc),
         ("store", current.store != next.store),
         ("access_log", current.access_log != next.access_log),
         ("tracing", current.tracing != next.tracing),

@@ -274,6 +274,7 @@ fn every_config_snippet_in_the_docs_loads() {
         "routes",
         "server",
         "forward_auth",
+        "ext_proc",
         "upstreams",
         "store",
         "jwt",

@@ -209,22 +209,32 @@ fn source(e: &mut Errors, path: &str, rc: &RawResponseCost) -> Option<CostSource
     }
 }
 
-/// A concurrency lease lives until the response ends, which only the inline gateway sees: on a
-/// check-only route (decided by `forward_auth` alone) it could never be released.
-pub(super) fn check_door(e: &mut Errors, path: &str, policy: &Policy, action: Option<&Action>) {
+/// A concurrency lease lives until the response ends, which only the inline gateway and Envoy's
+/// external processor see: on a check-only route, without `ext_proc:` (decided by
+/// `forward_auth` alone), it could never be released, and a cost from the response never read.
+pub(super) fn check_door(
+    e: &mut Errors,
+    path: &str,
+    policy: &Policy,
+    action: Option<&Action>,
+    ext_proc: bool,
+) {
+    if ext_proc {
+        return;
+    }
     if matches!(policy.rule, Rule::Concurrency(_)) && matches!(action, Some(Action::CheckOnly)) {
         e.add(
             format!("{path}.concurrency"),
             "a check-only route is decided by forward_auth, which never sees the response end: \
-             concurrency needs `upstream` or `respond` (forward_auth does not apply concurrency \
-             policies)",
+             concurrency needs `upstream` or `respond`, or `ext_proc:` (forward_auth does not \
+             apply concurrency policies)",
         );
     }
     if policy.response_cost.is_some() && matches!(action, Some(Action::CheckOnly)) {
         e.add(
             format!("{path}.cost.response_header"),
             "a check-only route is decided by forward_auth, which never sees the response: \
-             the cost can only be a number there",
+             the cost can only be a number there (unless `ext_proc:` decides it)",
         );
     }
 }

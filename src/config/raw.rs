@@ -32,6 +32,8 @@ pub struct RawConfig {
     pub rlqs: Option<super::rlqs::RawRlqs>,
     /// The ingress door (`crate::forward_auth`): forward-auth over HTTP, Envoy ext_authz.
     pub forward_auth: Option<RawForwardAuth>,
+    /// Envoy's external processor (`crate::ext_proc`): admission and settlement over ext_proc.
+    pub ext_proc: Option<RawExtProc>,
     /// Requests no policy of any route applies to.
     #[serde(default)]
     pub exempt: RawExempt,
@@ -109,6 +111,13 @@ pub struct RawForwardAuth {
     pub proxy: Option<String>,
     /// TLS (and mutual TLS) on both of its listeners.
     pub tls: Option<RawServerTls>,
+}
+
+/// `ext_proc: {listen}`: Envoy's `ext_proc` filter (`envoy.service.ext_proc.v3.ExternalProcessor`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawExtProc {
+    pub listen: String,
 }
 
 /// Requests that skip every policy: a client IP in one of `client_ips`, or one of `headers` with

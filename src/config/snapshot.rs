@@ -431,6 +431,8 @@ pub struct Snapshot {
     pub rlqs: Option<super::rlqs::RlqsSettings>,
     /// The ingress door, when `forward_auth:` is set.
     pub forward_auth: Option<ForwardAuthSettings>,
+    /// Envoy's external processor, when `ext_proc:` is set: its gRPC listener (read at start).
+    pub ext_proc: Option<SocketAddr>,
     /// The request id read, made and returned (`request_id:`).
     pub request_id: super::observability::RequestIdSettings,
     /// One line per request, when `access_log:` is set (read at start).

@@ -611,6 +611,26 @@ fn forward_auth_proxy_names_a_known_proxy_at_its_line() {
     }
 }
 
+#[test]
+fn ext_proc_listens_on_an_address_of_its_own_named_at_its_line() {
+    let yaml =
+        format!("listen: 127.0.0.1:8080\next_proc:\n  listen: 127.0.0.1:8080\n{BASE}{ROUTE}");
+    let e = errors(&yaml);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("p.yaml:3:"), "{}", e[0]);
+    assert!(e[0].contains("ext_proc.listen"), "{}", e[0]);
+    let e = errors(&format!("ext_proc:\n  listen: nowhere\n{BASE}{ROUTE}"));
+    assert!(
+        e[0].contains("ext_proc.listen") && e[0].contains("IP:PORT"),
+        "{e:?}"
+    );
+    let e = errors(&format!("ext_proc:\n  port: 1\n{BASE}{ROUTE}"));
+    assert!(e[0].contains("port"), "a misspelt field is an error: {e:?}");
+    let yaml = format!("ext_proc:\n  listen: 127.0.0.1:8084\n{BASE}{ROUTE}");
+    let snapshot = parse(&yaml, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(snapshot.ext_proc, "127.0.0.1:8084".parse().ok());
+}
+
 /// Two routes `a` and `b`, each with one policy: `a`'s is `first`, `b`'s is `second` (flow maps).
 fn two_routes(first: &str, second: &str) -> String {
     format!(

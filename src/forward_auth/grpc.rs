@@ -384,14 +384,15 @@ pub async fn serve(
     }
 }
 
-/// A connection counted in its listener's open-connections gauge until it is dropped.
-struct Counted {
+/// A connection counted in its listener's open-connections gauge until it is dropped (the
+/// ext_authz and ext_proc listeners).
+pub(crate) struct Counted {
     stream: Conn,
     open: IntGauge,
 }
 
 impl Counted {
-    fn new(stream: Conn, open: &IntGauge) -> Self {
+    pub(crate) fn new(stream: Conn, open: &IntGauge) -> Self {
         open.inc();
         Counted {
             stream,

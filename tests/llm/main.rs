@@ -11,6 +11,7 @@ mod support;
 
 mod body;
 mod budgets;
+mod envoy;
 mod failures;
 mod fleet;
 mod sdk;

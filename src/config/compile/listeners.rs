@@ -1,4 +1,5 @@
-//! The listeners besides `listen` and `admin_listen`: `listen_tls:` and `forward_auth:`.
+//! The listeners besides `listen` and `admin_listen`: `listen_tls:`, `forward_auth:` and
+//! `ext_proc:`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -115,6 +116,25 @@ pub(super) fn forward_auth(
         proxy: proxy?,
         tls,
     })
+}
+
+/// `ext_proc.listen`: an address of its own.
+pub(super) fn ext_proc(
+    e: &mut Errors,
+    raw: &RawExtProc,
+    others: [(&str, Option<SocketAddr>); 2],
+) -> Option<SocketAddr> {
+    let addr = socket_addr(e, "ext_proc.listen", &raw.listen)?;
+    if let Some((other, _)) = others
+        .iter()
+        .find(|(_, a)| addr.port() != 0 && *a == Some(addr))
+    {
+        e.add(
+            "ext_proc.listen",
+            format!("`{addr}` is already `{other}`: every door has its own listener"),
+        );
+    }
+    Some(addr)
 }
 
 /// A refusal's status: a 4xx or 5xx (nginx's `auth_request` passes on only 401 and 403).

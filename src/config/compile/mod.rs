@@ -178,7 +178,9 @@ pub fn compile(
             );
         }
         let jwt = (&jwt, raw.jwt.is_some());
-        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode, jwt) {
+        let ext_proc = raw.ext_proc.is_some();
+        if let Some(mut route) = route(e, &path, raw_route, &upstreams, failure_mode, jwt, ext_proc)
+        {
             let own = exempt(e, &format!("{path}.exempt"), &raw_route.exempt);
             route.exempt = Exempt {
                 client_ips: [global_exempt.client_ips.clone(), own.client_ips].concat(),
@@ -239,6 +241,11 @@ pub fn compile(
         .as_ref()
         .and_then(|f| forward_auth(e, f, listen.flatten(), admin_listen, source));
 
+    let ext_proc = raw.ext_proc.as_ref().and_then(|x| {
+        let others = [("listen", listen), ("admin_listen", admin_listen)];
+        listeners::ext_proc(e, x, others)
+    });
+
     match (listen, admin_listen, errors.0.is_empty()) {
         (Some(listen), Some(admin_listen), true) => Ok((
             Snapshot {
@@ -260,6 +267,7 @@ pub fn compile(
                 rls,
                 rlqs,
                 forward_auth,
+                ext_proc,
                 request_id,
                 access_log,
                 tracing,

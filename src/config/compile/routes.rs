@@ -21,6 +21,7 @@ pub(super) fn route(
     upstreams: &HashMap<String, Option<Arc<Upstream>>>,
     default_mode: FailureMode,
     (jwt, jwt_block): (&Option<Arc<crate::jwt::Verifier>>, bool),
+    ext_proc: bool,
 ) -> Option<Route> {
     if !valid_name(&raw.name) {
         e.add(format!("{path}.name"), NAME_HELP);
@@ -89,7 +90,7 @@ pub(super) fn route(
             );
         }
         if let Some(p) = policy(e, &ppath, &raw.name, raw_policy, &params, jwt_block) {
-            inflight::check_door(e, &ppath, &p, action.as_ref());
+            inflight::check_door(e, &ppath, &p, action.as_ref(), ext_proc);
             policies.push(p);
         }
     }
