@@ -40,11 +40,16 @@ PY
 section_jwt() {
     local cpu=$CPU_PROXY
     WRK_CPU=$CPU_LOAD
-    start_turnstile "$BENCH_DIR/turnstile-jwt.yaml.tmpl" 1 "$cpu" JWKS="$JWT_DIR/jwks.json" CACHE=0
+    # One template name per row: start_turnstile names each server's directory after its template,
+    # and a second config written into the first's directory would reload it (the file watch).
+    cp "$BENCH_DIR/turnstile-jwt.yaml.tmpl" "$JWT_DIR/jwt-nocache.yaml.tmpl"
+    cp "$BENCH_DIR/turnstile-jwt.yaml.tmpl" "$JWT_DIR/jwt-cache.yaml.tmpl"
+    start_turnstile "$JWT_DIR/jwt-nocache.yaml.tmpl" 1 "$cpu" JWKS="$JWT_DIR/jwks.json" CACHE=0
     local off=("turnstile-jwt-nocache-w1" "http://127.0.0.1:$LAST_PORT/" "$LAST_PID")
-    start_turnstile "$BENCH_DIR/turnstile-jwt.yaml.tmpl" 1 "$cpu" JWKS="$JWT_DIR/jwks.json" \
-        CACHE=10000
+    local off_admin=$TURNSTILE_ADMIN_PORT
+    start_turnstile "$JWT_DIR/jwt-cache.yaml.tmpl" 1 "$cpu" JWKS="$JWT_DIR/jwks.json" CACHE=10000
     local on=("turnstile-jwt-cache-w1" "http://127.0.0.1:$LAST_PORT/" "$LAST_PID")
+    local on_admin=$TURNSTILE_ADMIN_PORT
     # A token that does not verify would be a 401 and make the rows INVALID (non-2xx).
     local code
     code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $JWT_TOKEN" "${on[1]}")
@@ -52,6 +57,14 @@ section_jwt() {
     WRK_ARGS=(-H "authorization: Bearer $JWT_TOKEN")
     if (( ROUND % 2 )); then run_pair "${off[@]}" "${on[@]}"; else run_pair "${on[@]}" "${off[@]}"; fi
     WRK_ARGS=()
+    # Each row's verified tokens and cache hits: the no-cache row must show no hits, the cache row
+    # one verification (the first request) and the rest hits.
+    local port
+    for port in "$off_admin" "$on_admin"; do
+        curl -s "http://127.0.0.1:$port/metrics" | awk '/^turnstile_jwt_tokens_total\{result="valid",route="bench"\}/ {v=$2}
+            /^turnstile_jwt_token_cache_total\{result="hit"\}/ {h=$2}
+            END {printf "  jwt: %s valid tokens, %s cache hits\n", v, h}'
+    done
     stop_pid "${on[2]}"
     stop_pid "${off[2]}"
 }

@@ -302,9 +302,19 @@ impl Exchange {
             params: &params,
             client_ip,
             client_prefix: live.config.client_prefix,
+            // Envoy's connection is the client here: the end client's certificate is not seen.
+            client_cert: None,
             body,
         };
-        let admitted = admission::admit_inline(&self.state, route, resources, &view, None).await;
+        let admitted =
+            match admission::admit_inline(&self.state, route, resources, &view, None).await {
+                // A delayed request (`on_limit: delay`) is answered at its slot, as forward-auth's is.
+                Ok((admitted, after, Some(wait))) => {
+                    Box::pin(wait.hold(route)).await.map(|()| (admitted, after))
+                }
+                Ok((admitted, after, None)) => Ok((admitted, after)),
+                Err(refusal) => Err(refusal),
+            };
         let seconds = self.seconds();
         match admitted {
             Ok((admitted, mut after)) => {

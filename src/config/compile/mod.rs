@@ -242,7 +242,7 @@ pub fn compile(
         .and_then(|f| forward_auth(e, f, listen.flatten(), admin_listen, source));
 
     let ext_proc = raw.ext_proc.as_ref().and_then(|x| {
-        let others = [("listen", listen), ("admin_listen", admin_listen)];
+        let others = [("listen", listen.flatten()), ("admin_listen", admin_listen)];
         listeners::ext_proc(e, x, others)
     });
 
