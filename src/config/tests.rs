@@ -220,7 +220,7 @@ fn policy_errors(policy: &str) -> Vec<String> {
     ))
 }
 
-const NO_ROUTES: &str = "routes: no routes: every request would get 404 and no limit would apply; define at least one route (only a file that configures `rls:` may have none)";
+const NO_ROUTES: &str = "routes: no routes: every request would get 404 and no limit would apply; define at least one route (only a file that configures `rls:` or `rlqs:` may have none)";
 
 #[test]
 fn an_empty_or_comment_only_file_is_an_error() {
