@@ -16,6 +16,8 @@
 #           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
 #           as not measured without a built limitador-server: bench/limitador.sh's or
 #           LIMITADOR_BIN; see bench/rls.sh);
+#           rlqs (requests/s through Envoy with the rate limit quota service against Envoy with
+#           the RLS and Envoy alone, with Turnstile's CPU per admitted request; see bench/rlqs.sh);
 #           access_log (the memory row with the access log on, every request to a file, against
 #           off; see bench/access_log.sh); tracing (the memory row with OpenTelemetry tracing at
 #           100% sampling to an OTLP receiver, against off; see bench/tracing.sh); jwt (RS256-keyed
@@ -41,7 +43,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls access_log tracing jwt peers hotpath)
+SECTIONS_ALL=(memory redis tls flood rls rlqs access_log tracing jwt peers hotpath)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -65,7 +67,7 @@ WRK_ARGS=()                        # extra wrk arguments of run_pair's runs (the
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -541,6 +543,8 @@ source "$BENCH_DIR/tls.sh"
 source "$BENCH_DIR/flood.sh"
 # shellcheck source=bench/rls.sh
 source "$BENCH_DIR/rls.sh"
+# shellcheck source=bench/rlqs.sh
+source "$BENCH_DIR/rlqs.sh"
 # shellcheck source=bench/access_log.sh
 source "$BENCH_DIR/access_log.sh"
 # shellcheck source=bench/hotpath.sh
