@@ -404,6 +404,9 @@ impl MemoryStore {
             }
         }
         let mut decision = Decision::from_checks(checks, outcomes);
+        // As decide.lua: the stamps of what each check read at `now` (a reservation at a slot
+        // is given back by `unreserve`, with the slot).
+        decision.stamps = pending.iter().map(|p| p.stamp(lease)).collect();
         if !decision.allowed {
             // As `decide`: the state as it stays; a paced check keeps its own verdict.
             let all = checks.iter().zip(&shard_of).zip(&hashes).zip(&pending);
@@ -439,8 +442,9 @@ impl MemoryStore {
             let reserved = delayed && check.cost > 0 && {
                 let pace = paced[i].is_some();
                 match shard.table.find_mut(hash, |e| *e.key == *check.key) {
-                    Some(entry) => reserve(entry, check, &p, pace, at).map(|outcome| {
+                    Some(entry) => reserve(entry, check, &p, pace, at).map(|(outcome, stamp)| {
                         decision.outcomes[i] = outcome;
+                        decision.stamps[i] = stamp;
                     }),
                     None => None,
                 }
@@ -910,20 +914,21 @@ fn bucket_plan(refilled: &BucketState, cost: u64) -> BucketPlan {
 }
 
 /// Reserves a delayed decision's check at its slot `at`: a token bucket that paces, and every
-/// window (a window counts the request when it passes). `None`: the check commits as usual.
+/// window (a window counts the request when it passes), returning its outcome and refund stamp
+/// (as decide.lua stamps it). `None`: the check commits as usual.
 fn reserve(
     entry: &mut Entry,
     check: &Check<'_>,
     p: &Pending,
     paces: bool,
     at: u64,
-) -> Option<Outcome> {
+) -> Option<(Outcome, u64)> {
     match (&mut entry.state, check.rule, p) {
         (State::Bucket(state), Rule::TokenBucket(tb), Pending::Bucket(refilled)) if paces => {
             let (reserved, outcome) =
                 pacing::bucket_reserve(tb, &bucket_plan(refilled, check.cost), at);
             *state = reserved;
-            Some(outcome)
+            Some((outcome, 0))
         }
         (State::Log(log), Rule::SlidingWindow(sw), Pending::Log(_)) => {
             Some(pacing::log_reserve(log, sw, check.cost, at))

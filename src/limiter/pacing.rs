@@ -64,15 +64,20 @@ pub fn log_slot(log: &WindowLog, rule: &SlidingWindow, plan: &LogPlan) -> Option
 }
 
 /// Records `cost` at `at` (at or after every entry; decide.lua's `sw_reserve`) and returns the
-/// outcome of the request decided at `at`.
-pub fn log_reserve(log: &mut WindowLog, rule: &SlidingWindow, cost: u64, at: u64) -> Outcome {
+/// outcome of the request decided at `at`, with its refund stamp (the time written).
+pub fn log_reserve(
+    log: &mut WindowLog,
+    rule: &SlidingWindow,
+    cost: u64,
+    at: u64,
+) -> (Outcome, u64) {
     let plan = LogPlan {
         allowed: true,
         ..log.eval(rule, at, cost)
     };
     let outcome = log.outcome(rule, &plan, true);
     log.commit(&plan);
-    outcome
+    (outcome, plan.now)
 }
 
 /// The earliest time a bucketed window admits `plan`'s cost (decide.lua's `swb_slot`): the start
@@ -95,20 +100,20 @@ pub fn buckets_slot(
 }
 
 /// Records `cost` in the bucket of `at` (decide.lua's `swb_reserve`) and returns the outcome of
-/// the request decided at `at`.
+/// the request decided at `at`, with its refund stamp (the bucket's index).
 pub fn buckets_reserve(
     buckets: &mut WindowBuckets,
     rule: &SlidingWindow,
     cost: u64,
     at: u64,
-) -> Outcome {
+) -> (Outcome, u64) {
     let plan = BucketsPlan {
         allowed: true,
         ..buckets.eval(rule, at, cost)
     };
     let outcome = buckets.outcome(rule, &plan, true);
     buckets.commit(&plan);
-    outcome
+    (outcome, plan.current)
 }
 
 /// A paced check's own verdict once the decision's slot `at` is known (decide.lua's
