@@ -824,6 +824,19 @@ local function paces(abase, policies)
   return false
 end
 
+-- Appends every policy's refund stamps to `reply` after index r: the first is where the policy
+-- counted (an exact window's time, a bucketed window's bucket, the lease, the quota's period;
+-- 0 for a bucket), the second `s2` (a delayed decision's slot, else 0). Returns the new end.
+local function stamps(policies, reply, r, s2)
+  for i = 1, policies do
+    local p = plans[i]
+    local s1 = p.t or p.current or p.lease or p.period or 0
+    reply[r + 1], reply[r + 2] = s1, s2
+    r = r + 2
+  end
+  return r
+end
+
 -- Per policy: its max delay when it paces (false otherwise), and its slot (false: never).
 local max_delays, slots = {}, {}
 
@@ -894,22 +907,7 @@ local function decide_paced(kbase, abase, policies, now, reply, rn)
   if all_allowed and delay > 0 then
     stamp2 = at
   end
-  for i = 1, policies do
-    local p = plans[i]
-    local s1 = 0
-    if p.t then
-      s1 = p.t
-    elseif p.current then
-      s1 = p.current
-    elseif p.lease then
-      s1 = p.lease
-    elseif p.period then
-      s1 = p.period
-    end
-    reply[r + 1], reply[r + 2] = s1, stamp2
-    r = r + 2
-  end
-  return r
+  return stamps(policies, reply, r, stamp2)
 end
 
 -- The usual decision, a single token bucket, in one straight line: tb_eval, tb_outcome and
@@ -1018,22 +1016,7 @@ local function decide(kbase, abase, policies, now, reply, rn, force)
     end
   end
   -- The refund stamps, from what each policy read (a commit changes none of it).
-  for i = 1, policies do
-    local p = plans[i]
-    local s1, s2 = 0, 0
-    if p.t then
-      s1 = p.t
-    elseif p.current then
-      s1 = p.current
-    elseif p.lease then
-      s1 = p.lease
-    elseif p.period then
-      s1 = p.period
-    end
-    reply[r + 1], reply[r + 2] = s1, s2
-    r = r + 2
-  end
-  return r
+  return stamps(policies, reply, r, 0)
 end
 
 -- Redis TIME in microseconds, read at most once per call.
