@@ -17,7 +17,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 ROUNDS=3
 SLICES=4
 SECONDS_PER_ROUND=20
@@ -42,36 +42,9 @@ TURNSTILE_BIN=${TURNSTILE_BIN:-$REPO_DIR/target/release/turnstile}
 LOAD_BIN=${GRPC_LOAD_BIN:-$REPO_DIR/target/release/examples/grpc_load}
 command -v nginx >/dev/null || { echo "error: nginx not found" >&2; exit 2; }
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+bench_workdir grpc
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-render() {
-    local tmpl=$1 out=$2; shift 2
-    local args=() kv
-    for kv in "$@"; do args+=(-e "s|@${kv%%=*}@|${kv#*=}|g"); done
-    sed "${args[@]}" "$tmpl" >"$out"
-}
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# wait_port PORT: bounded (10 s) wait until PORT accepts connections.
-wait_port() {
-    local i
-    for i in $(seq 1 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "error: nothing listens on $1" >&2
-    return 1
-}
 
 # The upstream, on CPU 1.
 taskset -c 1 "$LOAD_BIN" upstream >"$WORK/upstream.out" &

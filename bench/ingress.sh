@@ -10,7 +10,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 DURATION=10
 CONNECTIONS=64
 TURNSTILE_BIN=""
@@ -29,31 +29,8 @@ if [[ -z "$TURNSTILE_BIN" ]]; then
     TURNSTILE_BIN="${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/turnstile"
 fi
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+bench_workdir ingress
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-render() {
-    local tmpl=$1 out=$2; shift 2
-    local text; text=$(cat "$tmpl")
-    for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
-    printf '%s\n' "$text" >"$out"
-}
-wait_port() {
-    for _ in $(seq 1 200); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "nothing listening on $1" >&2; exit 1
-}
 # nginx_start NAME TEMPLATE KEY=VALUE...: starts NGINX, its port in $STARTED (not a subshell, so
 # its PID stays in PIDS for the cleanup).
 nginx_start() {

@@ -17,7 +17,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 SECONDS_PER_LOAD=3
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -37,15 +37,7 @@ fi
 [[ -x "$PROFDATA" ]] || { echo "pgo: no llvm-profdata at $PROFDATA" >&2; exit 2; }
 
 TARGET_DIR=${CARGO_TARGET_DIR:-$REPO_DIR/target}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnstile-pgo.XXXXXX")
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+bench_workdir pgo
 
 # --target limits RUSTFLAGS to the binary's crates: build scripts and proc macros are neither
 # instrumented nor optimised with a profile of their own.
@@ -54,10 +46,6 @@ build() {
     shift 2
     (cd "$REPO_DIR" && CARGO_TARGET_DIR="$TARGET_DIR/$dir" RUSTFLAGS="$flags" CARGO_INCREMENTAL=0 \
         cargo build --release --locked --target "$HOST" "$@" >&2)
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
 # start LOG CMD...: a server in the background, its PID in LAST_PID.
@@ -69,8 +57,8 @@ start() {
     PIDS+=("$LAST_PID")
 }
 
-# wait_http URL PID: until URL answers (any status), or fail if PID exits first or 10 s pass.
-wait_http() {
+# wait_answer URL PID: until URL answers (any status), or fail if PID exits first or 10 s pass.
+wait_answer() {
     local i
     for i in $(seq 1 100); do
         curl -s -o /dev/null --max-time 1 "$1" && return 0
@@ -105,7 +93,7 @@ sed -e "s|@DIR@|$WORK/upstream|g" -e "s|@PORT@|$UPSTREAM_PORT|g" \
     "$BENCH_DIR/nginx-upstream.conf.tmpl" >"$WORK/upstream/nginx.conf"
 start "$WORK/upstream.log" nginx -p "$WORK/upstream" -c "$WORK/upstream/nginx.conf" \
     -g 'daemon off; master_process off;'
-wait_http "http://127.0.0.1:$UPSTREAM_PORT/" "$LAST_PID"
+wait_answer "http://127.0.0.1:$UPSTREAM_PORT/" "$LAST_PID"
 start "$WORK/redis.log" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
     --appendonly no --dir "$WORK/redis"
 printf 'wrk.method = "POST"\nwrk.body = "{\\"pgo\\": true}"\nwrk.headers["Content-Type"] = "application/json"\n' \
@@ -143,7 +131,7 @@ train() {
     LLVM_PROFILE_FILE="$RAW/turnstile-%p.profraw" TURNSTILE_WORKERS=$workers TURNSTILE_LOG=warn \
         start "$WORK/$template-$workers.log" "$TRAIN_BIN" run --config "$WORK/$template.yaml"
     local pid=$LAST_PID
-    wait_http "http://127.0.0.1:$port/" "$pid"
+    wait_answer "http://127.0.0.1:$port/" "$pid"
     echo "pgo: $template, $workers worker(s)" >&2
     load "$template" "http://127.0.0.1:$port/"
     load "$template" "http://127.0.0.1:$port/" -s "$WORK/post.lua"

@@ -16,7 +16,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 TURNSTILE_BIN=""
 DURATION=10
 CONNECTIONS=16
@@ -40,21 +40,7 @@ if [[ -z "$TURNSTILE_BIN" ]]; then
     fi
 fi
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_ports() {
-    python3 -c 'import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
-}
+bench_workdir routes
 
 # config ROUTES PORT ADMIN: a table of ROUTES `respond:` routes `/svcI/items/{id}`.
 config() {

@@ -15,7 +15,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 TURNSTILE_BIN=${TURNSTILE_BIN:-}
 NGINX=${NGINX:-nginx}
 CLIENT_ARGS=()
@@ -29,38 +29,9 @@ while [[ $# -gt 0 ]]; do
 done
 
 if [[ -z "$TURNSTILE_BIN" ]]; then
-  (cd "$REPO_DIR" && cargo build --release --quiet)
-  TURNSTILE_BIN="$REPO_DIR/target/release/turnstile"
+  TURNSTILE_BIN=$(release_bin)
 fi
-
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${PIDS[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_port() {
-  for _ in $(seq 1 200); do
-    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),0.2)" 2>/dev/null; then
-      return 0
-    fi
-    sleep 0.05
-  done
-  echo "nothing listens on port $1" >&2
-  exit 1
-}
+bench_workdir sse
 
 # The upstream prints its port first.
 python3 "$REPO_DIR/tests/llm/upstream.py" > "$WORK/upstream.out" &
