@@ -65,24 +65,11 @@ impl Door {
         body: &str,
         headers: &[(&str, &str)],
     ) -> http::Request<super::support::client::ReqBody> {
-        let mut builder =
-            request(Method::POST, &self.url(path)).header("content-type", "application/json");
-        if !headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
-        {
-            builder = builder.header("authorization", "Bearer sk-1");
-        }
-        for (name, value) in headers {
-            builder = builder.header(*name, *value);
-        }
-        builder.body(full(body.to_string())).expect("request")
+        super::post_request_to(&self.url(path), body, headers)
     }
 
     async fn post(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
-        Client::new()
-            .send(self.post_request(path, body, headers))
-            .await
+        super::post_to(&self.url(path), body, headers).await
     }
 
     /// (status, body bytes, whether the body ended cleanly).
@@ -92,19 +79,7 @@ impl Door {
         body: &str,
         headers: &[(&str, &str)],
     ) -> (u16, Vec<u8>, bool) {
-        let response = Client::new()
-            .head(self.post_request(path, body, headers))
-            .await;
-        let status = response.status().as_u16();
-        let mut body = response.into_body();
-        let mut bytes = Vec::new();
-        loop {
-            match body.frame().await {
-                Some(Ok(frame)) => bytes.extend_from_slice(frame.data_ref().map_or(&[][..], |d| d)),
-                Some(Err(_)) => return (status, bytes, false),
-                None => return (status, bytes, true),
-            }
-        }
+        super::post_lossy_to(&self.url(path), body, headers).await
     }
 
     /// The `x-ratelimit-remaining` Envoy's client sees on an admitted request (which reserves).
@@ -178,25 +153,7 @@ async fn bodies_and_streams_settle_to_their_usage_through_envoy(store: TestStore
 async fn the_official_sdks_through_envoy_are_metered_exactly() {
     let upstream = LlmUpstream::start();
     let door = Door::start(&TestStore::memory(), upstream.addr).await;
-    let base = door.url("");
-    let out = tokio::task::spawn_blocking(move || sdk("formats", &base))
-        .await
-        .expect("sdk run");
-    let calls = out["usage"].as_array().expect("usage list").clone();
-    assert_eq!(calls.len(), 6, "{out}");
-    let total = |prefix: &str| -> u64 {
-        calls
-            .iter()
-            .filter(|c| c[0].as_str().is_some_and(|n| n.starts_with(prefix)))
-            .map(|c| c[1].as_u64().expect("a count"))
-            .sum()
-    };
-    let (openai, anthropic) = (total("chat") + total("responses"), total("messages"));
-    assert_eq!(
-        out["chat_stream_words"], 12,
-        "the stream reached the SDK whole"
-    );
-    assert_eq!(upstream.reported().await, openai + anthropic);
+    let (out, openai, anthropic) = super::sdk::run_formats(door.url(""), &upstream).await;
     let (_, reserved, unreported, tokens) = wait_settled(&door.gw, "openai").await;
     assert_eq!(
         (reserved, unreported, tokens),

@@ -56,15 +56,13 @@ routes:
     ))
 }
 
-/// A POST of `body` (JSON) to `path` with `headers` (`Authorization: Bearer sk-1` unless given).
-fn post_request(
-    gw: &TestGateway,
-    path: &str,
+/// A POST of `body` (JSON) to `url` with `headers` (`Authorization: Bearer sk-1` unless given).
+fn post_request_to(
+    url: &str,
     body: &str,
     headers: &[(&str, &str)],
 ) -> http::Request<support::client::ReqBody> {
-    let mut builder =
-        request(Method::POST, &gw.url(path)).header("content-type", "application/json");
+    let mut builder = request(Method::POST, url).header("content-type", "application/json");
     if !headers
         .iter()
         .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
@@ -77,23 +75,23 @@ fn post_request(
     builder.body(full(body.to_string())).expect("request")
 }
 
-/// POSTs `body` (JSON) to `path` with `headers`, and reads the whole response.
-async fn post(gw: &TestGateway, path: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
+/// POSTs `body` (JSON) to `url` with `headers`, and reads the whole response.
+async fn post_to(url: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
     Client::new()
-        .send(post_request(gw, path, body, headers))
+        .send(post_request_to(url, body, headers))
         .await
 }
 
-/// POSTs and reads what arrives: (status, body bytes, whether the body ended cleanly).
-async fn post_lossy(
-    gw: &TestGateway,
-    path: &str,
-    body: &str,
-    headers: &[(&str, &str)],
-) -> (u16, Vec<u8>, bool) {
+/// POSTs `body` (JSON) to `path` on the gateway with `headers`, and reads the whole response.
+async fn post(gw: &TestGateway, path: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
+    post_to(&gw.url(path), body, headers).await
+}
+
+/// POSTs to `url` and reads what arrives: (status, body bytes, whether the body ended cleanly).
+async fn post_lossy_to(url: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>, bool) {
     use http_body_util::BodyExt;
     let response = Client::new()
-        .head(post_request(gw, path, body, headers))
+        .head(post_request_to(url, body, headers))
         .await;
     let status = response.status().as_u16();
     let mut body = response.into_body();
@@ -105,6 +103,16 @@ async fn post_lossy(
             None => return (status, bytes, true),
         }
     }
+}
+
+/// [`post_lossy_to`] the gateway's `path`.
+async fn post_lossy(
+    gw: &TestGateway,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<u8>, bool) {
+    post_lossy_to(&gw.url(path), body, headers).await
 }
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"one two three"}]}"#;

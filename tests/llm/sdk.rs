@@ -7,11 +7,14 @@ use super::support::stores::TestStore;
 use super::support::TestGateway;
 use super::{config, post_lossy, remaining, wait_settled, BUDGET, CHAT, CHAT_STREAM, RESERVE};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_sdks_are_metered_exactly_streamed_and_not() {
-    let upstream = LlmUpstream::start();
-    let gw = TestGateway::with_upstream(&config(&TestStore::memory(), ""), upstream.addr).await;
-    let base = gw.url("");
+/// Runs the SDK script's `formats` against `base` (every format, streamed and not) and checks
+/// what the SDKs saw: six calls, the stream whole, and the upstream's reported usage equal to
+/// the SDKs'. Returns the script's output and the total tokens of the OpenAI calls and of the
+/// Anthropic ones.
+pub(super) async fn run_formats(
+    base: String,
+    upstream: &LlmUpstream,
+) -> (serde_json::Value, u64, u64) {
     let out = tokio::task::spawn_blocking(move || sdk("formats", &base))
         .await
         .expect("sdk run");
@@ -30,6 +33,14 @@ async fn the_official_sdks_are_metered_exactly_streamed_and_not() {
         "the stream reached the SDK whole"
     );
     assert_eq!(upstream.reported().await, openai + anthropic);
+    (out, openai, anthropic)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_are_metered_exactly_streamed_and_not() {
+    let upstream = LlmUpstream::start();
+    let gw = TestGateway::with_upstream(&config(&TestStore::memory(), ""), upstream.addr).await;
+    let (out, openai, anthropic) = run_formats(gw.url(""), &upstream).await;
     let (refunded, reserved, unreported, tokens) = wait_settled(&gw, "openai").await;
     assert_eq!((reserved, unreported), (0.0, 0.0));
     assert_eq!(tokens, openai as f64, "{out}");
