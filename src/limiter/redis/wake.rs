@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use fred::clients::SubscriberClient;
-use fred::prelude::{Builder, ClientLike, EventInterface, PubsubInterface};
 use fred::prelude::ReconnectPolicy;
+use fred::prelude::{Builder, ClientLike, EventInterface, PubsubInterface};
 use fred::types::config::{Config, ConnectionConfig};
 use tokio::sync::{oneshot, OnceCell};
 
