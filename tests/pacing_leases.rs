@@ -239,9 +239,35 @@ async fn wait_for_waiting(gw: &TestGateway, n: f64) {
 /// or ticket is left (a request afterwards passes without waiting).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_gives_back_its_place() {
+    goes_away("").await;
+}
+
+/// The same on Redis, where the waiter leaves by a script call of its own; afterwards no lease
+/// and no queue is left in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_gives_back_its_place_on_redis() {
+    let redis = RedisServer::start();
+    let store = format!(
+        "store:\n  type: redis\n  url: {}\n  timeout: 2s\n  key_prefix: \"gone:\"\n",
+        redis.url()
+    );
+    goes_away(&store).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis.keys().iter().any(|k| k.contains(":cc")) {
+        assert!(
+            Instant::now() < deadline,
+            "left in Redis: {:?}",
+            redis.keys()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn goes_away(store: &str) {
     let upstream = Upstream::start().await;
     let policy = "concurrency: { limit: 1 }, on_limit: delay, max_delay: 5s";
-    let gw = TestGateway::with_upstream(&leased(policy), upstream.addr).await;
+    let yaml = format!("{store}{}", leased(policy));
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
     let client = Client::new();
     let url = gw.url("/api");
     let holding = {
