@@ -608,6 +608,105 @@ if ARGV[1] == 'renew' then
   return { 1 }
 end
 
+---------------------------------------------------------------------------------------------------
+-- Waiting for a lease (a concurrency policy with on_limit: delay; docs/algorithms.md "Pacing",
+-- src/limiter/lease_queue.rs is the spec). KEYS come in pairs: the lease ZSET and its queue, a
+-- LIST of tickets "lease:deadline:instance", oldest first, in the same hash slot. A lease that
+-- comes free goes, in the same call, to the oldest ticket whose deadline has not passed: its
+-- lease is added and its id PUBLISHed on the channel of its waiter's instance (ARGV[3] ..
+-- instance), which wakes the waiter. Tickets past their deadline (a waiter that died with its
+-- instance) are dropped on the way.
+
+local function now_arg(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function cc_hand_on(key, queue, limit, ttl, now, channel, handed_ids)
+  call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  local count = call('ZCARD', key)
+  local handed = false
+  while count < limit do
+    local ticket = call('LPOP', queue)
+    if not ticket then
+      break
+    end
+    local lease, deadline, instance = string.match(ticket, '^(%d+):(%d+):(.+)$')
+    if lease and tonumber(deadline) > now then
+      call('ZADD', key, int(now + ttl), lease)
+      call('PUBLISH', channel .. instance, lease)
+      count, handed = count + 1, true
+      handed_ids[#handed_ids + 1] = tonumber(lease)
+    end
+  end
+  if handed then
+    call('PEXPIRE', key, ttl_ms(cc_last(key) - now))
+  end
+  return count
+end
+
+-- Enqueue (a request the decision refused on this key): ARGV[1] "enqueue", ARGV[2] now ("" for
+-- TIME), ARGV[3] the wake channels' prefix, then limit, lease TTL (µs), the lease id, max_delay
+-- (µs), the waiter's instance. Leases free now go to the tickets already queued first; one still
+-- free is taken under the lease id (reply {1, 0}); else a ticket is queued (reply {0, deadline}).
+if ARGV[1] == 'enqueue' then
+  if #KEYS ~= 2 or #ARGV ~= 8 then
+    return redis.error_reply('decide.lua: expected 2 KEYS and 8 ARGV to enqueue')
+  end
+  local now = now_arg(ARGV[2])
+  local limit, ttl, wait = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
+  local lease = ARGV[6]
+  if not (now and limit and ttl and wait and string.match(lease, '^%d+$')) then
+    return redis.error_reply('decide.lua: bad enqueue')
+  end
+  if cc_hand_on(KEYS[1], KEYS[2], limit, ttl, now, ARGV[3], {}) < limit then
+    call('ZADD', KEYS[1], int(now + ttl), lease)
+    call('PEXPIRE', KEYS[1], ttl_ms(cc_last(KEYS[1]) - now))
+    return { 1, 0 }
+  end
+  local deadline = now + wait
+  call('RPUSH', KEYS[2], lease .. ':' .. int(deadline) .. ':' .. ARGV[8])
+  -- The queue lives as long as its latest deadline.
+  if call('PTTL', KEYS[2]) < ttl_ms(wait) then
+    call('PEXPIRE', KEYS[2], ttl_ms(wait))
+  end
+  return { 0, deadline }
+end
+
+-- Release (a request ended, or a waiter gave up): ARGV[1] "release", ARGV[2] now ("" for TIME),
+-- ARGV[3] the wake channels' prefix, then per pair of KEYS: limit, lease TTL (µs), the lease id,
+-- the waiter's ticket ("" for a request that held its lease). The ticket leaves the queue, the
+-- lease the ZSET (whichever holds it), and the leases free go to the oldest live tickets. Reply:
+-- {1, then the ids of the leases handed on}.
+if ARGV[1] == 'release' then
+  if #KEYS % 2 ~= 0 or #ARGV ~= 3 + 2 * #KEYS then
+    return redis.error_reply('decide.lua: expected pairs of KEYS and 4 ARGV per pair to release')
+  end
+  local now = now_arg(ARGV[2])
+  local reply = { 1 }
+  for i = 1, #KEYS / 2 do
+    local a = 4 + 4 * (i - 1)
+    local key, queue = KEYS[2 * i - 1], KEYS[2 * i]
+    local limit, ttl, lease, ticket = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2],
+                                      ARGV[a + 3]
+    if not (now and limit and ttl) then
+      return redis.error_reply('decide.lua: bad release for pair ' .. i)
+    end
+    if ticket ~= '' then
+      call('LREM', queue, 1, ticket)
+    end
+    call('ZREM', key, lease)
+    -- Nobody waiting (the usual release): nothing more to do.
+    if call('LLEN', queue) > 0 then
+      cc_hand_on(key, queue, limit, ttl, now, ARGV[3], reply)
+    end
+  end
+  return reply
+end
+
 if ARGV[1] == 'refund' then
   if #ARGV ~= 1 + 5 * #KEYS then
     return redis.error_reply('decide.lua: expected 1 + 5 ARGV per key to refund')

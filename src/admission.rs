@@ -88,7 +88,15 @@ pub async fn admit_inline<'l>(
     admit_with(state, route, resources, view, true, note).await
 }
 
+/// What [`admit_with`] gives an admitted request.
+type Admission = (Admitted, AfterAdmission, Option<Box<Wait>>);
+
 /// `note`, when given (the access log is on), learns the decision, its policy and key.
+///
+/// A request refused only by a concurrency policy that delays waits for a lease
+/// ([`wait_for_lease`]), then is decided again without that policy: admitted, it holds the
+/// lease with whatever the others took; refused, it releases the lease (which hands it on), so
+/// it reserves in all of its policies or none (`docs/algorithms.md`, "Pacing").
 async fn admit_with<'l>(
     state: &Arc<AppState>,
     route: &'l Route,
@@ -96,7 +104,112 @@ async fn admit_with<'l>(
     view: &RequestView<'_>,
     inline: bool,
     note: Option<&mut Decided>,
-) -> Result<(Admitted, AfterAdmission, Option<Box<Wait>>), Refusal<'l>> {
+) -> Result<Admission, Refusal<'l>> {
+    let mut note = note;
+    let queue = match admit_once(
+        state,
+        route,
+        resources,
+        view,
+        inline,
+        note.as_deref_mut(),
+        None,
+    )
+    .await
+    {
+        Ok(admitted) => return Ok(admitted),
+        Err(Once::Refused(refusal)) => return Err(refusal),
+        Err(Once::Queue(queue)) => queue,
+    };
+    let Queue {
+        refusal,
+        policy,
+        key,
+        rule,
+        max_delay_us,
+        place,
+        outcome,
+    } = *queue;
+    let started = tokio::time::Instant::now();
+    let Some(held) = wait_for_lease(state, resources, key, rule, max_delay_us).await else {
+        return Err(refusal);
+    };
+    let waited = started.elapsed();
+    let lease = held.lease;
+    let again = Held {
+        policy,
+        lease,
+        place: Some(place),
+    };
+    // Dropped on a refusal here, `held` releases the lease, which hands it on.
+    let (mut admitted, mut after, wait) =
+        match admit_once(state, route, resources, view, inline, note, Some(again)).await {
+            Ok(admitted) => admitted,
+            Err(Once::Refused(refusal)) => return Err(refusal),
+            Err(Once::Queue(queue)) => return Err(queue.refusal),
+        };
+    resources.metrics.record_delay(waited.as_secs_f64());
+    let (key, rule) = held.keep();
+    after.hold_handed(&state.engine, lease, key, rule);
+    let waited_us = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+    admitted.limits.delayed_us = admitted.limits.delayed_us.saturating_add(waited_us);
+    if policy < MAX_POLICIES {
+        admitted.limits.applied |= 1 << policy;
+    }
+    if admitted.governing.is_none() {
+        // The lease is the only limit it passed: the policy's fields as admitted, its last lease.
+        let outcome = Outcome {
+            allowed: true,
+            remaining: 0,
+            retry_after_us: 0,
+            ..outcome
+        };
+        admitted.governing = Some(outcome);
+        admitted.limits.governing = Some((policy, outcome));
+    }
+    Ok((admitted, after, wait))
+}
+
+/// A lease the request holds already (handed to it after a wait): its policy is not decided
+/// again, the others' concurrency checks take the same lease id, and the place among the
+/// route's waiters carries over.
+struct Held {
+    policy: usize,
+    lease: u64,
+    place: Option<crate::pacing::Place>,
+}
+
+/// A refusal of [`admit_once`].
+enum Once<'l> {
+    Refused(Refusal<'l>),
+    /// Refused only by a concurrency policy that delays, with a place to wait in.
+    Queue(Box<Queue<'l>>),
+}
+
+/// What waiting for a lease needs: the refusal to answer if none comes, the policy's index, its
+/// counter key and the rule the decision used, its `max_delay`, the place among the route's
+/// waiters, and the policy's refused outcome.
+struct Queue<'l> {
+    refusal: Refusal<'l>,
+    policy: usize,
+    key: String,
+    rule: Rule,
+    max_delay_us: u64,
+    place: crate::pacing::Place,
+    outcome: Outcome,
+}
+
+/// One decision of the request's policies (all but a `held` one).
+async fn admit_once<'l>(
+    state: &Arc<AppState>,
+    route: &'l Route,
+    resources: &'l RouteResources,
+    view: &RequestView<'_>,
+    inline: bool,
+    note: Option<&mut Decided>,
+    held: Option<Held>,
+) -> Result<Admission, Once<'l>> {
+    let refused = Once::Refused;
     resources.register_metrics();
     // The bearer token is verified at most once, before any claim names a counter, however many
     // policies read claims; routes that read none never look at it. `require_jwt` is
@@ -117,10 +230,10 @@ async fn admit_with<'l>(
         match verify() {
             Some(Ok(claims)) => verified = Some(claims),
             Some(Err(rejected)) => {
-                return Err(Refusal::Unauthorized {
+                return Err(refused(Refusal::Unauthorized {
                     route: &route.name,
                     missing: rejected == crate::jwt::Rejected::Missing,
-                })
+                }))
             }
             None => {}
         }
@@ -147,10 +260,10 @@ async fn admit_with<'l>(
             Some(Err(crate::jwt::Rejected::Invalid))
                 if route.policies.iter().any(|p| p.uses_jwt() && !p.shadow) =>
             {
-                return Err(Refusal::Unauthorized {
+                return Err(refused(Refusal::Unauthorized {
                     route: &route.name,
                     missing: false,
-                });
+                }));
             }
             Some(Err(_)) | None => None,
         };
@@ -163,11 +276,20 @@ async fn admit_with<'l>(
     // A place among the route's waiters, taken before deciding so that a reservation is only
     // made for a request that can wait for it; with none left, a policy that delays admits
     // only what needs no wait (`docs/algorithms.md`, "Pacing").
-    let place = if route.policies.iter().any(|p| p.max_delay_us.is_some()) {
-        state.waiters.enter(&route.name, route.max_waiting)
-    } else {
-        None
+    let (place, held) = match held {
+        Some(Held {
+            policy,
+            lease,
+            place,
+        }) => (place, Some((policy, lease))),
+        None if route.policies.iter().any(|p| p.max_delay_us.is_some()) => {
+            (state.waiters.enter(&route.name, route.max_waiting), None)
+        }
+        None => (None, None),
     };
+    if let Some((_, lease)) = held {
+        checks.hold_lease(lease);
+    }
     // The route's policy index of each pushed check, and the enforced ones that applied.
     let mut pushed = [0u8; MAX_POLICIES];
     let mut applied = 0u64;
@@ -179,10 +301,17 @@ async fn admit_with<'l>(
         if concurrency && !inline {
             continue;
         }
+        if held.is_some_and(|(h, _)| h == p) {
+            // Its lease is held: decided already.
+            if p < MAX_POLICIES {
+                applied |= 1 << p;
+            }
+            continue;
+        }
         // A key header or query parameter sent twice is ambiguous: 400.
         let key = policy
             .counter_key(view, claims)
-            .map_err(|e| Refusal::BadRequest(e.to_string()))?;
+            .map_err(|e| refused(Refusal::BadRequest(e.to_string())))?;
         if let Some(key) = key {
             let tally = Tally::Policy {
                 metrics,
@@ -201,7 +330,8 @@ async fn admit_with<'l>(
                 checks.refundable();
             }
             let i = checks.push(key, rule, cost, policy.shadow, tally);
-            if let Some(max) = policy.max_delay_us {
+            // A concurrency policy's wait is for a lease, after the decision (`wait_for_lease`).
+            if let Some(max) = policy.max_delay_us.filter(|_| !concurrency) {
                 checks.pace(i, if place.is_some() { max } else { 0 });
             }
             if let Some(slot) = pushed.get_mut(i) {
@@ -258,6 +388,13 @@ async fn admit_with<'l>(
         *note = decided(route, &verdict, governing.map(|(i, _)| i), pushed);
         note.store_call = store_call;
     }
+    // Refused only by a concurrency policy that delays: the request may wait for a lease.
+    let queue_on = match (&place, held) {
+        (Some(_), None) if inline && verdict.kind == Kind::Limited => {
+            waits_for_lease(route, &verdict, pushed_len, policy_of)
+        }
+        _ => None,
+    };
     match (verdict.kind, governing) {
         (Kind::Limited, Some((_, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
@@ -270,10 +407,22 @@ async fn admit_with<'l>(
             limits,
             headers: &route.rate_limit_headers,
             response: &route.limited_response,
+        })
+        .map_err(|refusal| match (queue_on, place) {
+            (Some((i, p, max_delay_us, rule)), Some(place)) => Once::Queue(Box::new(Queue {
+                refusal,
+                policy: p,
+                key: verdict.key(i).to_string(),
+                rule,
+                max_delay_us,
+                place,
+                outcome: verdict.outcome(i).copied().unwrap_or(outcome),
+            })),
+            _ => Once::Refused(refusal),
         }),
         // (A limited verdict always has an enforced refusal to govern; routes never use `Error`.)
         (Kind::FailedClosed | Kind::Failed | Kind::Limited, _) => {
-            Err(Refusal::StoreUnavailable(&route.name))
+            Err(refused(Refusal::StoreUnavailable(&route.name)))
         }
         (kind @ (Kind::Allowed | Kind::FailedOpen), governing) => {
             let wait = reservation.map(|r| Wait::new(state, resources, delay, r, place, limits));
@@ -284,6 +433,147 @@ async fn admit_with<'l>(
             };
             Ok((admitted, after, wait))
         }
+    }
+}
+
+/// Whether a limited `verdict` was refused only by a concurrency policy that delays (every other
+/// enforced check allowed): that check's pushed index, its policy's index, `max_delay` and the
+/// rule the decision used (a per-key override's, say).
+fn waits_for_lease(
+    route: &Route,
+    verdict: &crate::limiter::Verdict<'_>,
+    pushed: usize,
+    policy_of: impl Fn(usize) -> Option<usize>,
+) -> Option<(usize, usize, u64, Rule)> {
+    let mut found = None;
+    for i in 0..pushed {
+        let Some(p) = policy_of(i) else { continue };
+        let Some(policy) = route.policies.get(p) else {
+            continue;
+        };
+        if policy.shadow || verdict.outcome(i).is_none_or(|o| o.allowed) {
+            continue;
+        }
+        match (policy.rule, policy.max_delay_us, found) {
+            (Rule::Concurrency(_), Some(max), None) => {
+                let rule = verdict.rule(i).copied().unwrap_or(policy.rule);
+                found = Some((i, p, max, rule));
+            }
+            _ => return None,
+        }
+    }
+    found
+}
+
+/// A request waiting for a concurrency lease (`on_limit: delay` on a concurrency policy), then
+/// holding the lease it was handed until [`LeaseHeld::keep`] passes it on: dropped before that
+/// (its `max_delay` passed, its client went away, the gateway shuts down, the rest of its
+/// decision refused), it leaves the key's queue and releases a lease handed to it, which hands
+/// it on. It holds this struct, its key and the store's ticket (`docs/algorithms.md`, "Pacing").
+#[derive(Debug)]
+struct LeaseHeld {
+    state: Arc<AppState>,
+    key: String,
+    rule: Rule,
+    lease: u64,
+    /// The ticket's name in the store's queue (empty in process, or while none is known).
+    ticket: String,
+    /// Nothing to leave: the store took no ticket and granted no lease, or the lease was kept.
+    settled: bool,
+}
+
+impl LeaseHeld {
+    /// The key and rule of the lease, now owned by the request's [`AfterAdmission`].
+    fn keep(mut self) -> (String, Rule) {
+        self.settled = true;
+        (std::mem::take(&mut self.key), self.rule)
+    }
+}
+
+impl Drop for LeaseHeld {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let (key, rule, lease) = (std::mem::take(&mut self.key), self.rule, self.lease);
+        let ticket = std::mem::take(&mut self.ticket);
+        if let crate::limiter::Store::Memory(store) = self.state.engine.store() {
+            let check = crate::limiter::Check {
+                key: &key,
+                rule: &rule,
+                cost: 1,
+                shadow: false,
+                max_delay_us: None,
+            };
+            let _handed = store.leave(&check, lease);
+            return;
+        }
+        // Outside a runtime (the process ending): the ticket expires by its deadline, a lease
+        // handed to it by its TTL.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let state = self.state.clone();
+            runtime.spawn(async move { state.engine.leave(&key, &rule, lease, &ticket).await });
+        }
+    }
+}
+
+/// Waits at most `max_delay_us` for a lease on `key` under `rule` (`lease_queue`), counted in
+/// `turnstile_waiting_requests`; `None` when none came in time, the store could not queue, or
+/// the gateway is shutting down (the request is then refused as its decision refused it).
+async fn wait_for_lease(
+    state: &Arc<AppState>,
+    resources: &RouteResources,
+    key: String,
+    rule: Rule,
+    max_delay_us: u64,
+) -> Option<LeaseHeld> {
+    use crate::limiter::lease_queue::Enqueued;
+    let lease = state.engine.new_lease();
+    let mut held = LeaseHeld {
+        state: state.clone(),
+        key,
+        rule,
+        lease,
+        ticket: String::new(),
+        settled: false,
+    };
+    let enqueued = state
+        .engine
+        .enqueue(&held.key, &held.rule, lease, max_delay_us)
+        .await;
+    let mut ticket = match enqueued {
+        Ok(Enqueued::Granted) => return Some(held),
+        Ok(Enqueued::Queued(ticket)) => ticket,
+        Ok(Enqueued::Refused) => {
+            held.settled = true;
+            return None;
+        }
+        // It may have run (a timeout): leaving releases a lease it took.
+        Err(_) => return None,
+    };
+    held.ticket = std::mem::take(&mut ticket.name);
+    let _waiting = Waiting::new(resources.metrics.waiting());
+    let granted = tokio::select! {
+        granted = ticket.granted() => granted,
+        () = tokio::time::sleep(Duration::from_micros(max_delay_us)) => false,
+        () = state.waiters.stopped() => false,
+    };
+    granted.then_some(held)
+}
+
+/// One request counted in `turnstile_waiting_requests` until dropped.
+struct Waiting(prometheus::IntGauge);
+
+impl Waiting {
+    fn new(gauge: &prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Waiting(gauge.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -494,5 +784,22 @@ impl Drop for Wait {
             let state = self.state.clone();
             runtime.spawn(async move { state.engine.unreserve(&reservation).await });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What docs/algorithms.md ("Waiting for a lease") says a waiter for a lease holds besides
+    /// its key: its guard, the ticket, and the in-process queue's entry.
+    #[test]
+    fn a_lease_waiter_holds_what_the_docs_say() {
+        let guard = std::mem::size_of::<LeaseHeld>();
+        let ticket = std::mem::size_of::<crate::limiter::lease_queue::Ticket>();
+        let entry = std::mem::size_of::<crate::limiter::lease_queue::Waiter>();
+        assert!(guard <= 104, "the guard is {guard} bytes");
+        assert!(ticket <= 32, "the ticket is {ticket} bytes");
+        assert!(entry <= 24, "the queue entry is {entry} bytes");
     }
 }

@@ -90,6 +90,31 @@ impl AfterAdmission {
         after
     }
 
+    /// A lease handed to the request after a wait (`admission::wait_for_lease`): `lease` on
+    /// `key` under `rule`, held with the leases its decision took (under that same id,
+    /// `Checks::hold_lease`), counted on this instance like them.
+    pub(crate) fn hold_handed(
+        &mut self,
+        engine: &crate::limiter::Engine,
+        lease: u64,
+        key: String,
+        rule: Rule,
+    ) {
+        self.lease = Some(lease);
+        match &mut self.local {
+            Some(slots) => {
+                slots.take(&key, None);
+            }
+            None => {
+                self.local = engine.local_slots().map(|mut slots| {
+                    slots.take(&key, None);
+                    slots
+                });
+            }
+        }
+        self.leased.push((key, rule));
+    }
+
     /// The guard of this request's lease (from the store, or the local fallback's slots),
     /// counted in `in_flight` until it is released.
     pub fn lease(&mut self, state: &Arc<AppState>, in_flight: &IntGauge) -> Option<LeaseGuard> {
@@ -333,7 +358,7 @@ impl LeaseGuard {
             leased.iter().map(|(k, r)| (k.clone(), *r, 1, ())).collect()
         };
         if let Store::Memory(store) = self.state.engine.store() {
-            store.release(&checks(&to_checks(&leased)), lease);
+            let _handed = store.release(&checks(&to_checks(&leased)), lease);
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

@@ -1072,7 +1072,7 @@ async fn leases_and_charges_follow_the_spec() {
                 Op::Release(i, lease) => {
                     memory.release(&[check(*i, 1)], *lease);
                     remote
-                        .release(&[check(*i, 1)], *lease)
+                        .release(&[check(*i, 1)], *lease, "")
                         .await
                         .expect("release");
                 }
@@ -1542,6 +1542,158 @@ async fn a_reservation_given_back_frees_its_slot_on_both_stores() {
                 // the newest (2 s): slot 3 s. The freed unit lowers every later window's count.
                 assert_eq!(after_middle, 3 * S, "{name}");
             }
+        }
+    }
+}
+
+/// One step of a lease queue case (`lease_queue`, decide.lua's "Waiting for a lease").
+enum QueueOp {
+    /// At `now`, decide one lease `lease` on the counter: allowed, and the leases left after.
+    Take(u64, u64, bool, u64),
+    /// At `now`, wait for lease `lease` for `max_delay`: granted at once (`true`) or queued.
+    Enqueue(u64, u64, u64, bool),
+    /// At `now`, release lease `lease`: the leases handed on, oldest ticket first.
+    Release(u64, u64, Vec<u64>),
+    /// At `now`, the waiter for lease `lease` gives up: the leases handed on (its own, when it
+    /// had been handed one, goes to the next).
+    Leave(u64, u64, Vec<u64>),
+}
+
+/// The hand-off on both engines: tickets are served oldest first; a released lease goes
+/// straight to the next live ticket (a ticket past its deadline is skipped); a waiter that
+/// leaves before its turn takes its ticket out, and one that leaves just after being handed the
+/// lease hands it on; a lease that expired is handed on by the next enqueue, to those queued
+/// first.
+fn lease_queue_ops() -> Vec<QueueOp> {
+    use QueueOp::*;
+    vec![
+        Take(T, 1, true, 1),
+        Take(T, 2, true, 0),
+        Take(T + S, 3, false, 0),
+        Enqueue(T + S, 3, 5 * S, false),
+        Enqueue(T + S, 4, 5 * S, false),
+        // Its deadline is T + 2 s.
+        Enqueue(T + S, 5, S, false),
+        Release(T + S + S / 2, 1, vec![3]),
+        // Still queued: it leaves, handed nothing.
+        Leave(T + S + S / 2, 4, vec![]),
+        // Lease 5's ticket is past its deadline: skipped, and the lease stays free.
+        Release(T + 3 * S, 2, vec![]),
+        Take(T + 3 * S, 6, true, 0),
+        Enqueue(T + 3 * S, 7, 5 * S, false),
+        Enqueue(T + 3 * S, 8, 5 * S, false),
+        // Handed the lease, the waiter for 3 gives up at that moment: it goes to 7.
+        Leave(T + 4 * S, 3, vec![7]),
+        // Lease 6 expired at T + 13 s; 8's deadline (T + 8 s) passed: the enqueue takes it.
+        Enqueue(T + 13 * S + S / 2, 9, 5 * S, true),
+        Release(T + 14 * S, 7, vec![]),
+        Take(T + 14 * S, 10, true, 0),
+        Release(T + 14 * S, 9, vec![]),
+        Release(T + 14 * S, 10, vec![]),
+    ]
+}
+
+#[tokio::test]
+async fn lease_queues_follow_the_spec() {
+    use turnstile::limiter::lease_queue::Enqueued;
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(T));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "queue:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    let rule = cc(2, 10 * S);
+    let key = "queue";
+    let check = |cost: u64| Check {
+        key,
+        rule: &rule,
+        cost,
+        shadow: false,
+        max_delay_us: None,
+    };
+    // Each waiter's tickets on the two engines, by lease id.
+    let mut tickets: std::collections::HashMap<u64, (Ticket, Ticket)> = Default::default();
+    let queued = |e: Enqueued| match e {
+        Enqueued::Queued(ticket) => Some(ticket),
+        Enqueued::Granted => None,
+        Enqueued::Refused => panic!("refused to queue"),
+    };
+    for (n, op) in lease_queue_ops().into_iter().enumerate() {
+        match op {
+            QueueOp::Take(now, lease, allowed, remaining) => {
+                clock.set(now);
+                let local = memory.check_leased(&[check(1)], lease);
+                let got = remote
+                    .check_leased(&[check(1)], lease)
+                    .await
+                    .expect("redis");
+                for (engine, d) in [("memory", &local), ("redis", &got)] {
+                    let o = d.outcomes[0];
+                    assert_eq!(
+                        (o.allowed, o.remaining),
+                        (allowed, remaining),
+                        "{engine} op {n}"
+                    );
+                }
+            }
+            QueueOp::Enqueue(now, lease, max_delay, granted) => {
+                clock.set(now);
+                let local = queued(memory.enqueue(&check(1), lease, max_delay));
+                let got = queued(
+                    remote
+                        .enqueue(&check(1), lease, max_delay)
+                        .await
+                        .expect("redis enqueue"),
+                );
+                assert_eq!(local.is_none(), granted, "memory op {n}");
+                assert_eq!(got.is_none(), granted, "redis op {n}");
+                if let (Some(local), Some(got)) = (local, got) {
+                    tickets.insert(lease, (local, got));
+                }
+            }
+            QueueOp::Release(now, lease, handed) => {
+                clock.set(now);
+                assert_eq!(memory.release(&[check(1)], lease), handed, "memory op {n}");
+                let got = remote.release(&[check(1)], lease, "").await;
+                assert_eq!(got.expect("redis release"), handed, "redis op {n}");
+                woken(&mut tickets, &handed, n).await;
+            }
+            QueueOp::Leave(now, lease, handed) => {
+                clock.set(now);
+                let (_, ticket) = tickets.remove(&lease).expect("a queued waiter");
+                assert_eq!(memory.leave(&check(1), lease), handed, "memory op {n}");
+                let got = remote.release(&[check(1)], lease, ticket.name()).await;
+                assert_eq!(got.expect("redis leave"), handed, "redis op {n}");
+                woken(&mut tickets, &handed, n).await;
+            }
+        }
+    }
+    assert_eq!(memory.queued(), 0, "no ticket left in process");
+    assert_eq!(
+        redis.keys(),
+        Vec::<String>::new(),
+        "no lease and no queue left in Redis"
+    );
+}
+
+use turnstile::limiter::lease_queue::Ticket;
+
+/// Every waiter handed a lease is woken, on both engines (on Redis by its published id).
+async fn woken(
+    tickets: &mut std::collections::HashMap<u64, (Ticket, Ticket)>,
+    handed: &[u64],
+    n: usize,
+) {
+    for lease in handed {
+        let (local, remote) = tickets.get_mut(lease).expect("a queued waiter");
+        for (engine, ticket) in [("memory", local), ("redis", remote)] {
+            let granted = tokio::time::timeout(Duration::from_secs(5), ticket.granted()).await;
+            assert_eq!(granted, Ok(true), "{engine} op {n}: lease {lease} woken");
         }
     }
 }

@@ -472,6 +472,7 @@ fn the_documented_example_loads() {
     let section = page
         .split("\n## ")
         .find(|s| s.starts_with("Pacing"))
+        .and_then(|s| s.split("\n### ").next())
         .expect("a Pacing section");
     let blocks: Vec<&str> = section
         .split("```yaml\n")

@@ -144,6 +144,7 @@ async fn a_fleet_on_a_redis_cluster() {
     a_request_split_by_a_migration_fails_fast(&cluster, &gateways).await;
     overrides_follow_their_slot_when_it_moves(&cluster, &gateways).await;
     stamped_refunds_land_in_each_slot(&cluster).await;
+    lease_waiters_are_handed_leases_in_each_slot(&cluster).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -194,6 +195,74 @@ async fn a_rejection_in_one_slot_consumes_nothing_in_another(
 /// exact window, bucketed window and quota, in three slots, each stamped by its own slot's call;
 /// each stamped refund, one call per slot, gives back exactly the units of that admission, in
 /// its entry, bucket and period, and leaves another admission's units where they are.
+/// A concurrency key's waiter queue shares its slot: a waiter on each of two keys in different
+/// slots is handed the lease released there (one call per slot), and woken by its message,
+/// which a Cluster delivers whichever node the subscriber is on.
+async fn lease_waiters_are_handed_leases_in_each_slot(cluster: &RedisCluster) {
+    use std::sync::Arc;
+    use turnstile::limiter::lease_queue::Enqueued;
+    use turnstile::limiter::redis::{Auth, Target};
+    use turnstile::limiter::{Check, Concurrency, ManualClock, RedisStore, Rule};
+    let nodes = cluster
+        .seeds()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .map(str::to_string)
+        .collect();
+    let target = Target::Cluster {
+        nodes,
+        auth: Auth::default(),
+    };
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let store =
+        RedisStore::connect_to_with_test_clock(&target, Duration::from_secs(2), "lq:", clock)
+            .expect("cluster store");
+    assert!(
+        store.wait_ready(READY).await,
+        "the cluster store never became ready"
+    );
+    let rule = Rule::Concurrency(Concurrency {
+        limit: 1,
+        lease_ttl_us: 10_000_000,
+    });
+    let keys = ["lease-a", "lease-b"];
+    let check = |key| Check {
+        key,
+        rule: &rule,
+        cost: 1,
+        shadow: false,
+        max_delay_us: None,
+    };
+    let checks: Vec<Check<'_>> = keys.iter().map(|k| check(*k)).collect();
+    let slots: Vec<u16> = checks
+        .iter()
+        .map(|c| cluster.slot(&store.redis_key(c)))
+        .collect();
+    assert_ne!(slots[0], slots[1], "two slots");
+    let mut tickets = Vec::new();
+    for (i, c) in checks.iter().enumerate() {
+        let lease = 10 + i as u64;
+        assert!(store.check_leased(&[*c], 1).await.expect("lease").allowed);
+        match store.enqueue(c, lease, 5_000_000).await.expect("enqueue") {
+            Enqueued::Queued(ticket) => tickets.push(ticket),
+            other => panic!("queued, not {other:?}"),
+        }
+    }
+    let handed = store.release(&checks, 1, "").await.expect("release");
+    assert_eq!(handed, [10, 11], "each slot's waiter is handed its lease");
+    for mut ticket in tickets {
+        let woken = tokio::time::timeout(Duration::from_secs(5), ticket.granted()).await;
+        assert_eq!(woken, Ok(true), "woken by its message");
+    }
+    for (i, c) in checks.iter().enumerate() {
+        assert!(store
+            .release(&[*c], 10 + i as u64, "")
+            .await
+            .expect("release")
+            .is_empty());
+    }
+}
+
 async fn stamped_refunds_land_in_each_slot(cluster: &RedisCluster) {
     use std::sync::Arc;
     use turnstile::limiter::calendar::Per;

@@ -870,12 +870,6 @@ fn pacing_settings_are_checked_with_their_line() {
             "p.yaml:12:20: routes[0].policies[0].max_delay: must be more than 0ms and at most",
         ),
         (
-            "        concurrency: { limit: 2 }\n        on_limit: delay\n        max_delay: 1s\n"
-                .to_string(),
-            "p.yaml:11:19: routes[0].policies[0].on_limit: `delay` is not supported for a \
-             concurrency policy",
-        ),
-        (
             "        quota: { limit: 2, per: day }\n        on_limit: delay\n        \
              max_delay: 1s\n"
                 .to_string(),
@@ -898,6 +892,19 @@ fn pacing_settings_are_checked_with_their_line() {
         let e = errors(&policy(&extra));
         assert!(e.iter().any(|e| e.starts_with(want)), "{want}\n got {e:?}");
     }
+    // A concurrency policy waits for its lease; a route waits for one lease at most.
+    let cc = "        concurrency: { limit: 2 }\n        on_limit: delay\n        max_delay: 1s\n";
+    let ok = parse(&policy(cc), Path::new("p.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ok.routes[0].policies[0].max_delay_us, Some(1_000_000));
+    let e = errors(&policy(&format!(
+        "{cc}      - name: q\n        key: [method]\n{cc}"
+    )));
+    assert!(
+        e.iter().any(|e| e.starts_with(
+            "p.yaml:16:19: routes[0].policies[1].on_limit: a route waits for at most one"
+        )),
+        "{e:?}"
+    );
     let e = errors(&format!(
         "{BASE}  - name: a\n    upstream: api\n    max_waiting: 5\n"
     ));

@@ -96,6 +96,9 @@ pub struct Checks<'a> {
     refundable: bool,
     /// Room to reserve at the first push: a request none of whose checks apply allocates nothing.
     capacity: usize,
+    /// The lease id the concurrency checks take (0: a new one): the id of a lease the request
+    /// holds already, so that all of its leases are released together ([`Checks::hold_lease`]).
+    lease: u64,
 }
 
 impl<'a> Checks<'a> {
@@ -106,7 +109,14 @@ impl<'a> Checks<'a> {
             distinct: 0,
             refundable: false,
             capacity: n,
+            lease: 0,
         }
+    }
+
+    /// The request holds lease `lease` already (handed to it after a wait,
+    /// [`Engine::enqueue`]): its concurrency checks take that same id.
+    pub fn hold_lease(&mut self, lease: u64) {
+        self.lease = lease;
     }
 
     /// Adds a check; returns its index, by which the verdict reports its outcome.
@@ -506,12 +516,50 @@ impl Engine {
         }
     }
 
-    /// Gives lease `lease` back on the concurrency checks among `checks` (a request ended). A
-    /// failure is logged: the lease then stops counting when its TTL passes.
+    /// Gives lease `lease` back on the concurrency checks among `checks` (a request ended),
+    /// handing it to the oldest waiter of its key. A failure is logged: the lease then stops
+    /// counting when its TTL passes.
     pub async fn release(&self, checks: &[Check<'_>], lease: u64) {
         if let Err(error) = self.store.release(checks, lease).await {
             tracing::debug!(%error, "releasing a concurrency lease failed; it expires by its TTL");
         }
+    }
+
+    /// A new lease id, for a request about to wait for a lease ([`Engine::enqueue`]).
+    pub fn new_lease(&self) -> u64 {
+        self.next_lease()
+    }
+
+    /// Waits for a lease on `key` under the concurrency `rule` that refused the request
+    /// ([`Store::enqueue`], `lease_queue`): granted under `lease` now, or a ticket queued for
+    /// `max_delay_us` at most.
+    pub async fn enqueue(
+        &self,
+        key: &str,
+        rule: &Rule,
+        lease: u64,
+        max_delay_us: u64,
+    ) -> Result<super::lease_queue::Enqueued, StoreError> {
+        let check = lease_check(key, rule);
+        self.store.enqueue(&check, lease, max_delay_us).await
+    }
+
+    /// A waiter gives up ([`Store::leave`]): its ticket (`ticket`, its name) leaves the queue
+    /// and a lease handed to it is released. A failure is logged: the ticket is then skipped
+    /// past its deadline, and a lease handed to it expires by its TTL.
+    pub async fn leave(&self, key: &str, rule: &Rule, lease: u64, ticket: &str) {
+        let check = lease_check(key, rule);
+        if let Err(error) = self.store.leave(&check, lease, ticket).await {
+            tracing::debug!(%error, "leaving a lease queue failed; the ticket expires");
+        }
+    }
+
+    /// This instance's count of concurrency keys (a shared store), for a lease taken outside a
+    /// decision (handed on after a wait): `None` in process.
+    pub fn local_slots(&self) -> Option<LocalSlots> {
+        self.local
+            .as_ref()
+            .map(|table| LocalSlots::new(table.clone()))
     }
 
     /// Gives back a delayed admission's reservation (its request went away before its slot). A
@@ -626,7 +674,10 @@ impl Engine {
             .iter()
             .any(|i| matches!(i.rule, Rule::Concurrency(_)))
         {
-            self.next_lease()
+            match checks.lease {
+                0 => self.next_lease(),
+                held => held,
+            }
         } else {
             0
         };
@@ -834,6 +885,17 @@ impl Engine {
                 (Tally::Descriptor { .. }, None) => {}
             }
         }
+    }
+}
+
+/// The check of a lease on `key` (one unit of `rule`).
+fn lease_check<'a>(key: &'a str, rule: &'a Rule) -> Check<'a> {
+    Check {
+        key,
+        rule,
+        cost: 1,
+        shadow: false,
+        max_delay_us: None,
     }
 }
 

@@ -14,8 +14,9 @@
 //! `docs/algorithms.md` ("Memory bound") has the argument.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +24,7 @@ use std::time::Instant;
 
 use super::algorithm::{BucketPlan, BucketState, QuotaCount, QuotaPlan, WindowBuckets, WindowLog};
 use super::engine::INLINE_CHECKS;
+use super::lease_queue::{self, Enqueued, Ticket, Waiter};
 use super::leases::{LeasePlan, Leases};
 use super::pacing;
 use super::{Check, Clock, Decision, Outcome, Rule};
@@ -201,6 +203,10 @@ pub struct MemoryStore {
     /// The exported series (registered by [`MemoryStore::register_metrics`]): moved only when a
     /// counter is created or dropped, and on the overflow path, never on a plain decision.
     gauges: StoreGauges,
+    /// Requests waiting for a lease, per concurrency key, oldest first (`lease_queue`). Locked
+    /// after a shard, never before; a release looks only while `queued` is not 0.
+    queues: Mutex<HashMap<Box<str>, VecDeque<Waiter>>>,
+    queued: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -256,6 +262,8 @@ impl MemoryStore {
             clock,
             keys_per_shard,
             gauges: StoreGauges::new(keys_per_shard * shards),
+            queues: Mutex::default(),
+            queued: AtomicUsize::new(0),
         }
     }
 
@@ -609,20 +617,113 @@ impl MemoryStore {
         }
     }
 
-    /// Gives back lease `lease` on every concurrency check of `checks` (the others are skipped).
-    pub fn release(&self, checks: &[Check<'_>], lease: u64) {
+    /// Gives back lease `lease` on every concurrency check of `checks` (the others are skipped),
+    /// handing each lease that comes free to the oldest live waiter of its key
+    /// ([`lease_queue`]). Returns the leases handed on, in order.
+    pub fn release(&self, checks: &[Check<'_>], lease: u64) -> Vec<u64> {
+        let mut handed = Vec::new();
         for check in checks {
-            if !matches!(check.rule, Rule::Concurrency(_)) {
+            let Rule::Concurrency(cc) = check.rule else {
                 continue;
-            }
+            };
+            let now = self.clock.now_us();
             let hash = self.hasher.hash_one(check.key);
             let mut shard = lock(&self.shards[self.shard_index(hash)]);
             if let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) {
                 if let State::Leases(leases) = &mut entry.state {
                     leases.release(lease);
+                    if self.queued.load(Ordering::Acquire) > 0 {
+                        self.hand_on(check.key, leases, cc, now, &mut handed);
+                    }
                 }
             }
         }
+        handed
+    }
+
+    /// Waits for a lease on the concurrency check `check` (its counter full when the request was
+    /// decided): granted at once under `lease` when one is free and nobody queues before it,
+    /// else queued for at most `max_delay_us` ([`lease_queue`]).
+    pub fn enqueue(&self, check: &Check<'_>, lease: u64, max_delay_us: u64) -> Enqueued {
+        let Rule::Concurrency(cc) = check.rule else {
+            return Enqueued::Refused;
+        };
+        let now = self.clock.now_us();
+        let hash = self.hasher.hash_one(check.key);
+        let mut shard = lock(&self.shards[self.shard_index(hash)]);
+        let Some(entry) = self.counter(&mut shard, hash, check, now) else {
+            return Enqueued::Refused;
+        };
+        let State::Leases(leases) = &mut entry.state else {
+            return Enqueued::Refused;
+        };
+        // A lease that expired since is handed to those already waiting first.
+        self.hand_on(check.key, leases, cc, now, &mut Vec::new());
+        let plan = leases.eval(cc, now, 1);
+        if plan.allowed {
+            leases.commit(cc, &plan, lease);
+            return Enqueued::Granted;
+        }
+        let (wake, woken) = tokio::sync::oneshot::channel();
+        let waiter = Waiter {
+            lease,
+            deadline_us: now.saturating_add(max_delay_us),
+            wake,
+        };
+        lock(&self.queues)
+            .entry(check.key.into())
+            .or_default()
+            .push_back(waiter);
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        Enqueued::Queued(Ticket::new(woken, String::new()))
+    }
+
+    /// A waiter for lease `lease` on `check` gives up: its ticket leaves the queue, and if it was
+    /// handed the lease already, the lease is released (and handed on).
+    pub fn leave(&self, check: &Check<'_>, lease: u64) -> Vec<u64> {
+        {
+            let hash = self.hasher.hash_one(check.key);
+            let _shard = lock(&self.shards[self.shard_index(hash)]);
+            let mut queues = lock(&self.queues);
+            if let Some(queue) = queues.get_mut(check.key) {
+                if let Some(i) = queue.iter().position(|w| w.lease == lease) {
+                    queue.remove(i);
+                    self.queued.fetch_sub(1, Ordering::AcqRel);
+                    if queue.is_empty() {
+                        queues.remove(check.key);
+                    }
+                    return Vec::new();
+                }
+            }
+        }
+        // Off the queue already: handed the lease (or dropped past its deadline, when the
+        // release below finds nothing to give back).
+        self.release(std::slice::from_ref(check), lease)
+    }
+
+    /// [`lease_queue::hand_on`] on `key`'s queue, under its shard's lock.
+    fn hand_on(
+        &self,
+        key: &str,
+        leases: &mut Leases,
+        rule: &super::Concurrency,
+        now: u64,
+        handed: &mut Vec<u64>,
+    ) {
+        let mut queues = lock(&self.queues);
+        let Some(queue) = queues.get_mut(key) else {
+            return;
+        };
+        let taken = lease_queue::hand_on(leases, rule, now, queue, handed);
+        self.queued.fetch_sub(taken, Ordering::AcqRel);
+        if queue.is_empty() {
+            queues.remove(key);
+        }
+    }
+
+    /// Tickets queued for a lease now, on every key (the memory a waiter holds, tests).
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
     /// Phase one for one check: its counter's outcome, or the overflow's when there is no room.
@@ -948,8 +1049,8 @@ fn shard_mut<'g>(guards: &'g mut [(usize, MutexGuard<'_, Shard>)], shard: usize)
 
 /// A poisoned shard only means another request panicked mid-update; the counters are still
 /// usable, and refusing service would turn one bug into an outage.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -13,6 +13,7 @@ pub mod calendar;
 pub use crate::clock;
 pub mod deny_cache;
 pub mod engine;
+pub mod lease_queue;
 pub mod leases;
 pub mod memory;
 pub mod pacing;
@@ -141,7 +142,8 @@ pub struct Check<'a> {
     /// Pacing (`on_limit: delay`): the longest the request may wait for a slot, in µs, instead
     /// of being refused (`pacing.rs`); `None` refuses at once. `Some(0)` admits only what needs
     /// no wait, behind every reservation already made (a route whose waiters are at their cap).
-    /// Token buckets and sliding windows; other kinds ignore it.
+    /// Token buckets and sliding windows; a store ignores it on other kinds (a concurrency
+    /// check's wait for a lease is [`Store::enqueue`], after a refusing decision).
     pub max_delay_us: Option<u64>,
 }
 
@@ -376,16 +378,51 @@ impl Store {
         }
     }
 
-    /// Releases lease `lease` on the concurrency checks among `checks`.
-    pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
+    /// Releases lease `lease` on the concurrency checks among `checks`, handing each lease that
+    /// comes free to the oldest live waiter of its key ([`lease_queue`]); returns the leases
+    /// handed on.
+    pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<Vec<u64>, StoreError> {
         match self {
-            Store::Memory(store) => {
-                store.release(checks, lease);
-                Ok(())
-            }
-            Store::Redis(store) => Box::pin(store.release(checks, lease)).await,
+            Store::Memory(store) => Ok(store.release(checks, lease)),
+            Store::Redis(store) => Box::pin(store.release(checks, lease, "")).await,
             #[cfg(test)]
-            Store::Faulty(_) => Ok(()),
+            Store::Faulty(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// Waits for a lease on the concurrency check `check`, whose counter refused the request:
+    /// taken at once under `lease` when one came free and nobody queues before it, else a
+    /// ticket at the back of the key's queue for `max_delay_us` at most ([`lease_queue`]).
+    pub async fn enqueue(
+        &self,
+        check: &Check<'_>,
+        lease: u64,
+        max_delay_us: u64,
+    ) -> Result<lease_queue::Enqueued, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.enqueue(check, lease, max_delay_us)),
+            Store::Redis(store) => Box::pin(store.enqueue(check, lease, max_delay_us)).await,
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(lease_queue::Enqueued::Refused),
+        }
+    }
+
+    /// A waiter for lease `lease` on `check` gives up (`ticket`: its [`lease_queue::Ticket`]'s
+    /// name): its ticket leaves the queue, and a lease handed to it already is released, which
+    /// hands it on. Returns the leases handed on.
+    pub async fn leave(
+        &self,
+        check: &Check<'_>,
+        lease: u64,
+        ticket: &str,
+    ) -> Result<Vec<u64>, StoreError> {
+        match self {
+            Store::Memory(store) => Ok(store.leave(check, lease)),
+            Store::Redis(store) => {
+                Box::pin(store.release(std::slice::from_ref(check), lease, ticket)).await
+            }
+            #[cfg(test)]
+            Store::Faulty(_) => Ok(Vec::new()),
         }
     }
 

@@ -14,6 +14,7 @@
 //! - `x-test-big: N`: answer with a body of N bytes streamed in 16 KiB chunks;
 //! - `x-test-sleep-ms: N`: answer after N ms (a slow request);
 //! - `x-test-cost: V`: report V in the response header `x-usage-tokens` (cost from the response);
+//! - `x-test-tag: V`: record V in arrival order ([`Upstream::tags`]);
 //! - `Connection: upgrade` + `Upgrade`: answer 101 and echo the tunnel's bytes.
 //!
 //! It counts TCP connections accepted, open now and open at most at once, requests received, and
@@ -55,6 +56,8 @@ struct Shared {
     peak_in_flight: AtomicUsize,
     /// When each request's head arrived, in order (pacing tests measure the spacing).
     arrivals: std::sync::Mutex<Vec<std::time::Instant>>,
+    /// The `x-test-tag` of each request that sent one, in arrival order.
+    tags: std::sync::Mutex<Vec<String>>,
 }
 
 /// One request in flight at the upstream, counted until dropped.
@@ -103,6 +106,7 @@ impl Upstream {
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
             arrivals: std::sync::Mutex::default(),
+            tags: std::sync::Mutex::default(),
         });
         let accept_shared = shared.clone();
         let task = tokio::spawn(async move {
@@ -129,6 +133,15 @@ impl Upstream {
             }
         });
         Upstream { addr, shared, task }
+    }
+
+    /// The `x-test-tag` values received so far, in arrival order.
+    pub fn tags(&self) -> Vec<String> {
+        self.shared
+            .tags
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
     }
 
     /// When each request's head arrived so far, in arrival order.
@@ -230,8 +243,13 @@ async fn handle(
     if let Ok(mut arrivals) = shared.arrivals.lock() {
         arrivals.push(std::time::Instant::now());
     }
-    shared.requests.send_modify(|n| *n += 1);
     let _in_flight = InFlight::new(&shared);
+    if let Some(tag) = req.headers().get("x-test-tag") {
+        if let Ok(mut tags) = shared.tags.lock() {
+            tags.push(String::from_utf8_lossy(tag.as_bytes()).into_owned());
+        }
+    }
+    shared.requests.send_modify(|n| *n += 1);
     if let Some(ms) = req
         .headers()
         .get("x-test-sleep-ms")

@@ -64,14 +64,10 @@ pub(super) fn on_limit(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut
                 return;
             }
             match policy.rule {
-                Rule::TokenBucket(_) | Rule::SlidingWindow(_) => {
+                // A concurrency policy waits for a lease (`admission::wait_for_lease`).
+                Rule::TokenBucket(_) | Rule::SlidingWindow(_) | Rule::Concurrency(_) => {
                     policy.max_delay_us = Some(max.as_micros() as u64);
                 }
-                Rule::Concurrency(_) => e.add(
-                    format!("{path}.on_limit"),
-                    "`delay` is not supported for a concurrency policy: it refuses at once \
-                     (waiting for a lease across instances is not built)",
-                ),
                 Rule::Quota(_) => e.add(
                     format!("{path}.on_limit"),
                     "`delay` is not supported for a quota: its next free unit is at the next \
@@ -89,6 +85,21 @@ pub(super) fn max_waiting(e: &mut Errors, path: &str, raw: &RawRoute) -> usize {
         .policies
         .iter()
         .any(|p| p.on_limit.as_deref() == Some("delay"));
+    // A request waits for one lease at a time: two concurrency policies that wait would each
+    // hold a lease while waiting for the other's.
+    let waiting_leases = raw
+        .policies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.concurrency.is_some() && p.on_limit.as_deref() == Some("delay"))
+        .map(|(i, _)| i)
+        .collect::<Vec<_>>();
+    if let [_, second, ..] = waiting_leases[..] {
+        e.add(
+            format!("{path}.policies[{second}].on_limit"),
+            "a route waits for at most one concurrency policy's lease; let the others refuse",
+        );
+    }
     match raw.max_waiting {
         None => DEFAULT_MAX_WAITING,
         Some(_) if !delays => {

@@ -30,12 +30,14 @@ mod health;
 mod overrides;
 pub mod quota;
 mod target;
+mod wake;
 mod wire;
 
 pub use target::{parse_node, Auth, Target};
 
 use super::breaker::{Admission, Breaker};
-use super::{Check, Clock, Decision, StoreError};
+use super::lease_queue::{Enqueued, Ticket};
+use super::{Check, Clock, Decision, Rule, StoreError};
 
 /// The decision script; `docs/algorithms.md` in Lua.
 pub const DECIDE_LUA: &str = include_str!("../../../scripts/decide.lua");
@@ -82,6 +84,8 @@ struct Shared {
     /// Bumped whenever Redis may have lost counters (a failed or re-established connection, an
     /// empty script cache): the engine's deny cache trusts no refusal from an earlier epoch.
     epoch: AtomicU64,
+    /// The requests of this instance waiting for a lease, and the subscriber that wakes them.
+    wake: wake::Wake,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -203,6 +207,7 @@ impl RedisStore {
             Some((nodes, shards)) => (Some(nodes), Some(shards)),
             None => (None, None),
         };
+        let wake = wake::Wake::new(config.clone(), connection.clone(), key_prefix);
         let pool = Builder::from_config(config)
             .set_connection_config(connection)
             .set_performance_config(performance)
@@ -230,6 +235,7 @@ impl RedisStore {
             started: Instant::now(),
             test_clock,
             epoch: AtomicU64::new(0),
+            wake,
         });
         tokio::spawn(health::probe(Arc::downgrade(&shared)));
         health::log_connection_errors(&shared);
@@ -369,10 +375,124 @@ impl RedisStore {
         .await
     }
 
-    /// Releases lease `lease` on every concurrency check of `checks` (decide.lua's refund).
-    pub async fn release(&self, checks: &[Check<'_>], lease: u64) -> Result<(), StoreError> {
-        self.per_slot(checks, |subset| wire::release_args(subset, lease))
-            .await
+    /// Releases lease `lease` on every concurrency check of `checks`, or takes a waiter's
+    /// `ticket` out of the queue ("" for a request that held its lease), handing each lease
+    /// that comes free to the oldest live ticket (decide.lua's `release`). One call, or on a
+    /// Cluster one per check (a key and its queue share a slot). Returns the leases handed on.
+    pub async fn release(
+        &self,
+        checks: &[Check<'_>],
+        lease: u64,
+        ticket: &str,
+    ) -> Result<Vec<u64>, StoreError> {
+        let leased: Vec<Check<'_>> = checks
+            .iter()
+            .filter(|c| matches!(c.rule, Rule::Concurrency(_)))
+            .copied()
+            .collect();
+        if leased.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !ticket.is_empty() {
+            self.shared.wake.forget(lease);
+        }
+        let groups: Vec<&[Check<'_>]> = if self.shared.cluster {
+            leased.chunks(1).collect()
+        } else {
+            vec![&leased[..]]
+        };
+        let now = self.test_now();
+        let calls = groups.into_iter().map(|group| async move {
+            let reply = self
+                .shared
+                .run(|| {
+                    let mut keys = Vec::with_capacity(2 * group.len());
+                    for check in group {
+                        let key = self.redis_key(check);
+                        let queue = format!("{key}{}", wire::QUEUE_SUFFIX);
+                        keys.push(Key::from(key));
+                        keys.push(Key::from(queue));
+                    }
+                    let args =
+                        wire::release_args(now, &self.shared.wake.prefix, group, lease, ticket);
+                    (keys, args)
+                })
+                .await?;
+            Ok::<_, StoreError>(
+                reply
+                    .into_iter()
+                    .skip(1)
+                    .map(|id| id as u64)
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let mut handed = Vec::new();
+        for reply in futures_util::future::join_all(calls).await {
+            handed.extend(reply?);
+        }
+        Ok(handed)
+    }
+
+    /// Waits for a lease on the concurrency check `check` (decide.lua's `enqueue`): taken under
+    /// `lease` when one is free and nobody queues before it, else a ticket queued for
+    /// `max_delay_us`, whose hand-off this instance's subscriber hears (`wake.rs`).
+    pub async fn enqueue(
+        &self,
+        check: &Check<'_>,
+        lease: u64,
+        max_delay_us: u64,
+    ) -> Result<Enqueued, StoreError> {
+        if !matches!(check.rule, Rule::Concurrency(_)) {
+            return Ok(Enqueued::Refused);
+        }
+        let wake = &self.shared.wake;
+        match tokio::time::timeout(CONNECT_TIMEOUT * 2, wake.ready()).await {
+            Ok(ready) => ready?,
+            Err(_) => return Err(StoreError::Timeout(CONNECT_TIMEOUT * 2)),
+        }
+        let woken = wake.register(lease);
+        let key = self.redis_key(check);
+        let queue = format!("{key}{}", wire::QUEUE_SUFFIX);
+        let args = wire::enqueue_args(
+            self.test_now(),
+            &wake.prefix,
+            check,
+            lease,
+            max_delay_us,
+            &wake.instance,
+        );
+        let reply = self
+            .shared
+            .run(|| {
+                let keys = vec![Key::from(key.as_str()), Key::from(queue.as_str())];
+                (keys, args.clone())
+            })
+            .await;
+        match reply.as_deref() {
+            Ok([0, deadline]) => {
+                let name = format!("{lease}:{deadline}:{}", wake.instance);
+                Ok(Enqueued::Queued(Ticket::new(woken, name)))
+            }
+            Ok([1, _]) => {
+                wake.forget(lease);
+                Ok(Enqueued::Granted)
+            }
+            Ok(_) => {
+                wake.forget(lease);
+                Err(StoreError::Script("enqueue: unexpected reply".to_string()))
+            }
+            Err(_) => {
+                // The script may have run (a timeout): the ticket then expires by its
+                // deadline, and a lease handed to it by the lease TTL.
+                wake.forget(lease);
+                reply.map(|_| Enqueued::Refused)
+            }
+        }
+    }
+
+    /// Requests of this instance waiting for a lease now (tests).
+    pub fn lease_waiters(&self) -> usize {
+        self.shared.wake.waiting()
     }
 
     /// Extends lease `lease` on every concurrency check of `checks` (a request still running).
@@ -653,6 +773,7 @@ impl Drop for Shared {
             if let Some(shards) = &self.shards {
                 shards.quit();
             }
+            self.wake.quit();
             runtime.spawn(async move {
                 let _ = pool.quit().await;
             });

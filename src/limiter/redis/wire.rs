@@ -300,11 +300,69 @@ pub fn renew_args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Val
     args
 }
 
-/// The release's ARGV: a refund of lease `lease` on each concurrency check of `checks`.
-pub fn release_args(checks: &[Check<'_>], lease: u64) -> Vec<Value> {
-    let lease = i64::try_from(lease).unwrap_or(i64::MAX);
-    let entries: Vec<(Check<'_>, [i64; 2])> = checks.iter().map(|c| (*c, [lease, 0])).collect();
-    refund_args(&entries)
+/// What a concurrency key's waiter queue adds to its key (decide.lua's "Waiting for a lease"):
+/// the same hash tag, so the same Cluster slot.
+pub const QUEUE_SUFFIX: &str = ":wq";
+
+/// The limit and lease TTL of a concurrency check (0, 0 for another kind).
+fn lease_rule(check: &Check<'_>) -> (u64, u64) {
+    match check.rule {
+        Rule::Concurrency(cc) => (cc.limit, cc.lease_ttl_us),
+        _ => (0, 0),
+    }
+}
+
+fn now_value(now: Option<u64>) -> Value {
+    match now {
+        Some(now) => Value::Integer(i64::try_from(now).unwrap_or(i64::MAX)),
+        None => Value::from_static_str(""),
+    }
+}
+
+/// The release's ARGV (decide.lua's `release`): lease `lease` on each concurrency check of
+/// `checks`, with the waiter's `ticket` ("" for a request that held its lease), hand-offs
+/// published on `channels` and the waiter's instance.
+pub fn release_args(
+    now: Option<u64>,
+    channels: &str,
+    checks: &[Check<'_>],
+    lease: u64,
+    ticket: &str,
+) -> Vec<Value> {
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let mut args = Vec::with_capacity(3 + 4 * checks.len());
+    args.push(Value::from_static_str("release"));
+    args.push(now_value(now));
+    args.push(Value::from(channels));
+    for check in checks {
+        let (limit, ttl) = lease_rule(check);
+        args.extend([int(limit), int(ttl), int(lease), Value::from(ticket)]);
+    }
+    args
+}
+
+/// The enqueue's ARGV (decide.lua's `enqueue`): a ticket for lease `lease` on `check`, for
+/// `max_delay_us`, of the waiter on `instance`.
+pub fn enqueue_args(
+    now: Option<u64>,
+    channels: &str,
+    check: &Check<'_>,
+    lease: u64,
+    max_delay_us: u64,
+    instance: &str,
+) -> Vec<Value> {
+    let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let (limit, ttl) = lease_rule(check);
+    vec![
+        Value::from_static_str("enqueue"),
+        now_value(now),
+        Value::from(channels),
+        int(limit),
+        int(ttl),
+        int(lease),
+        int(max_delay_us),
+        Value::from(instance),
+    ]
 }
 
 /// What identifies the consumption of check `i` for a refund (only after [`decode`] accepted the
