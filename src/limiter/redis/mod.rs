@@ -82,6 +82,9 @@ struct Shared {
     /// Bumped whenever Redis may have lost counters (a failed or re-established connection, an
     /// empty script cache): the engine's deny cache trusts no refusal from an earlier epoch.
     epoch: AtomicU64,
+    /// The quota leases' own connection (`quota.rs`), made on first use: a `WAIT` on it never
+    /// holds back a decision.
+    quota: OnceLock<fred::clients::Client>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -230,6 +233,7 @@ impl RedisStore {
             started: Instant::now(),
             test_clock,
             epoch: AtomicU64::new(0),
+            quota: OnceLock::new(),
         });
         tokio::spawn(health::probe(Arc::downgrade(&shared)));
         health::log_connection_errors(&shared);
@@ -653,8 +657,12 @@ impl Drop for Shared {
             if let Some(shards) = &self.shards {
                 shards.quit();
             }
+            let quota = self.quota.get().cloned();
             runtime.spawn(async move {
                 let _ = pool.quit().await;
+                if let Some(quota) = quota {
+                    let _ = quota.quit().await;
+                }
             });
         }
     }
