@@ -80,6 +80,30 @@ pub struct BudgetRule {
 }
 
 impl BudgetRule {
+    /// How many values a per-key override of this budget names: one per `*` entry.
+    pub fn key_parts(&self) -> usize {
+        self.bucket
+            .iter()
+            .filter(|(_, m)| *m == ValueMatch::Any)
+            .count()
+    }
+
+    /// The key a per-key override names for the bucket id `entries` (which this rule matches):
+    /// the values of the rule's `*` entries in key order, each escaped as a counter key writes a
+    /// value, joined by `|` (`/overrides/rlqs/{budget}/{key}`).
+    pub fn override_key(&self, entries: &[(String, String)]) -> String {
+        let mut key = String::new();
+        for (name, _) in self.bucket.iter().filter(|(_, m)| *m == ValueMatch::Any) {
+            if let Some((_, value)) = entries.iter().find(|(k, _)| k == name) {
+                if !key.is_empty() {
+                    key.push('|');
+                }
+                crate::keys::push_key_value(value.as_bytes(), &mut key);
+            }
+        }
+        key
+    }
+
     fn matches(&self, entries: &[(String, String)]) -> bool {
         self.bucket.iter().all(|(key, want)| {
             entries.iter().any(|(k, v)| {

@@ -121,6 +121,7 @@ impl RlqsService {
         let metrics = self.inner.state.metrics.rlqs();
         metrics.reports.inc();
         let ttl_s = self.inner.shares.timing().ttl_s;
+        let overrides = self.inner.state.overrides.active();
         let now = self.now_us();
         let mut pushes = Vec::new();
         let mut denied = Vec::new();
@@ -156,7 +157,13 @@ impl RlqsService {
                 denied: usage.num_requests_denied,
                 elapsed_s,
             };
-            let budget = (rule.budget, index);
+            // A per-key override of the budget (`/overrides/rlqs/BUDGET/KEY`): the shares apply
+            // it as they apply a reload, at this report's rebalance.
+            let overridden = overrides
+                .has_budgets()
+                .then(|| overrides.budget(&rule.name, &rule.override_key(&key)))
+                .flatten();
+            let budget = (overridden.unwrap_or(rule.budget), index);
             match self.inner.shares.report(proxy, &key, budget, usage, now) {
                 Ok(more) => pushes.extend(more),
                 Err(Untracked::Full) => denied.push(wire::deny(id, ttl_s)),
