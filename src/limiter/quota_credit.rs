@@ -33,8 +33,9 @@ impl Shares {
             .map(|m| f64::from(m.current.map_or(0, Assignment::tokens)) / f * seconds(m.expires_us))
             .sum();
         let cap = super::burst_share(state) + state.members.len() as f64;
-        // Below zero only while a lowered budget is still above its new rate (a reload or an
-        // override): the new bound holds from when its proxies have been lowered.
+        // Spending can pass earning only while a lowered budget (a reload, an override) still
+        // has assignments above its new rate out: the credit stays at zero then, and the new
+        // rate's bound holds from when those proxies have been lowered.
         state.credit = (state.credit + earned - spent).clamp(0.0, cap);
     }
 }

@@ -368,7 +368,7 @@ impl Sim {
                     .unwrap();
                 self.apply(pushes);
             }
-            if step % 10 == 0 {
+            if step.is_multiple_of(10) {
                 let pushes = self.shares.tick(self.now);
                 self.apply(pushes);
             }
