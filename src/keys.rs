@@ -305,6 +305,12 @@ pub fn push_digest_if_long(value: &[u8], out: &mut String) -> bool {
     true
 }
 
+/// Appends one value as a counter key writes it: escaped, or the digest of a long one (what
+/// [`check_key_value`] accepts). The quota service's overrides name bucket id values this way.
+pub fn push_key_value(value: &[u8], out: &mut String) {
+    push_bounded(value, out);
+}
+
 fn push_bounded(value: &[u8], out: &mut String) {
     if push_digest_if_long(value, out) {
         return;

@@ -11,7 +11,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use crate::limiter::Store;
-use crate::overrides::{resolve, Limits, Override, MAX_OVERRIDES};
+use crate::overrides::{resolve_any, Limits, Override, MAX_OVERRIDES};
 use crate::state::AppState;
 
 /// The routes to merge into the admin router.
@@ -53,7 +53,10 @@ async fn put(
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
     let o = Override::new(&route, &policy, &key, limits);
-    if let Err(e) = resolve(&state.live.load().config.routes, &o) {
+    let live = state.live.load();
+    let resolved = resolve_any(&live.config.routes, live.config.rlqs.as_ref(), &o).map(|_| ());
+    drop(live);
+    if let Err(e) = resolved {
         let status = if e.missing {
             StatusCode::NOT_FOUND
         } else {

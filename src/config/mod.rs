@@ -162,7 +162,8 @@ pub fn parse(source: &str, path: &Path) -> Result<Snapshot, ConfigErrors> {
     snapshot.source_info = SourceInfo::of(source);
     if let Some(file) = &snapshot.overrides_file {
         let (overrides, sha256) =
-            overrides::load_file(file, &snapshot.routes).map_err(ConfigErrors)?;
+            overrides::load_file(file, &snapshot.routes, snapshot.rlqs.as_ref())
+                .map_err(ConfigErrors)?;
         snapshot.overrides = overrides;
         snapshot.overrides_sha256 = Some(sha256);
     }

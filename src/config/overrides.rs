@@ -7,8 +7,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::rlqs::RlqsSettings;
 use crate::config::{ConfigError, Policy, Route};
+use crate::limiter::quota::Budget;
 use crate::limiter::{Rule, SlidingWindow, TokenBucket};
+
+/// The `route` an override names to set a budget of the quota service (`rlqs:`): its `policy`
+/// is the budget's name, its `key` the values of the budget's `*` entries. A config with an
+/// `rlqs:` block may not have a route of this name.
+pub const RLQS_ROUTE: &str = "rlqs";
 
 /// The most overrides, from the file and from the API each: bounds memory and the size of every
 /// refresh, whatever an admin client sends.
@@ -80,6 +87,115 @@ impl Override {
     pub fn counter_key_of(&self, policy: &Policy) -> String {
         format!("{}{}", policy.key_prefix(), self.key)
     }
+}
+
+/// What an override applies to.
+#[derive(Debug, Clone)]
+pub enum Resolved<'r> {
+    /// A policy's counters for one key value: the rule they take.
+    Policy(&'r Policy, Rule),
+    /// The quota service's bucket ids of one budget with these `*` values: `name` is
+    /// `budget:key`, what [`crate::overrides::Table::budget`] is asked for.
+    Budget { name: String, budget: Budget },
+}
+
+/// What `o` applies to: a quota service budget when it names [`RLQS_ROUTE`] and the config has
+/// an `rlqs:` block, else a route's policy ([`resolve`]).
+pub fn resolve_any<'r>(
+    routes: &'r [Route],
+    rlqs: Option<&RlqsSettings>,
+    o: &Override,
+) -> Result<Resolved<'r>, Invalid> {
+    match rlqs {
+        Some(settings) if o.route == RLQS_ROUTE => {
+            let (name, budget) = resolve_budget(settings, o)?;
+            Ok(Resolved::Budget { name, budget })
+        }
+        _ => resolve(routes, o).map(|(policy, rule)| Resolved::Policy(policy, rule)),
+    }
+}
+
+/// The budget `o` gives the bucket ids it names: the budget's own with `o`'s `rate` and
+/// `burst`, validated as the `rlqs:` block validates them.
+fn resolve_budget(settings: &RlqsSettings, o: &Override) -> Result<(String, Budget), Invalid> {
+    let rule = settings
+        .rules
+        .iter()
+        .find(|r| r.name == o.policy)
+        .ok_or_else(|| Invalid {
+            field: "policy",
+            message: format!("the quota service has no budget `{}`", o.policy),
+            missing: true,
+        })?;
+    let parts = rule.key_parts();
+    if parts == 0 {
+        return Err(invalid(
+            "policy",
+            format!(
+                "budget `{}` has no `*` entry, so no key to override: change its `token_bucket` \
+                 in the config",
+                rule.name
+            ),
+        ));
+    }
+    if o.key.is_empty() || o.key.len() > MAX_KEY_BYTES {
+        return Err(invalid(
+            "key",
+            format!("must be 1 to {MAX_KEY_BYTES} bytes"),
+        ));
+    }
+    let given = o.key.split('|').count();
+    if given != parts {
+        return Err(invalid(
+            "key",
+            format!(
+                "`{}` names {given} value(s) but budget `{}` has {parts} `*` entr{} (values \
+                 joined by `|`, in the order of their keys): it could never match a bucket id",
+                o.key,
+                rule.name,
+                if parts == 1 { "y" } else { "ies" },
+            ),
+        ));
+    }
+    for part in o.key.split('|') {
+        if let Err(canonical) = crate::keys::check_key_value(part) {
+            return Err(invalid(
+                "key",
+                format!("`{part}` is never a value as an override names it: write `{canonical}`"),
+            ));
+        }
+    }
+    if o.limit.is_some() {
+        return Err(invalid(
+            "limit",
+            "a budget is a token bucket: give `rate`, `burst` or both",
+        ));
+    }
+    if o.rate.is_none() && o.burst.is_none() {
+        return Err(invalid("rate", "give `rate`, `burst` or both"));
+    }
+    let fill_s = f64::from(settings.timing.fill_interval_s);
+    let rate = match &o.rate {
+        Some(text) => crate::config::units::parse_rate(text).map_err(|m| invalid("rate", m))?,
+        None => rule.budget.rate,
+    };
+    if rate * fill_s < 1.0 {
+        return Err(invalid(
+            "rate",
+            format!("less than one token per fill_interval ({fill_s}s): no proxy could be given a token"),
+        ));
+    }
+    let burst = match o.burst {
+        None => rule.budget.burst,
+        Some(0) => return Err(invalid("burst", "must be at least 1")),
+        Some(b) => u32::try_from(b).map_err(|_| invalid("burst", "must be at most 4294967295"))?,
+    };
+    let budget = Budget {
+        rate,
+        burst,
+        ..rule.budget
+    };
+    Ok((format!("{}:{}", rule.name, o.key), budget))
 }
 
 /// Why an override cannot apply, with the field at fault.
@@ -263,6 +379,7 @@ fn no_bucket_fields(limits: &Limits) -> Result<(), Invalid> {
 pub fn load_file(
     path: &Path,
     routes: &[Route],
+    rlqs: Option<&RlqsSettings>,
 ) -> Result<(Vec<Override>, [u8; 32]), Vec<ConfigError>> {
     let error = |line, column, field, message| ConfigError::at(path, line, column, field, message);
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -303,8 +420,9 @@ pub fn load_file(
     }
     let mut seen = HashMap::new();
     for (i, o) in list.iter().enumerate() {
-        let (counter, shared) = match resolve(routes, o) {
-            Ok((policy, _)) => (o.counter_key_of(policy), policy.shared),
+        let (counter, shared) = match resolve_any(routes, rlqs, o) {
+            Ok(Resolved::Policy(policy, _)) => (o.counter_key_of(policy), policy.shared),
+            Ok(Resolved::Budget { .. }) => (o.counter_key(), false),
             Err(e) => {
                 errors.push(at(format!("[{i}].{}", e.field), e.message));
                 (o.counter_key(), false)

@@ -80,6 +80,30 @@ pub struct BudgetRule {
 }
 
 impl BudgetRule {
+    /// How many values a per-key override of this budget names: one per `*` entry.
+    pub fn key_parts(&self) -> usize {
+        self.bucket
+            .iter()
+            .filter(|(_, m)| *m == ValueMatch::Any)
+            .count()
+    }
+
+    /// The key a per-key override names for the bucket id `entries` (which this rule matches):
+    /// the values of the rule's `*` entries in key order, each escaped as a counter key writes a
+    /// value, joined by `|` (`/overrides/rlqs/{budget}/{key}`).
+    pub fn override_key(&self, entries: &[(String, String)]) -> String {
+        let mut key = String::new();
+        for (name, _) in self.bucket.iter().filter(|(_, m)| *m == ValueMatch::Any) {
+            if let Some((_, value)) = entries.iter().find(|(k, _)| k == name) {
+                if !key.is_empty() {
+                    key.push('|');
+                }
+                crate::keys::push_key_value(value.as_bytes(), &mut key);
+            }
+        }
+        key
+    }
+
     fn matches(&self, entries: &[(String, String)]) -> bool {
         self.bucket.iter().all(|(key, want)| {
             entries.iter().any(|(k, v)| {
@@ -392,6 +416,89 @@ mod tests {
         let errors = load(&too_slow).unwrap_err();
         assert!(
             errors.contains("rlqs.default.token_bucket.rate"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn an_override_names_a_budget_by_its_star_values_and_no_route_is_named_rlqs() {
+        let snapshot = load(GOOD).unwrap();
+        let rlqs = snapshot.rlqs.as_ref().unwrap();
+        let api = &rlqs.rules[1];
+        assert_eq!(api.key_parts(), 1);
+        assert_eq!(
+            api.override_key(&entries(&[("name", "api"), ("user", "a b|c")])),
+            "a%20b%7Cc"
+        );
+        use crate::config::overrides::{resolve_any, Override, Resolved};
+        let o = |policy: &str, key: &str, rate: Option<&str>| Override {
+            route: "rlqs".into(),
+            policy: policy.into(),
+            key: key.into(),
+            limit: None,
+            rate: rate.map(str::to_owned),
+            burst: None,
+        };
+        let resolved = resolve_any(
+            &snapshot.routes,
+            Some(rlqs),
+            &o("api", "acme", Some("50/s")),
+        );
+        match resolved {
+            Ok(Resolved::Budget { name, budget }) => {
+                assert_eq!(name, "api:acme");
+                assert_eq!((budget.rate, budget.burst, budget.floor), (50.0, 6, 2.0));
+            }
+            other => panic!("{other:?}"),
+        }
+        let field = |r: Result<Resolved<'_>, crate::config::overrides::Invalid>| {
+            r.map(|_| ()).unwrap_err().field
+        };
+        assert_eq!(
+            field(resolve_any(
+                &snapshot.routes,
+                Some(rlqs),
+                &o("api", "a|b", Some("5/s"))
+            )),
+            "key"
+        );
+        assert_eq!(
+            field(resolve_any(
+                &snapshot.routes,
+                Some(rlqs),
+                &o("api", "a b", Some("5/s"))
+            )),
+            "key"
+        );
+        assert_eq!(
+            field(resolve_any(
+                &snapshot.routes,
+                Some(rlqs),
+                &o("api", "acme", None)
+            )),
+            "rate"
+        );
+        assert_eq!(
+            field(resolve_any(
+                &snapshot.routes,
+                Some(rlqs),
+                &o("api", "acme", Some("0.5/s"))
+            )),
+            "rate"
+        );
+        // The default has no `*` entry: nothing to name.
+        assert_eq!(
+            field(resolve_any(
+                &snapshot.routes,
+                Some(rlqs),
+                &o("default", "x", Some("5/s"))
+            )),
+            "policy"
+        );
+        let named = format!("{GOOD}routes:\n  - name: rlqs\n    respond: {{status: 200}}\n");
+        let errors = load(&named).unwrap_err();
+        assert!(
+            errors.contains("routes[0].name") && errors.contains("names the quota service"),
             "{errors}"
         );
     }

@@ -8,10 +8,15 @@
 //! and `max_tokens` deep. The rules that keep the bound:
 //!
 //! - the tokens per fill of every assignment not yet expired (a vanished proxy's included, until
-//!   its TTL ends) sum to at most the pool less a reserve;
-//! - Envoy starts a *changed* bucket full, so one member's bucket changes at most once per
-//!   `reassign_every`, and the reserve (`(burst + members) / reassign_every`) pays for those
-//!   refills: the long-run rate stays within the budget;
+//!   its TTL ends) sum to at most the pool;
+//! - Envoy starts a *changed* bucket full, so every bucket start is paid from the bucket's credit
+//!   (`quota_credit.rs`): what the pool earned and the assignments did not spend, at most
+//!   `burst + members` tokens. No start without the credit for its depth: the long-run rate
+//!   stays within the budget;
+//! - while the pool can give every live member a token, a reserve (`(burst + members) /
+//!   reassign_every`) is left out of the split: it earns the credit for one change per member per
+//!   `reassign_every`; a smaller pool is handed out whole, one token to each member with demand
+//!   in turns when there are more of them than tokens (`quota_split.rs`), so none starves;
 //! - the same assignment sent again only extends its TTL (Envoy keeps the bucket), so refreshing
 //!   costs nothing;
 //! - a pool is the whole budget on the in-process store (after a hold-down of one TTL at start,
@@ -22,10 +27,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+#[path = "quota_credit.rs"]
+mod credit;
 #[path = "quota_split.rs"]
 mod split;
 
-pub use split::{targets, Target};
+pub use split::{targets, turns, Target, Turn};
 
 /// A budget as configured: the global token bucket every proxy's share comes out of.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -134,9 +141,14 @@ pub struct Usage {
 pub enum Pool {
     /// The whole budget (the in-process store: this server alone serves it).
     Whole,
-    /// This server's lease from Redis: `rate` tokens per second until `until_us`; nothing
+    /// This server's lease from Redis: it may hand out `rate` tokens per second, and Redis holds
+    /// `grant` (at least `rate`, and at least what is out) for it, until `until_us`; nothing
     /// before the first grant.
-    Leased { rate: f64, until_us: u64 },
+    Leased {
+        rate: f64,
+        grant: f64,
+        until_us: u64,
+    },
 }
 
 /// What a bucket asks of Redis: its lease request ([`crate::limiter::RedisStore::quota_lease`]).
@@ -144,8 +156,8 @@ pub enum Pool {
 pub struct LeaseAsk {
     pub bucket: BucketKey,
     pub budget: Budget,
-    /// Tokens per second this server has out (assignments not yet expired, and the reserve):
-    /// the lease never drops below it.
+    /// Tokens per second this server has out (assignments not yet expired): the lease never
+    /// drops below it.
     pub held: f64,
     /// The members' recent demand, requests per second.
     pub demand: f64,
@@ -164,6 +176,8 @@ struct Member {
     started_us: Option<u64>,
     /// Until when its assignment may be in force (the last send plus the TTL).
     expires_us: u64,
+    /// When it last held tokens (0: never): who has waited longest takes the next turn.
+    served_us: u64,
     connected: bool,
 }
 
@@ -174,6 +188,9 @@ struct Bucket {
     rule: usize,
     pool: Pool,
     members: HashMap<ProxyId, Member>,
+    /// Tokens that pay for bucket starts (`quota_credit.rs`), as of `credit_us`.
+    credit: f64,
+    credit_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -262,14 +279,19 @@ impl Shares {
                 pool: if self.leased {
                     Pool::Leased {
                         rate: 0.0,
+                        grant: 0.0,
                         until_us: 0,
                     }
                 } else {
                     Pool::Whole
                 },
                 members: HashMap::new(),
+                credit: 0.0,
+                credit_us: now_us,
             });
-        // A reload may have changed the rule: the next rebalance applies it.
+        // What the pool earned and spent so far was under the rule before.
+        self.accrue(state, now_us);
+        // A reload or an override may have changed the rule: the next rebalance applies it.
         state.budget = budget;
         state.rule = rule;
         inner
@@ -283,6 +305,7 @@ impl Shares {
             current: None,
             started_us: None,
             expires_us: 0,
+            served_us: 0,
             connected: true,
         });
         let requests = usage.allowed.saturating_add(usage.denied);
@@ -336,6 +359,8 @@ impl Shares {
         let mut inner = self.lock();
         let mut out = Vec::new();
         inner.buckets.retain(|bucket, state| {
+            // The members about to go spent their tokens until now.
+            self.accrue(state, now_us);
             state
                 .members
                 .retain(|_, m| m.connected || m.expires_us > now_us);
@@ -375,7 +400,7 @@ impl Shares {
                 LeaseAsk {
                     bucket: key.clone(),
                     budget: b.budget,
-                    held: f64::from(held_tokens + reserve) / f,
+                    held: f64::from(held_tokens) / f,
                     demand: b.members.values().map(|m| m.demand).sum(),
                     floor: b.budget.floor * live as f64 + f64::from(reserve) / f,
                 }
@@ -383,10 +408,38 @@ impl Shares {
             .collect()
     }
 
-    /// A lease granted by Redis: `rate` tokens per second until `until_us`.
-    pub fn set_lease(&self, bucket: &BucketKey, rate: f64, until_us: u64) {
+    /// A lease granted by Redis and acknowledged by a replica where there is one: `grant`
+    /// tokens per second held for this server, `rate` of which it may hand out, until `until_us`.
+    pub fn set_lease(
+        &self,
+        bucket: &BucketKey,
+        (grant, rate): (f64, f64),
+        until_us: u64,
+        now_us: u64,
+    ) {
         if let Some(state) = self.lock().buckets.get_mut(bucket) {
-            state.pool = Pool::Leased { rate, until_us };
+            self.accrue(state, now_us);
+            state.pool = Pool::Leased {
+                rate,
+                grant,
+                until_us,
+            };
+        }
+    }
+
+    /// A lease renewal that no replica acknowledged: a failover may lose it, so the last
+    /// acknowledged lease stays in force (until it ends), lowered to the renewal's `grant` and
+    /// `rate` where those are less.
+    pub fn cap_lease(&self, bucket: &BucketKey, (grant, rate): (f64, f64), now_us: u64) {
+        if let Some(state) = self.lock().buckets.get_mut(bucket) {
+            self.accrue(state, now_us);
+            if let Pool::Leased {
+                rate: r, grant: g, ..
+            } = &mut state.pool
+            {
+                *r = r.min(rate);
+                *g = g.min(grant);
+            }
         }
     }
 
@@ -421,7 +474,7 @@ impl Shares {
         let f = f64::from(self.timing.fill_interval_s);
         match state.pool {
             Pool::Whole => ((state.budget.rate * f).floor() as u32, self.timing.ttl_s),
-            Pool::Leased { rate, until_us } => {
+            Pool::Leased { rate, until_us, .. } => {
                 // An assignment must end before the lease does, in whole seconds.
                 let left_s = until_us.saturating_sub(now_us + DELIVERY_MARGIN_US) / 1_000_000;
                 let ttl = u32::try_from(left_s)
@@ -464,10 +517,12 @@ impl Shares {
     }
 
     /// Moves the members' assignments towards their targets: first every lowering that is due,
-    /// then raises within what is left, never past the pool, never two changes of one member
-    /// within `reassign_every`.
+    /// then raises within what is left, never past the pool, never two bucket changes of one
+    /// member within `reassign_every`, and no bucket start the credit cannot pay for (a lowering
+    /// it cannot pay for goes to `DENY_ALL`, which starts nothing).
     fn rebalance(&self, bucket: &BucketKey, state: &mut Bucket, now_us: u64, out: &mut Vec<Push>) {
         let timing = &self.timing;
+        self.accrue(state, now_us);
         for m in state.members.values_mut() {
             if m.expires_us <= now_us {
                 // The proxy has lost it (the TTL ran out): a new one starts a new bucket.
@@ -475,6 +530,9 @@ impl Shares {
             }
         }
         let (pool_tokens, ttl_s) = self.pool(state, now_us);
+        if ttl_s == 0 {
+            return;
+        }
         let (_, reserve) = held(state, timing, now_us);
         let gone: u32 = state
             .members
@@ -482,7 +540,6 @@ impl Shares {
             .filter(|m| !m.connected)
             .map(|m| m.current.map_or(0, Assignment::tokens))
             .sum();
-        let available = pool_tokens.saturating_sub(reserve).saturating_sub(gone);
         let mut live: Vec<(ProxyId, f64)> = state
             .members
             .iter()
@@ -491,23 +548,53 @@ impl Shares {
             .collect();
         live.sort_unstable_by_key(|(id, _)| *id);
         let f = f64::from(timing.fill_interval_s);
-        let floor_tokens = (state.budget.floor * f).ceil() as u32;
-        let wanted = targets(&live, available, floor_tokens);
+        let can_change = |m: &Member| {
+            // DENY_ALL starts no bucket: leaving it is never a second change.
+            matches!(m.current, None | Some(Assignment::Deny))
+                || m.started_us
+                    .is_none_or(|s| now_us.saturating_sub(s) >= timing.reassign_us())
+        };
+        // A pool that can give every live member a token keeps the reserve out of the split;
+        // a smaller one is handed out whole, in turns when it must be (`quota_split.rs`).
+        let split = pool_tokens.saturating_sub(reserve).saturating_sub(gone);
+        let (available, wanted, taking_turns) = if split as usize >= live.len() {
+            let floor_tokens = (state.budget.floor * f).ceil() as u32;
+            (split, targets(&live, split, floor_tokens), false)
+        } else {
+            let available = pool_tokens.saturating_sub(gone);
+            let members: Vec<Turn> = live
+                .iter()
+                .map(|(id, demand)| {
+                    let m = &state.members[id];
+                    let holds = m.current.is_some_and(|a| a.tokens() > 0);
+                    Turn {
+                        proxy: *id,
+                        demand: *demand,
+                        holds,
+                        may_yield: can_change(m),
+                        served_us: m.served_us,
+                    }
+                })
+                .collect();
+            let (wanted, taking) = turns(&members, available);
+            (available, wanted, taking)
+        };
         let burst = burst_share(state);
         let assignment_for = |tokens: u32| {
             if tokens == 0 {
                 Assignment::Deny
             } else {
-                let depth = (burst * f64::from(tokens) / f64::from(pool_tokens.max(1))).floor();
+                // Turns of one token each: depth 1, so a turn costs one token of credit.
+                let depth = if taking_turns {
+                    1.0
+                } else {
+                    (burst * f64::from(tokens) / f64::from(pool_tokens.max(1))).floor()
+                };
                 Assignment::Bucket {
                     tokens_per_fill: tokens,
                     max_tokens: (depth as u32).max(1),
                 }
             }
-        };
-        let can_change = |m: &Member| {
-            m.started_us
-                .is_none_or(|s| now_us.saturating_sub(s) >= timing.reassign_us())
         };
         let mut out_now: u32 = state
             .members
@@ -515,7 +602,17 @@ impl Shares {
             .filter(|m| m.connected)
             .map(|m| m.current.map_or(0, Assignment::tokens))
             .sum();
+        let credit = &mut state.credit;
+        // Sends `a` unless the credit cannot pay for the bucket it starts.
         let mut send = |proxy: ProxyId, m: &mut Member, a: Assignment| {
+            let cost = f64::from(a.max_tokens());
+            if cost > 0.0 && cost > *credit {
+                return false;
+            }
+            *credit -= cost;
+            if a.tokens() > 0 || m.current.is_some_and(|c| c.tokens() > 0) {
+                m.served_us = now_us;
+            }
             m.current = Some(a);
             m.started_us = Some(now_us);
             m.expires_us = now_us + u64::from(ttl_s) * 1_000_000 + DELIVERY_MARGIN_US;
@@ -528,10 +625,8 @@ impl Shares {
                     changed: true,
                 },
             });
+            true
         };
-        if ttl_s == 0 {
-            return;
-        }
         // What members without an assignment yet are due: room for them forces lowerings.
         let waiting: u32 = wanted
             .iter()
@@ -552,11 +647,14 @@ impl Shares {
             let have = current.tokens();
             let over = out_now + waiting > available;
             if t.tokens < have && can_change(m) && (over || differs(have, t.tokens)) {
-                out_now -= have - t.tokens;
-                send(t.proxy, m, assignment_for(t.tokens));
+                if send(t.proxy, m, assignment_for(t.tokens)) {
+                    out_now -= have - t.tokens;
+                } else if send(t.proxy, m, Assignment::Deny) {
+                    out_now -= have;
+                }
             }
         }
-        // Then the raises, new members first, within what is left.
+        // Then the raises, new members first, within what is left and what the credit pays.
         let mut order: Vec<&Target> = wanted.iter().collect();
         order.sort_by_key(|t| {
             let m = state.members.get(&t.proxy);
@@ -568,22 +666,24 @@ impl Shares {
             };
             let have = m.current.map(Assignment::tokens);
             let room = available.saturating_sub(out_now);
-            match have {
-                None => {
-                    let give = t.tokens.min(room);
-                    if give > 0 || t.tokens == 0 {
-                        out_now += give;
-                        send(t.proxy, m, assignment_for(give));
-                    }
-                }
+            let give = match have {
+                None => t.tokens.min(room),
                 Some(have) if t.tokens > have && can_change(m) => {
                     let give = t.tokens.min(have + room);
-                    if give > have && differs(have, give) {
-                        out_now += give - have;
-                        send(t.proxy, m, assignment_for(give));
+                    if give > have && (have == 0 || differs(have, give)) {
+                        give
+                    } else {
+                        continue;
                     }
                 }
-                Some(_) => {}
+                Some(_) => continue,
+            };
+            if give == 0 && t.tokens > 0 {
+                // No room yet: it waits (the proxy on its no-assignment behaviour).
+                continue;
+            }
+            if send(t.proxy, m, assignment_for(give)) {
+                out_now += give - have.unwrap_or(0);
             }
         }
     }

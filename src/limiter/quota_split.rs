@@ -1,4 +1,5 @@
-//! The split itself: a pool of whole tokens divided among members by demand, with a floor.
+//! The split itself: a pool of whole tokens divided among members by demand, with a floor; and
+//! for a pool too small to give every member a token, turns.
 
 use super::ProxyId;
 
@@ -57,4 +58,65 @@ pub fn targets(members: &[(ProxyId, f64)], available: u32, floor: u32) -> Vec<Ta
         .into_iter()
         .map(|(proxy, tokens, _)| Target { proxy, tokens })
         .collect()
+}
+
+/// A live member as [`turns`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Turn {
+    pub proxy: ProxyId,
+    /// Requests per second in its last report.
+    pub demand: f64,
+    /// It holds tokens now.
+    pub holds: bool,
+    /// Its bucket may change now (it has held it for `reassign_every`).
+    pub may_yield: bool,
+    /// When it last held tokens (0: never).
+    pub served_us: u64,
+}
+
+/// Divides a pool of `available` tokens too small for every live member: the members with
+/// demand get a token each and the rest by demand when there are tokens enough for them
+/// (`targets` with a floor of 1); otherwise they take turns, one token each: a holder keeps its
+/// token until it may yield, then the members that have waited longest (by `served_us`, ties by
+/// id) take the tokens. Members without demand get nothing. The second value says whether the
+/// members take turns.
+pub fn turns(members: &[Turn], available: u32) -> (Vec<Target>, bool) {
+    let wanting: Vec<&Turn> = members.iter().filter(|m| m.demand > 0.0).collect();
+    let none = |proxy| Target { proxy, tokens: 0 };
+    if wanting.len() <= available as usize {
+        let split: Vec<(ProxyId, f64)> = wanting.iter().map(|m| (m.proxy, m.demand)).collect();
+        let given = targets(&split, available, 1);
+        let out = members
+            .iter()
+            .map(|m| {
+                given
+                    .iter()
+                    .find(|t| t.proxy == m.proxy)
+                    .copied()
+                    .unwrap_or(none(m.proxy))
+            })
+            .collect();
+        return (out, false);
+    }
+    // Holders that may not yield yet first, then whoever has waited longest; holders that may
+    // yield last (they were served now).
+    let mut order = wanting.clone();
+    order.sort_by_key(|m| match (m.holds, m.may_yield) {
+        (true, false) => (0, 0, m.proxy),
+        (false, _) => (1, m.served_us, m.proxy),
+        (true, true) => (2, 0, m.proxy),
+    });
+    let chosen: Vec<ProxyId> = order
+        .iter()
+        .take(available as usize)
+        .map(|m| m.proxy)
+        .collect();
+    let out = members
+        .iter()
+        .map(|m| Target {
+            proxy: m.proxy,
+            tokens: u32::from(chosen.contains(&m.proxy)),
+        })
+        .collect();
+    (out, true)
 }

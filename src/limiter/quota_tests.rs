@@ -76,11 +76,14 @@ fn the_pool_less_the_reserve_goes_out_by_demand() {
             .report(proxy, &key(), (BUDGET, 0), usage(1, 0), now)
             .unwrap();
     }
+    // A new bucket has no credit yet: its first buckets wait for the tick after it is earned.
+    assert_eq!(tokens(&shares), [(1, 0.0), (2, 0.0), (3, 0.0)]);
+    shares.tick(now + S);
     // Equal at first: 30 less a reserve of ceil((6 + 3) / 5) = 2, as 10, 9, 9.
     let first: f64 = tokens(&shares).iter().map(|(_, t)| t).sum();
     assert_eq!(first, 28.0);
     // Demand 70/20/10: the changes wait for reassign_every after each member's first bucket.
-    let later = now + 5 * S;
+    let later = now + 6 * S;
     for (proxy, requests) in [(1, 210), (2, 60), (3, 30)] {
         shares
             .report(proxy, &key(), (BUDGET, 0), usage(requests, 5), later)
@@ -102,9 +105,10 @@ fn a_member_changes_at_most_once_per_reassign_every() {
     shares
         .report(2, &key(), (BUDGET, 0), usage(1, 0), now)
         .unwrap();
+    shares.tick(now + S);
     let before = tokens(&shares);
     let pushes = shares
-        .report(1, &key(), (BUDGET, 0), usage(100, 1), now + S)
+        .report(1, &key(), (BUDGET, 0), usage(100, 1), now + 2 * S)
         .unwrap();
     assert!(
         pushes
@@ -113,7 +117,7 @@ fn a_member_changes_at_most_once_per_reassign_every() {
         "{pushes:?}"
     );
     assert_eq!(tokens(&shares), before);
-    let pushes = shares.tick(now + 5 * S);
+    let pushes = shares.tick(now + 6 * S);
     assert!(pushes
         .iter()
         .any(|p| matches!(p.action, Action::Assign { changed: true, .. })));
@@ -126,19 +130,20 @@ fn a_vanished_members_share_is_held_until_its_ttl_ends() {
     shares
         .report(1, &key(), (BUDGET, 0), usage(1, 0), now)
         .unwrap();
+    shares.tick(now + S);
     // Member 1 took the whole pool; member 2 waits until member 1 may change again.
     shares
-        .report(2, &key(), (BUDGET, 0), usage(1, 0), now)
+        .report(2, &key(), (BUDGET, 0), usage(1, 0), now + S)
         .unwrap();
     assert_eq!(tokens(&shares), [(1, 28.0), (2, 0.0)]);
-    shares.tick(now + 5 * S);
+    shares.tick(now + 6 * S);
     assert_eq!(tokens(&shares), [(1, 14.0), (2, 14.0)]);
     shares.disconnect(2);
     // Within its TTL (6 s from its last send) member 1 is not raised into member 2's tokens.
-    shares.tick(now + 10 * S);
+    shares.tick(now + 11 * S);
     assert_eq!(tokens(&shares), [(1, 14.0), (2, 14.0)]);
     // After it, member 2 is dropped and member 1 gets the pool less the reserve.
-    shares.tick(now + 12 * S);
+    shares.tick(now + 13 * S);
     assert_eq!(tokens(&shares), [(1, 28.0)]);
 }
 
@@ -152,9 +157,10 @@ fn an_idle_member_is_abandoned_and_its_share_returned() {
     shares
         .report(2, &key(), (BUDGET, 0), usage(1, 0), now)
         .unwrap();
+    shares.tick(now + S);
     let mut abandoned = false;
     for i in 1..=3 {
-        let t = now + i * 5 * S;
+        let t = now + S + i * 5 * S;
         shares
             .report(1, &key(), (BUDGET, 0), usage(50, 5), t)
             .unwrap();
@@ -203,8 +209,10 @@ fn a_lease_bounds_the_pool_and_the_ttl() {
         .report(1, &key(), (BUDGET, 0), usage(1, 0), now)
         .unwrap()
         .is_empty());
-    shares.set_lease(&key(), 12.0, now + 4 * S);
-    let pushes = shares.tick(now);
+    shares.set_lease(&key(), (12.0, 12.0), now + 4 * S, now);
+    // Nothing until the lease has earned the first bucket's depth (2 tokens at 12/s).
+    assert!(shares.tick(now).is_empty());
+    let pushes = shares.tick(now + S / 4);
     // 12 less a reserve of ceil((6 * 12/30 + 1) / 5) = 1; TTL cut to the lease's 3 whole seconds.
     assert_eq!(
         pushes[0].action,
@@ -217,8 +225,8 @@ fn a_lease_bounds_the_pool_and_the_ttl() {
             changed: true
         }
     );
-    let ask = &shares.lease_asks(now)[0];
-    assert!((ask.held - 12.0).abs() < 1e-9, "{ask:?}");
+    let ask = &shares.lease_asks(now + S / 4)[0];
+    assert!((ask.held - 11.0).abs() < 1e-9, "{ask:?}");
 }
 
 #[test]
@@ -232,4 +240,215 @@ fn no_bucket_past_max_buckets() {
         shares.report(1, &other, (BUDGET, 0), usage(1, 0), S),
         Err(Untracked::Full)
     );
+}
+
+/// One proxy as Envoy 1.40's filter runs an assignment: a token bucket that starts full when it
+/// differs from the one before (the same one sent again only extends its TTL), refilled at
+/// `tokens_per_fill` per fill interval up to `max_tokens`, and nothing once its TTL has run out.
+/// It spends every whole token at once: the most a proxy could admit.
+#[derive(Debug, Default)]
+struct Envoy {
+    demand: f64,
+    current: Option<Assignment>,
+    expires_us: u64,
+    tokens: f64,
+    allowed: u64,
+    wanted: f64,
+    /// When it last held tokens, and the longest it went without them while wanting them.
+    last_held_us: u64,
+    longest_wait_us: u64,
+    first_held_us: Option<u64>,
+    reported: bool,
+}
+
+struct Sim {
+    shares: Shares,
+    budget: Budget,
+    envoys: Vec<Envoy>,
+    /// Admitted by all proxies in each step.
+    admitted: Vec<u64>,
+    now: u64,
+}
+
+const STEP: u64 = S / 10;
+
+impl Sim {
+    fn new(budget: Budget, demands: &[f64]) -> Sim {
+        Sim {
+            shares: Shares::new(timing(), false, 10, 0),
+            budget,
+            envoys: demands
+                .iter()
+                .map(|d| Envoy {
+                    demand: *d,
+                    ..Envoy::default()
+                })
+                .collect(),
+            admitted: Vec::new(),
+            // Past the hold-down.
+            now: 7 * S,
+        }
+    }
+
+    fn apply(&mut self, pushes: Vec<Push>) {
+        for push in pushes {
+            let e = &mut self.envoys[push.proxy as usize - 1];
+            match push.action {
+                Action::Assign {
+                    assignment, ttl_s, ..
+                } => {
+                    let lapsed = e.expires_us <= self.now;
+                    if lapsed || e.current != Some(assignment) {
+                        e.tokens = f64::from(assignment.max_tokens());
+                    }
+                    e.current = Some(assignment);
+                    e.expires_us = self.now + u64::from(ttl_s) * S;
+                }
+                Action::Abandon => e.current = None,
+            }
+        }
+    }
+
+    /// Runs `seconds`: a report from every proxy every 5 s (staggered), a tick a second.
+    fn run(&mut self, seconds: u64) {
+        let budget = self.budget;
+        for _ in 0..seconds * 10 {
+            let step = self.now / STEP;
+            let mut admitted = 0;
+            for e in &mut self.envoys {
+                let live = e.expires_us > self.now;
+                let (rate, depth) = match e.current {
+                    Some(a) if live => (f64::from(a.tokens()), f64::from(a.max_tokens())),
+                    _ => (0.0, 0.0),
+                };
+                e.tokens = (e.tokens + rate * 0.1).min(depth);
+                if rate > 0.0 {
+                    e.first_held_us.get_or_insert(self.now);
+                    e.last_held_us = self.now;
+                } else if e.demand > 0.0 {
+                    let waited = self.now - e.last_held_us.max(7 * S);
+                    e.longest_wait_us = e.longest_wait_us.max(waited);
+                }
+                e.wanted += e.demand * 0.1;
+                if e.demand > 0.0 {
+                    let spent = e.tokens.floor();
+                    e.tokens -= spent;
+                    e.allowed += spent as u64;
+                    admitted += spent as u64;
+                }
+            }
+            self.admitted.push(admitted);
+            for i in 0..self.envoys.len() {
+                let due = step % 50 == (i as u64 * 17) % 50;
+                if !due {
+                    continue;
+                }
+                let e = &mut self.envoys[i];
+                // The first report comes with the first request; then every 5 s.
+                let usage = if e.reported {
+                    let requests = (e.wanted.round() as u64).max(e.allowed);
+                    Usage {
+                        allowed: e.allowed,
+                        denied: requests - e.allowed,
+                        elapsed_s: 5,
+                    }
+                } else {
+                    Usage {
+                        allowed: 0,
+                        denied: u64::from(e.demand > 0.0),
+                        elapsed_s: 0,
+                    }
+                };
+                e.reported = true;
+                e.allowed = 0;
+                e.wanted = 0.0;
+                let pushes = self
+                    .shares
+                    .report(i as u64 + 1, &key(), (budget, 0), usage, self.now)
+                    .unwrap();
+                self.apply(pushes);
+            }
+            if step.is_multiple_of(10) {
+                let pushes = self.shares.tick(self.now);
+                self.apply(pushes);
+            }
+            self.now += STEP;
+        }
+    }
+
+    /// The most admitted in any window against rate × length + 2 × (burst + proxies).
+    fn assert_bound(&self) {
+        let slack = 2.0 * (f64::from(self.budget.burst) + self.envoys.len() as f64);
+        for i in 0..self.admitted.len() {
+            let mut sum = 0;
+            for (j, a) in self.admitted[i..].iter().enumerate() {
+                sum += a;
+                let length = (j + 1) as f64 / 10.0;
+                let bound = self.budget.rate * length + slack;
+                assert!(
+                    sum as f64 <= bound,
+                    "{sum} admitted in {length} s from {i}: bound {bound}"
+                );
+            }
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.admitted.iter().sum()
+    }
+}
+
+fn small(rate: f64, burst: u32) -> Budget {
+    Budget {
+        rate,
+        burst,
+        floor: 1.0,
+    }
+}
+
+/// The most a proxy with demand waits for tokens with a small budget (docs/algorithms.md,
+/// "Quota shares"): its first report (every 5 s), then ⌈wanting / tokens⌉ turns of
+/// reassign_every, the fill interval the credit takes to pay a start, and a tick.
+fn longest_wait(wanting: u64, tokens: u64) -> u64 {
+    5 * S + wanting.div_ceil(tokens) * (5 + 1 + 1) * S
+}
+
+#[test]
+fn a_small_budget_reaches_every_proxy_with_demand_within_the_bound() {
+    for (rate, burst, demands) in [
+        (1.0, 1, vec![5.0, 5.0]),
+        (1.0, 5, vec![5.0]),
+        (1.0, 5, vec![5.0, 2.0, 1.0]),
+        (2.0, 1, vec![5.0, 5.0, 5.0]),
+        (2.0, 5, vec![9.0, 1.0, 1.0]),
+    ] {
+        let mut sim = Sim::new(small(rate, burst), &demands);
+        sim.run(90);
+        sim.assert_bound();
+        let pool = (rate as u64).max(1);
+        let wait = longest_wait(demands.len() as u64, pool);
+        for (i, e) in sim.envoys.iter().enumerate() {
+            let case = format!("rate {rate}, burst {burst}, {demands:?}: proxy {i}: {e:?}");
+            assert!(e.first_held_us.is_some(), "{case}");
+            assert!(e.longest_wait_us <= wait, "{case}: waited past {wait}");
+        }
+        // Turns cost a token each at most: most of the budget is admitted.
+        let total = sim.total() as f64;
+        assert!(
+            total >= 0.6 * rate * 90.0,
+            "{rate} {burst} {demands:?}: {total}"
+        );
+    }
+}
+
+#[test]
+fn a_large_budget_keeps_the_bound_as_demand_moves() {
+    let mut sim = Sim::new(BUDGET, &[42.0, 12.0, 6.0]);
+    sim.run(40);
+    sim.envoys[0].demand = 6.0;
+    sim.envoys[2].demand = 42.0;
+    sim.run(40);
+    sim.assert_bound();
+    let total = sim.total() as f64;
+    assert!(total >= 0.8 * 30.0 * 80.0, "{total}");
 }

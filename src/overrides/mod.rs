@@ -11,7 +11,9 @@
 //!
 //! An override keeps the policy's algorithm, key and window or period; it changes the numbers
 //! only (`limit`, or a bucket's `rate` and `burst`). The counter keeps its state: a tenant who
-//! used 90 of 100 and gets 1000 has 910 left.
+//! used 90 of 100 and gets 1000 has 910 left. An override naming the route [`RLQS_ROUTE`] sets
+//! the `rate` and `burst` of one of the quota service's budgets for the bucket ids with the
+//! `*` values it names; the service applies it at those buckets' next reports.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,9 +23,11 @@ use arc_swap::{ArcSwap, Guard};
 use serde::Serialize;
 
 pub use crate::config::overrides::{
-    load_file, resolve, rule_for, Invalid, Limits, Override, MAX_KEY_BYTES, MAX_OVERRIDES,
+    load_file, resolve, resolve_any, rule_for, Invalid, Limits, Override, Resolved, MAX_KEY_BYTES,
+    MAX_OVERRIDES, RLQS_ROUTE,
 };
 use crate::config::Snapshot;
+use crate::limiter::quota::Budget;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{Engine, Rule};
 
@@ -31,13 +35,30 @@ use crate::limiter::{Engine, Rule};
 /// on how long another instance's change takes to apply here.
 pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 
-/// The rules in force, by counter key: what admission reads on every request.
+/// The rules in force, by counter key: what admission reads on every request; and the quota
+/// service's overridden budgets, which it reads on each usage report.
 #[derive(Debug, Default)]
 pub struct Table {
     rules: HashMap<Box<str>, Rule>,
+    /// By `budget:key` ([`Resolved::Budget`]).
+    budgets: HashMap<Box<str>, Budget>,
 }
 
 impl Table {
+    /// The overridden budget of the quota service's budget `name` for the bucket ids whose `*`
+    /// values are `key` ([`crate::config::rlqs::BudgetRule::override_key`]).
+    pub fn budget(&self, name: &str, key: &str) -> Option<Budget> {
+        if self.budgets.is_empty() {
+            return None;
+        }
+        self.budgets.get(format!("{name}:{key}").as_str()).copied()
+    }
+
+    /// Whether any quota service budget is overridden (else no bucket id needs its key).
+    pub fn has_budgets(&self) -> bool {
+        !self.budgets.is_empty()
+    }
+
     /// The override for `counter_key`, if any (no hashing at all while there are none).
     pub fn rule(&self, counter_key: &str) -> Option<&Rule> {
         if self.rules.is_empty() {
@@ -47,11 +68,11 @@ impl Table {
     }
 
     pub fn len(&self) -> usize {
-        self.rules.len()
+        self.rules.len() + self.budgets.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.budgets.is_empty()
     }
 }
 
@@ -95,11 +116,15 @@ impl Overrides {
     /// API's overrides; `engine` forgets the refusals it cached under the rules before.
     pub fn rebuild(&self, config: &Snapshot, engine: &Engine) {
         let mut rules = HashMap::new();
+        let mut budgets = HashMap::new();
         let api = self.api();
         for o in config.overrides.iter().chain(api.values()) {
-            match resolve(&config.routes, o) {
-                Ok((policy, rule)) => {
+            match resolve_any(&config.routes, config.rlqs.as_ref(), o) {
+                Ok(Resolved::Policy(policy, rule)) => {
                     rules.insert(o.counter_key_of(policy).into_boxed_str(), rule);
+                }
+                Ok(Resolved::Budget { name, budget }) => {
+                    budgets.insert(name.into_boxed_str(), budget);
                 }
                 Err(e) => tracing::debug!(
                     route = %o.route, policy = %o.policy, field = e.field, error = %e.message,
@@ -108,7 +133,7 @@ impl Overrides {
             }
         }
         drop(api);
-        self.active.store(Arc::new(Table { rules }));
+        self.active.store(Arc::new(Table { rules, budgets }));
         // Every reload and every change of an override comes through here: refusals cached under
         // the rules before are not replayed under these.
         engine.rules_changed();
@@ -120,7 +145,7 @@ impl Overrides {
         let listed = |o: &Override, source| Listed {
             o: o.clone(),
             source,
-            active: resolve(&config.routes, o).is_ok(),
+            active: resolve_any(&config.routes, config.rlqs.as_ref(), o).is_ok(),
         };
         config
             .overrides

@@ -27,6 +27,9 @@ use crate::metrics::rlqs::Sent;
 /// How often the tick runs (and the Redis leases are renewed).
 const TICK: Duration = Duration::from_secs(1);
 
+/// How long a round of lease renewals waits for a replica to acknowledge it (`WAIT`).
+const ACK_WAIT: Duration = Duration::from_millis(500);
+
 /// The metadata key a proxy may name itself by (`grpc_service.initial_metadata`).
 const PROXY_HEADER: &str = "x-turnstile-proxy";
 
@@ -118,6 +121,7 @@ impl RlqsService {
         let metrics = self.inner.state.metrics.rlqs();
         metrics.reports.inc();
         let ttl_s = self.inner.shares.timing().ttl_s;
+        let overrides = self.inner.state.overrides.active();
         let now = self.now_us();
         let mut pushes = Vec::new();
         let mut denied = Vec::new();
@@ -153,7 +157,13 @@ impl RlqsService {
                 denied: usage.num_requests_denied,
                 elapsed_s,
             };
-            let budget = (rule.budget, index);
+            // A per-key override of the budget (`/overrides/rlqs/BUDGET/KEY`): the shares apply
+            // it as they apply a reload, at this report's rebalance.
+            let overridden = overrides
+                .has_budgets()
+                .then(|| overrides.budget(&rule.name, &rule.override_key(&key)))
+                .flatten();
+            let budget = (overridden.unwrap_or(rule.budget), index);
             match self.inner.shares.report(proxy, &key, budget, usage, now) {
                 Ok(more) => pushes.extend(more),
                 Err(Untracked::Full) => denied.push(wire::deny(id, ttl_s)),
@@ -178,6 +188,9 @@ impl RlqsService {
             let timing = shares.timing();
             let lease_ms = (u64::from(timing.ttl_s) + 2) * 1000;
             let asks = shares.lease_asks(self.now_us());
+            // With replicas, a renewal counts once one of them has it: a failover to a replica
+            // that lacks it would hand its share out again.
+            let replicated = !asks.is_empty() && store.quota_replicas().await.unwrap_or(0) > 0;
             let calls = asks.iter().map(|ask| {
                 let request = LeaseRequest {
                     held: ask.held,
@@ -197,9 +210,20 @@ impl RlqsService {
                 }
             });
             let replies = futures_util::future::join_all(calls).await;
+            let acknowledged = !replicated || store.quota_acknowledged(ACK_WAIT).await;
+            let now = self.now_us();
             for (ask, (before, reply)) in asks.iter().zip(replies) {
                 match reply {
-                    Ok((rate, ms)) => shares.set_lease(&ask.bucket, rate, before + ms * 1000),
+                    Ok(lease) if acknowledged => {
+                        let until = before + lease.ms * 1000;
+                        shares.set_lease(&ask.bucket, (lease.grant, lease.rate), until, now);
+                    }
+                    Ok(lease) => {
+                        shares.cap_lease(&ask.bucket, (lease.grant, lease.rate), now);
+                        if let Some(n) = self.inner.lease_errors.allow() {
+                            tracing::warn!(suppressed = n, "rate limit quota: no replica acknowledged the lease renewals; the last acknowledged leases stay in force until they end");
+                        }
+                    }
                     Err(e) => {
                         if let Some(n) = self.inner.lease_errors.allow() {
                             tracing::warn!(error = %e, suppressed = n, "rate limit quota: a lease could not be renewed; its proxies keep their assignments until the lease ends");

@@ -2,7 +2,11 @@
 //! the `rate_limit_quota` filter pointing at it, and a paced load over several Envoys at once.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
@@ -111,6 +115,47 @@ pub async fn open_stream(
     addr: SocketAddr,
     proxy: &str,
 ) -> tokio::sync::mpsc::UnboundedSender<RateLimitQuotaUsageReports> {
+    open_recorded(addr, proxy, &[("name", "api")]).await.0
+}
+
+/// A usage report for one bucket id: `requests` in `elapsed_s` seconds, all allowed.
+pub fn report(
+    bucket: &[(&str, &str)],
+    requests: u64,
+    elapsed_s: i64,
+) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: bucket
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+            time_elapsed: Some(prost_types_duration(elapsed_s)),
+            num_requests_allowed: requests,
+            num_requests_denied: 0,
+        }],
+    }
+}
+
+fn prost_types_duration(seconds: i64) -> envoy_types::pb::google::protobuf::Duration {
+    envoy_types::pb::google::protobuf::Duration { seconds, nanos: 0 }
+}
+
+/// Every assignment a stream received: when, and its tokens per fill (0 for `DENY_ALL`) and TTL.
+pub type Received = Arc<Mutex<Vec<(Instant, u32, Duration)>>>;
+
+/// [`open_stream`] for `bucket`, keeping every assignment received for it.
+pub async fn open_recorded(
+    addr: SocketAddr,
+    proxy: &str,
+    bucket: &[(&str, &str)],
+) -> (
+    tokio::sync::mpsc::UnboundedSender<RateLimitQuotaUsageReports>,
+    Received,
+) {
     let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect to the rlqs listener");
@@ -122,23 +167,57 @@ pub async fn open_stream(
     request
         .metadata_mut()
         .insert("x-turnstile-proxy", proxy.parse().expect("metadata"));
-    tx.send(RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: vec![BucketQuotaUsage {
-            bucket_id: Some(BucketId {
-                bucket: [("name".to_owned(), "api".to_owned())].into(),
-            }),
-            time_elapsed: Some(Default::default()),
-            num_requests_allowed: 3,
-            num_requests_denied: 1,
-        }],
-    })
-    .expect("queue the report");
+    let mut first = report(bucket, 3, 0);
+    first.bucket_quota_usages[0].num_requests_denied = 1;
+    tx.send(first).expect("queue the report");
     let mut responses = client
         .stream_rate_limit_quotas(request)
         .await
         .expect("open the stream")
         .into_inner();
-    tokio::spawn(async move { while let Ok(Some(_)) = responses.message().await {} });
-    tx
+    let received: Received = Arc::default();
+    let log = received.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(response)) = responses.message().await {
+            let at = Instant::now();
+            for action in response.bucket_action {
+                if let Some(Kind::QuotaAssignmentAction(a)) = action.bucket_action {
+                    let ttl = a.assignment_time_to_live.map_or(0, |d| d.seconds);
+                    let tokens = match a.rate_limit_strategy.and_then(|s| s.strategy) {
+                        Some(Strategy::TokenBucket(tb)) => {
+                            tb.tokens_per_fill.map_or(0, |v| v.value)
+                        }
+                        _ => 0,
+                    };
+                    let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
+                    log.lock().expect("log").push((at, tokens, ttl));
+                }
+            }
+        }
+    });
+    (tx, received)
+}
+
+/// The most tokens per fill that the streams' assignments had in force at once: at each
+/// instant, each stream's last assignment counts until its TTL ends.
+pub fn most_in_force(streams: &[&Received]) -> u32 {
+    let logs: Vec<Vec<(Instant, u32, Duration)>> = streams
+        .iter()
+        .map(|r| r.lock().expect("log").clone())
+        .collect();
+    let mut most = 0;
+    for at in logs.iter().flatten().map(|(at, _, _)| *at) {
+        let sum: u32 = logs
+            .iter()
+            .map(|log| {
+                log.iter()
+                    .rev()
+                    .find(|(t, _, _)| *t <= at)
+                    .filter(|(t, _, ttl)| *t + *ttl > at)
+                    .map_or(0, |(_, tokens, _)| *tokens)
+            })
+            .sum();
+        most = most.max(sum);
+    }
+    most
 }

@@ -225,6 +225,18 @@ pub fn compile(
             .map_err(|errs| errs.into_iter().for_each(|(path, msg)| e.add(path, msg)))
             .ok()
     });
+    if raw.rlqs.is_some() {
+        let reserved = super::overrides::RLQS_ROUTE;
+        for (i, route) in raw.routes.iter().enumerate() {
+            if route.name == reserved {
+                let message = format!(
+                    "`{reserved}` names the quota service's budgets in overrides \
+                     (`/overrides/{reserved}/BUDGET/KEY`) when `rlqs:` is set: rename the route"
+                );
+                e.add(format!("routes[{i}].name"), message);
+            }
+        }
+    }
 
     let request_id = observability::request_id(e, &raw.request_id);
     let access_log = raw

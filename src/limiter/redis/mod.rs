@@ -86,6 +86,9 @@ struct Shared {
     epoch: AtomicU64,
     /// The requests of this instance waiting for a lease, and the subscriber that wakes them.
     wake: wake::Wake,
+    /// The quota leases' own connection (`quota.rs`), made on first use: a `WAIT` on it never
+    /// holds back a decision.
+    quota: OnceLock<fred::clients::Client>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -236,6 +239,7 @@ impl RedisStore {
             test_clock,
             epoch: AtomicU64::new(0),
             wake,
+            quota: OnceLock::new(),
         });
         tokio::spawn(health::probe(Arc::downgrade(&shared)));
         health::log_connection_errors(&shared);
@@ -774,8 +778,12 @@ impl Drop for Shared {
                 shards.quit();
             }
             self.wake.quit();
+            let quota = self.quota.get().cloned();
             runtime.spawn(async move {
                 let _ = pool.quit().await;
+                if let Some(quota) = quota {
+                    let _ = quota.quit().await;
+                }
             });
         }
     }
