@@ -64,18 +64,15 @@ pub(super) fn on_limit(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut
                 return;
             }
             match policy.rule {
-                Rule::TokenBucket(_) | Rule::SlidingWindow(_) => {
+                // A quota paces across its period boundary: a request refused within `max_delay`
+                // of the next period waits for it.
+                Rule::TokenBucket(_) | Rule::SlidingWindow(_) | Rule::Quota(_) => {
                     policy.max_delay_us = Some(max.as_micros() as u64);
                 }
                 Rule::Concurrency(_) => e.add(
                     format!("{path}.on_limit"),
                     "`delay` is not supported for a concurrency policy: it refuses at once \
                      (waiting for a lease across instances is not built)",
-                ),
-                Rule::Quota(_) => e.add(
-                    format!("{path}.on_limit"),
-                    "`delay` is not supported for a quota: its next free unit is at the next \
-                     period, not within a delay; use a token bucket or a sliding window",
                 ),
             }
         }
