@@ -565,8 +565,8 @@ async fn a_per_second_quota_paces_across_its_boundary_on_redis() {
     panic!("no round's decisions stayed within one second");
 }
 
-/// The example of docs/algorithms.md's "Pacing" loads as it reads: a bucket of 5 at 10/s that
-/// delays up to 2 s, on a route with 500 waiters at most.
+/// The examples of docs/algorithms.md's "Pacing" load as they read: a bucket of 5 at 10/s that
+/// delays up to 2 s, on a route with 500 waiters at most; a minute quota that delays up to 5 s.
 #[test]
 fn the_documented_example_loads() {
     let page = std::fs::read_to_string(support::tools::repo_path("docs/algorithms.md"))
@@ -580,12 +580,18 @@ fn the_documented_example_loads() {
         .skip(1)
         .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
         .collect();
-    assert_eq!(blocks.len(), 1);
-    let snapshot = turnstile::config::parse(blocks[0], std::path::Path::new("docs/algorithms.md"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(blocks.len(), 2);
+    let parse = |block| {
+        turnstile::config::parse(block, std::path::Path::new("docs/algorithms.md"))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let snapshot = parse(blocks[0]);
     let route = &snapshot.routes[0];
     assert_eq!(route.max_waiting, 500);
     assert_eq!(route.policies[0].max_delay_us, Some(2_000_000));
+    // The quota's: a minute, waiting up to 5 s for the next.
+    let quota = parse(blocks[1]);
+    assert_eq!(quota.routes[0].policies[0].max_delay_us, Some(5_000_000));
     // What docs/benchmarks.md says a waiter's box holds.
     let wait = std::mem::size_of::<turnstile::admission::Wait>();
     assert!(wait < 200, "a waiter is {wait} bytes");
