@@ -1145,7 +1145,8 @@ if packed then
       local kind, p1, p2, p3, cost, shadow
       kind, p1, p2, p3, cost, shadow, pos = unpack_('<dddddd', s, pos)
       -- A negative kind is a paced quota's (q_eval), kept as the number.
-      argv[argc + 1], argv[argc + 2], argv[argc + 3] = KINDS[kind] or (kind < 0 and kind) or '?', p1, p2
+      argv[argc + 1] = KINDS[kind] or (kind < 0 and kind) or '?'
+      argv[argc + 2], argv[argc + 3] = p1, p2
       argv[argc + 4], argv[argc + 5], argv[argc + 6] = p3, cost, shadow
       argc = argc + 6
     end
