@@ -25,7 +25,9 @@
 #           (against NGINX limit_req, HAProxy stick tables, Envoy local_ratelimit, Traefik RateLimit
 #           in memory and on Redis, and Envoy + Limitador, each limiter checked first; see
 #           bench/peers.sh); hotpath (the memory row on this build against TURNSTILE_BASE_BIN, an
-#           older build: what an ordinary route pays for newer features; see bench/hotpath.sh).
+#           older build: what an ordinary route pays for newer features; see bench/hotpath.sh);
+#           pacing (a paced decision against an admitted one, memory and Redis, printing their
+#           ratio; see bench/pacing.sh).
 # --pgo measures the profile-guided build bench/pgo.sh makes (about 12 minutes on 2 cores) instead
 # of a plain `cargo build --release`.
 #
@@ -43,7 +45,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(dirname "$BENCH_DIR")
 
 # ---- settings (flags override) -------------------------------------------------------------------
-SECTIONS_ALL=(memory redis tls flood rls rlqs access_log tracing jwt peers hotpath)
+SECTIONS_ALL=(memory redis tls flood rls rlqs access_log tracing jwt peers hotpath pacing)
 ONLY=""
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-10}
@@ -67,7 +69,7 @@ WRK_ARGS=()                        # extra wrk arguments of run_pair's runs (the
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 
-usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -555,6 +557,8 @@ source "$BENCH_DIR/tracing.sh"
 source "$BENCH_DIR/jwt.sh"
 # shellcheck source=bench/peers.sh
 source "$BENCH_DIR/peers.sh"
+# shellcheck source=bench/pacing.sh
+source "$BENCH_DIR/pacing.sh"
 
 # ---- summary -------------------------------------------------------------------------------------
 summarize() {

@@ -13,7 +13,8 @@
 --          sw: p1 = limit, p2 = window in microseconds, p3 = buckets (0 = exact log)
 --          cc: p1 = limit, p2 = lease TTL in microseconds, p3 = the lease id to take (< 2^53)
 --          q:  p1 = limit, p2 = period start, p3 = period end (epoch microseconds, computed by
---              the gateway in the quota's time zone: Lua has no time-zone database)
+--              the gateway in the quota's time zone: Lua has no time-zone database); a paced
+--              quota's kind is instead the end of the period after it, negated (a number)
 --          cost: units to consume, 0 checks without consuming
 --          shadow: "1" for report only (Envoy's shadow_mode): its refusal never rejects the
 --                  request, and it consumes only when it allows and the request is admitted
@@ -457,22 +458,33 @@ local function cc_commit(p)
   redis.call('PEXPIRE', p.key, ttl_ms(cc_last(p.key) - p.now))
 end
 
--- Calendar quota: HASH {p = period start, e = period end (epoch microseconds), n = units used}.
+-- Calendar quota: HASH {p = period start, e = period end (epoch microseconds), n = units used},
+-- and while a paced decision has reserved units in the period after it (starting at e):
+-- x = those units, xe = that period's end.
 --
 -- The counter never goes back to an older period: a gateway whose clock lags keeps counting in
--- the newest period any instance reached. Redis TIME only measures the time to the period end.
+-- the newest period any instance reached; one whose period starts at e takes x as used. Redis
+-- TIME only measures the time to the period end.
 
 -- Kept past the period end so a gateway clock that lags by up to this much still finds the count.
 local QUOTA_MARGIN_US = 60000000
 
-local function q_eval(key, limit, start, stop, cost, now)
-  local h = redis.call('HMGET', key, 'p', 'e', 'n')
-  local used = 0
-  if h[1] and h[2] and h[3] and tonumber(h[1]) >= start then
-    start, stop, used = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+-- next_stop: the end of the period after [start, stop) for a paced quota, else false.
+local function q_eval(key, limit, start, stop, cost, now, next_stop)
+  local h = redis.call('HMGET', key, 'p', 'e', 'n', 'x', 'xe')
+  local used, x, xe = 0, 0, 0
+  if h[1] and h[2] and h[3] then
+    if tonumber(h[1]) >= start then
+      start, stop, used = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+      x, xe = tonumber(h[4] or '0'), tonumber(h[5] or '0')
+    elseif tonumber(h[2]) == start then
+      -- The counter moves into the period it reserved units in.
+      used = tonumber(h[4] or '0')
+    end
   end
   return { key = key, limit = limit, period = start, stop = stop, used = used, cost = cost,
-           now = now, allowed = used + cost <= limit }
+           now = now, allowed = used + cost <= limit, x = x, xe = xe, had_x = h[4] ~= false,
+           next_stop = next_stop }
 end
 
 local function q_outcome(p, consumed)
@@ -496,7 +508,14 @@ end
 
 local function q_commit(p)
   redis.call('HSET', p.key, 'p', int(p.period), 'e', int(p.stop), 'n', int(p.used + p.cost))
-  local us = p.stop - p.now
+  local until_us = p.stop
+  if p.x > 0 then
+    redis.call('HSET', p.key, 'x', int(p.x), 'xe', int(p.xe))
+    until_us = p.xe
+  elseif p.had_x then
+    redis.call('HDEL', p.key, 'x', 'xe')
+  end
+  local us = until_us - p.now
   if us < 0 then
     us = 0
   end
@@ -555,14 +574,21 @@ local function refund(key, kind, cost, burst, s1, s2)
   elseif kind == 'cc' then
     redis.call('ZREM', key, int(s1))
   elseif kind == 'q' then
-    -- Only while the counter is still in the period that was charged.
-    local h = redis.call('HMGET', key, 'p', 'n')
+    -- Only while the counter is still in the period that was charged, or (a paced reservation)
+    -- in the period before it, which holds it as x.
+    local h = redis.call('HMGET', key, 'p', 'n', 'e', 'x')
+    local field, units = nil, nil
     if h[1] and h[2] and tonumber(h[1]) == s1 then
-      local n = tonumber(h[2]) - cost
+      field, units = 'n', tonumber(h[2])
+    elseif h[3] and h[4] and tonumber(h[3]) == s1 then
+      field, units = 'x', tonumber(h[4])
+    end
+    if field then
+      local n = units - cost
       if n < 0 then
         n = 0
       end
-      redis.call('HSET', key, 'n', int(n))
+      redis.call('HSET', key, field, int(n))
     end
   elseif kind == 'swb' then
     local field = int(s1)
@@ -798,11 +824,13 @@ local function eval_policy(i, key, a, now)
     end
     p = cc_eval(key, p1, p2, p3, cost, now)
     outcomes[i], commits[i] = cc_outcome, cc_commit
-  elseif kind == 'q' then
-    if p1 < 0 or p2 < 0 or p3 <= p2 then
+  elseif kind == 'q' or (tonumber(kind) or 0) < 0 then
+    -- A paced quota's kind is its next period's end, negated.
+    local next_stop = kind ~= 'q' and -tonumber(kind)
+    if p1 < 0 or p2 < 0 or p3 <= p2 or (next_stop and next_stop <= p3) then
       return bad(i, 'bad quota')
     end
-    p = q_eval(key, p1, p2, p3, cost, now)
+    p = q_eval(key, p1, p2, p3, cost, now, next_stop)
     outcomes[i], commits[i] = q_outcome, q_commit
   else
     return bad(i, 'unknown kind')
@@ -816,7 +844,9 @@ end
 -- free, when that is within max_delay. A request waits for the latest slot of its policies and
 -- reserves in all of them there, or in none. Token buckets keep their state as of the slot they
 -- reserved (ts in the future), windows record the request at the slot: every later request is
--- evaluated from there and queues behind. Only token buckets and sliding windows pace.
+-- evaluated from there and queues behind. A quota paces across one period boundary: refused in its
+-- period, it takes a unit of the next one (x) when that has room, and its slot is that period's
+-- start. Concurrency does not pace here.
 
 local PACED = 2
 
@@ -855,6 +885,18 @@ local function swb_slot(p)
   end
   local _, _, _, retry = swb_outcome(p, false)
   return p.now + retry
+end
+
+-- Now when the quota has room, else the next period's start when the units reserved there leave
+-- room (nil without a next period from the gateway: p.next_stop).
+local function q_slot(p)
+  if p.allowed then
+    return p.now
+  end
+  if p.next_stop and p.x + p.cost <= p.limit then
+    return p.stop
+  end
+  return nil
 end
 
 -- Reserve p's cost at `at` and return the outcome of the request decided there.
@@ -905,9 +947,31 @@ local function swb_reserve(p, at)
   return limit, remaining, reset, retry
 end
 
-local SLOTS = { [tb_outcome] = tb_slot, [sw_outcome] = sw_slot, [swb_outcome] = swb_slot }
+-- A quota refused in its period: the cost goes to the next one, whose start is then the stamp.
+local function q_reserve(p, at)
+  p.x, p.xe = p.x + p.cost, p.next_stop
+  redis.call('HSET', p.key, 'p', int(p.period), 'e', int(p.stop), 'n', int(p.used),
+             'x', int(p.x), 'xe', int(p.xe))
+  local us = p.xe - p.now
+  if us < 0 then
+    us = 0
+  end
+  redis.call('PEXPIRE', p.key, ttl_ms(us + QUOTA_MARGIN_US))
+  p.period = p.stop
+  local reset = 0
+  if p.x > 0 then
+    reset = p.xe - at
+    if reset < 0 then
+      reset = 0
+    end
+  end
+  return p.limit, left(p.limit, p.x), reset, 0
+end
+
+local SLOTS = { [tb_outcome] = tb_slot, [sw_outcome] = sw_slot, [swb_outcome] = swb_slot,
+                [q_outcome] = q_slot }
 local RESERVES = { [tb_outcome] = tb_reserve, [sw_outcome] = sw_reserve,
-                   [swb_outcome] = swb_reserve }
+                   [swb_outcome] = swb_reserve, [q_outcome] = q_reserve }
 
 -- Whether any of a decision's policies paces (a charge or a peek never does).
 local function paces(abase, policies)
@@ -980,9 +1044,15 @@ local function decide_paced(kbase, abase, policies, now, reply, rn)
     local p = plans[i]
     local consumed = all_allowed and p.ok
     local limit, remaining, reset, retry
-    local reserve = RESERVES[outcomes[i]]
-    if consumed and delay > 0 and reserve and (max_delays[i] or outcomes[i] ~= tb_outcome) then
-      -- Paced buckets and every window take the request at the slot.
+    local reserve, at_slot = RESERVES[outcomes[i]], false
+    if outcomes[i] == q_outcome then
+      -- A paced quota refused in its period takes the next one, even with no delay.
+      at_slot = consumed and not p.allowed and p.cost > 0
+    else
+      at_slot = consumed and delay > 0 and reserve and (max_delays[i] or outcomes[i] ~= tb_outcome)
+    end
+    if at_slot then
+      -- Paced buckets and quotas and every window take the request at the slot.
       limit, remaining, reset, retry = reserve(p, at)
     else
       limit, remaining, reset, retry = outcomes[i](p, consumed)
@@ -1173,7 +1243,9 @@ if packed then
     for _ = 1, policies do
       local kind, p1, p2, p3, cost, shadow
       kind, p1, p2, p3, cost, shadow, pos = unpack_('<dddddd', s, pos)
-      argv[argc + 1], argv[argc + 2], argv[argc + 3] = KINDS[kind] or '?', p1, p2
+      -- A negative kind is a paced quota's (q_eval), kept as the number.
+      argv[argc + 1] = KINDS[kind] or (kind < 0 and kind) or '?'
+      argv[argc + 2], argv[argc + 3] = p1, p2
       argv[argc + 4], argv[argc + 5], argv[argc + 6] = p3, cost, shadow
       argc = argc + 6
     end

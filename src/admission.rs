@@ -596,9 +596,11 @@ fn decided(
             policy_of(i).is_some_and(|p| p.shadow) && verdict.outcome(i).is_some_and(|o| !o.allowed)
         })
     };
+    let delay = verdict.delay();
     let (decision, speaks) = match verdict.kind {
         Kind::Allowed => match shadowed() {
             Some(i) => (Decision::Shadow, Some(i)),
+            None if !delay.is_zero() => (Decision::Delayed, governing),
             None => (Decision::Allowed, governing),
         },
         Kind::Limited => (Decision::Limited, governing),
@@ -610,6 +612,7 @@ fn decided(
         decision,
         policy: speaks.and_then(policy_of).map(|p| p.name.clone()),
         key: speaks.map(|i| verdict.key(i).to_string()),
+        delay: (!delay.is_zero()).then_some(delay),
         store_call: None,
     }
 }

@@ -367,6 +367,9 @@ fn window(rule: &Rule) -> Option<u64> {
         // A calendar quota's period, at its nominal length (a DST day is 23 or 25 h, a month
         // 28 to 31 days: `t` in `RateLimit` gives the exact time to the boundary).
         Rule::Quota(q) => match q.per {
+            Per::Second => 1,
+            Per::Minute => 60,
+            Per::Hour => 3_600,
             Per::Day => 86_400,
             Per::Week => 7 * 86_400,
             Per::Month => 30 * 86_400,

@@ -217,6 +217,60 @@ routes:
     );
 }
 
+/// A request admitted for a later slot (`on_limit: delay`) is `delayed`, with its wait in
+/// `delay_ms` (within the duration); one admitted at once is `allowed` with no delay.
+#[tokio::test]
+async fn a_delayed_request_is_logged_as_delayed_with_its_wait() {
+    let upstream = Upstream::start().await;
+    let (_dir, log) = log_dir();
+    let yaml = format!(
+        r#"
+access_log: {{ output: {log} }}
+upstreams:
+  up: {{ url: "http://$UPSTREAM" }}
+routes:
+  - name: api
+    upstream: up
+    policies:
+      - name: paced
+        key: ["header:x-key"]
+        token_bucket: {{ rate: 2/s, burst: 1 }}
+        on_limit: delay
+        max_delay: 2s
+"#,
+        log = log.display()
+    );
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let client = Client::new();
+    let started = std::time::Instant::now();
+    for _ in 0..2 {
+        let reply = client.get_with(&gw.url("/x"), &[("x-key", "k")]).await;
+        assert_eq!(reply.status, 200);
+    }
+    // The second waited for its slot, 500 ms after the first's decision.
+    let elapsed = started.elapsed();
+    gw.shutdown().await;
+    let lines = json_lines(&log);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["decision"], "allowed");
+    assert_eq!(lines[0]["delay_ms"], Value::Null);
+    let delayed = &lines[1];
+    assert_eq!(delayed["decision"], "delayed", "{delayed}");
+    assert_eq!(delayed["status"], 200);
+    assert_eq!(delayed["policy"], "paced");
+    let delay = delayed["delay_ms"].as_f64().expect("delay_ms");
+    // Its slot is 500 ms after the first decision, less the time the first request took.
+    assert!(
+        delay > 0.0 && delay <= 500.0 && elapsed.as_secs_f64() * 1000.0 >= delay,
+        "{delayed}"
+    );
+    assert!(
+        delayed["duration_ms"].as_f64().unwrap() >= delay,
+        "{delayed}"
+    );
+    assert_eq!(upstream.requests(), 2);
+}
+
 #[tokio::test]
 async fn sampling_keeps_every_refusal_and_none_of_the_admitted_in_the_text_format() {
     let upstream = Upstream::start().await;

@@ -1396,8 +1396,73 @@ fn paced_cases() -> Vec<PacedCase> {
             },
             max_delay_us: vec![Some(S), Some(S), None],
         },
+        PacedCase {
+            // 2 a minute (Berlin), max_delay 5 s: refused in the last 5 s of a minute, a request
+            // takes a unit of the next minute and waits for it; the next minute's count starts
+            // from those reservations, and its limit still holds.
+            case: Case {
+                name: "paced_quota_waits_for_the_next_period",
+                shadow: &[],
+                counters: vec![quota(2, Per::Minute)],
+                steps: vec![
+                    one(MINUTE - 10 * S, 1, (true, 2, 1, 10 * S, 0)),
+                    one(MINUTE - 10 * S, 1, (true, 2, 0, 10 * S, 0)),
+                    // The next minute is 10 s away: 5 s until it is within max_delay.
+                    one(MINUTE - 10 * S, 1, (false, 2, 0, 10 * S, 5 * S)),
+                    // Reset: the next minute's end, from the slot.
+                    delayed(MINUTE - 4 * S, &[(0, 1)], 4 * S, &[(true, 2, 1, 60 * S, 0)]),
+                    delayed(MINUTE - 4 * S, &[(0, 1)], 4 * S, &[(true, 2, 0, 60 * S, 0)]),
+                    // The next minute is full too: refused until this one ends.
+                    one(MINUTE - 4 * S, 1, (false, 2, 0, 4 * S, 4 * S)),
+                    // In the new minute the two reserved count: the one after is 60 s away.
+                    one(MINUTE, 0, (true, 2, 0, 60 * S, 0)),
+                    one(MINUTE, 1, (false, 2, 0, 60 * S, 55 * S)),
+                    delayed(
+                        MINUTE + 56 * S,
+                        &[(0, 1)],
+                        4 * S,
+                        &[(true, 2, 1, 60 * S, 0)],
+                    ),
+                ],
+            },
+            max_delay_us: vec![Some(5 * S)],
+        },
+        PacedCase {
+            // A day of Europe/Berlin: the next period's bounds are the zone's (24 h from
+            // midnight, Berlin's), and a paced bucket beside the quota waits with it.
+            case: Case {
+                name: "paced_quota_day_and_bucket_wait_for_midnight_together",
+                shadow: &[],
+                counters: vec![quota(1, Per::Day), tb(1.0, 1)],
+                steps: vec![
+                    step(
+                        MIDNIGHT - 3 * S,
+                        &[(0, 1), (1, 1)],
+                        &[(true, 1, 0, 3 * S, 0), (true, 1, 0, S, 0)],
+                    ),
+                    // The quota's slot is midnight, the bucket's 1 s from now: both at midnight.
+                    delayed(
+                        MIDNIGHT - 3 * S,
+                        &[(0, 1), (1, 1)],
+                        3 * S,
+                        &[(true, 1, 0, 24 * H, 0), (true, 1, 0, S, 0)],
+                    ),
+                    // The next day is taken: refused until today ends, nothing consumed.
+                    step(
+                        MIDNIGHT - 2 * S,
+                        &[(0, 1), (1, 1)],
+                        &[(false, 1, 0, 2 * S, 2 * S), (true, 1, 0, S, 0)],
+                    ),
+                ],
+            },
+            max_delay_us: vec![Some(5 * S), Some(5 * S)],
+        },
     ]
 }
+
+/// A minute boundary in Europe/Berlin (the quotas' zone), and a midnight there.
+const MINUTE: u64 = 1_795_431_660_000_000;
+const MIDNIGHT: u64 = 1_795_474_800_000_000;
 
 fn paced_checks<'a>(paced: &'a PacedCase, keys: &'a [String], step: &Step) -> Vec<Check<'a>> {
     let mut checks = step_checks(&paced.case, keys, step);
@@ -1504,18 +1569,18 @@ async fn a_reservation_given_back_frees_its_slot_on_both_stores() {
         }
         // The earlier of the two waiters goes: a window frees its entry, so the next request
         // takes that slot; a bucket keeps it (the later waiter was placed behind it).
-        memory.unreserve(&[check], slots[0]);
+        memory.unreserve(&[(check, 0)], slots[0]);
         remote
-            .unreserve(&[check], slots[0])
+            .unreserve(&[(check, 0)], slots[0])
             .await
             .expect("redis unreserve");
         let m = memory.check(&[check]);
         assert_eq!(m, remote.check(&[check]).await.expect("redis"), "{name}");
         let after_middle = m.delay_us;
         // The latest waiter goes: both give it back.
-        memory.unreserve(&[check], m.slot_us);
+        memory.unreserve(&[(check, 0)], m.slot_us);
         remote
-            .unreserve(&[check], m.slot_us)
+            .unreserve(&[(check, 0)], m.slot_us)
             .await
             .expect("redis unreserve");
         let again = memory.check(&[check]);
@@ -1544,6 +1609,118 @@ async fn a_reservation_given_back_frees_its_slot_on_both_stores() {
             }
         }
     }
+}
+
+/// A paced quota's reservation in the next period, given back when its waiter goes (the stamp
+/// is that period's start): the next request takes it, on both engines alike; a stamp of a
+/// period the counter has left gives nothing back.
+#[tokio::test]
+async fn a_paced_quota_gives_back_its_unit_of_the_next_period_on_both_stores() {
+    let redis = support::redis::RedisServer::start();
+    let clock = Arc::new(ManualClock::new(MINUTE - 3 * S));
+    let memory = MemoryStore::new(clock.clone(), 10_000);
+    let remote = RedisStore::connect_with_test_clock(
+        &redis.url(),
+        Duration::from_secs(2),
+        "unreserve-q:",
+        clock.clone(),
+    )
+    .expect("redis store");
+    assert!(remote.wait_ready(Duration::from_secs(10)).await);
+    let rule = quota(1, Per::Minute);
+    let check = Check {
+        key: "q",
+        rule: &rule,
+        cost: 1,
+        shadow: false,
+        max_delay_us: Some(5 * S),
+    };
+    let both = |what: &'static str| {
+        let (memory, remote) = (&memory, &remote);
+        async move {
+            let m = memory.check(&[check]);
+            let r = remote.check(&[check]).await.expect("redis");
+            assert_eq!(m, r, "{what}");
+            m
+        }
+    };
+    assert_eq!(both("now").await.delay_us, 0);
+    let waiter = both("the next minute").await;
+    assert_eq!((waiter.delay_us, waiter.stamps[0]), (3 * S, MINUTE));
+    assert!(!both("both minutes full").await.allowed);
+    memory.unreserve(&[(check, waiter.stamps[0])], waiter.slot_us);
+    remote
+        .unreserve(&[(check, waiter.stamps[0])], waiter.slot_us)
+        .await
+        .expect("redis unreserve");
+    let again = both("the unit came back").await;
+    assert_eq!((again.allowed, again.delay_us), (true, 3 * S));
+    // In the next minute the counter holds that reservation as used: the stamp of the minute
+    // before gives nothing back.
+    clock.set(MINUTE + S);
+    memory.unreserve(&[(check, MINUTE - 60 * S)], 0);
+    remote
+        .unreserve(&[(check, MINUTE - 60 * S)], 0)
+        .await
+        .expect("redis unreserve");
+    let full = both("the new minute is full").await;
+    assert_eq!((full.allowed, full.outcomes[0].remaining), (false, 0));
+    // Its own stamp still does.
+    memory.unreserve(&[(check, MINUTE)], 0);
+    remote
+        .unreserve(&[(check, MINUTE)], 0)
+        .await
+        .expect("redis unreserve");
+    assert_eq!(both("given back in its minute").await.delay_us, 0);
+}
+
+/// A paced quota on the script's plain ARGV (a Cluster's per-slot call, `wire::args`): its kind
+/// is the next period's end, negated; the reservation lands in `x` and `xe` of the quota's hash.
+#[test]
+fn a_paced_quota_reserves_the_next_period_through_plain_argv() {
+    let redis = support::redis::RedisServer::start();
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/decide.lua"))
+            .expect("decide.lua");
+    let now = (MINUTE - 2 * S).to_string();
+    let kind = format!("-{}", MINUTE + 60 * S);
+    let (start, end) = ((MINUTE - 60 * S).to_string(), MINUTE.to_string());
+    let mode = (2 + 5 * S).to_string();
+    let decide = || {
+        redis.cli(&[
+            "eval",
+            &script,
+            "1",
+            "aq{a}:q:minute",
+            &now,
+            &kind,
+            "1",
+            &start,
+            &end,
+            "1",
+            &mode,
+        ])
+    };
+    assert_eq!(decide(), ["1", "1", "1", "0", "2000000", "0", &start, "0"]);
+    // The minute is full: 2 s to the next one, within max_delay, counted there.
+    let slot = MINUTE.to_string();
+    assert_eq!(
+        decide(),
+        ["2000001", "1", "1", "0", "60000000", "0", &slot, &slot]
+    );
+    let hash = redis.cli(&["hgetall", "aq{a}:q:minute"]);
+    let fields: std::collections::HashMap<_, _> = hash
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    assert_eq!(fields["n"], "1");
+    assert_eq!(fields["x"], "1");
+    assert_eq!(fields["xe"], (MINUTE + 60 * S).to_string());
+    // Both minutes full: refused until this one ends.
+    assert_eq!(
+        decide(),
+        ["0", "0", "1", "0", "2000000", "2000000", &start, "0"]
+    );
 }
 
 /// One step of a lease queue case (`lease_queue`, decide.lua's "Waiting for a lease").

@@ -463,8 +463,110 @@ async fn three_instances_on_one_redis_pace_one_stream() {
     }
 }
 
-/// The example of docs/algorithms.md's "Pacing" loads as it reads: a bucket of 5 at 10/s that
-/// delays up to 2 s, on a route with 500 waiters at most.
+/// A per-second quota of 5 with `max_delay: 1s` (`docs/algorithms.md`, "Pacing"), on a real
+/// gateway process and a real Redis: 15 requests at once early in a second. 5 pass at once, 5
+/// are counted in the next second and reach the upstream when it starts (never before, at most
+/// [`LATE`] after), 5 are refused with `Retry-After: 1`. One more request in the next second
+/// finds it full (the 5 reserved count there) and waits for the second after. A round whose
+/// immediate answers did not all come back within its second is run again on a fresh counter
+/// (at most 3 rounds): its decisions may have crossed the boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_second_quota_paces_across_its_boundary_on_redis() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let _timed = TIMED.lock().await;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start().await;
+    let policy = "quota: { limit: 5, per: second }, on_limit: delay, max_delay: 1s";
+    let yaml = format!(
+        "store:\n  type: redis\n  url: {}\n  timeout: 2s\n  key_prefix: \"pq:\"\n{}",
+        redis.url(),
+        substitute(&paced(policy, ""), Some(upstream.addr))
+            .replace("key: [method]", "key: [\"header:x-run\"]")
+    );
+    let gw = GatewayProcess::spawn(&yaml).await;
+    support::fleet::wait_ready(&gw, 200, Duration::from_secs(20)).await;
+    let client = Client::new();
+    let (t0, w0) = (Instant::now(), SystemTime::now());
+    // Microseconds since the epoch of an instant of this process.
+    let wall = move |at: Instant| {
+        let since = (w0 + at.duration_since(t0)).duration_since(UNIX_EPOCH);
+        since.expect("after the epoch").as_micros() as u64
+    };
+    const SECOND: u64 = 1_000_000;
+    for round in 0..3 {
+        warm_up(&client, &[gw.url("/api")], 15).await;
+        // 50 ms into the next second.
+        let now = wall(Instant::now());
+        let start = (now / SECOND + 1) * SECOND;
+        tokio::time::sleep(Duration::from_micros(start + 50_000 - now)).await;
+        let run = format!("round-{round}");
+        let base = upstream.arrivals().len();
+        let tasks: Vec<_> = (0..15)
+            .map(|_| {
+                let (client, url, run) = (client.clone(), gw.url("/api"), run.clone());
+                tokio::spawn(async move {
+                    let reply = client.get_with(&url, &[("x-run", run.as_str())]).await;
+                    (reply.status, retry_after(&reply), Instant::now())
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.expect("request"));
+        }
+        let refused: Vec<_> = answers.iter().filter(|a| a.0 == 429).collect();
+        let admitted = answers.iter().filter(|a| a.0 == 200).count();
+        // The refusals answer at once: all within the burst's second, or the round is retried.
+        if refused.iter().any(|a| wall(a.2) >= start + SECOND) {
+            println!("round {round}: decisions crossed the second; again");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        assert_eq!((admitted, refused.len()), (10, 5), "{answers:?}");
+        assert!(
+            refused.iter().all(|a| a.1 == Some(1)),
+            "Retry-After: {answers:?}"
+        );
+        let mut at: Vec<u64> = upstream.arrivals()[base..]
+            .iter()
+            .map(|&i| wall(i))
+            .collect();
+        at.sort();
+        assert_eq!(at.len(), 10);
+        let next = start + SECOND;
+        for (k, &t) in at.iter().enumerate() {
+            if k < 5 {
+                assert!(
+                    t < next,
+                    "request {k} of the quota came at {t}, after {next}: {at:?}"
+                );
+            } else {
+                let late = Duration::from_micros(t.saturating_sub(next));
+                assert!(
+                    t + TIMER.as_micros() as u64 >= next && late <= LATE,
+                    "paced request {k} came {late:?} after the next second began (never before)"
+                );
+            }
+        }
+        // In the next second, its 5 are taken: one more waits for the second after.
+        let extra = client
+            .get_with(&gw.url("/api"), &[("x-run", run.as_str())])
+            .await;
+        assert_eq!(extra.status, 200);
+        let last = *upstream.arrivals().iter().max().expect("arrival");
+        assert!(
+            wall(last) + TIMER.as_micros() as u64 >= next + SECOND,
+            "a 6th request passed in the next second: {} < {}",
+            wall(last),
+            next + SECOND
+        );
+        return;
+    }
+    panic!("no round's decisions stayed within one second");
+}
+
+/// The examples of docs/algorithms.md's "Pacing" load as they read: a bucket of 5 at 10/s that
+/// delays up to 2 s, on a route with 500 waiters at most; a minute quota that delays up to 5 s.
 #[test]
 fn the_documented_example_loads() {
     let page = std::fs::read_to_string(support::tools::repo_path("docs/algorithms.md"))
@@ -479,12 +581,18 @@ fn the_documented_example_loads() {
         .skip(1)
         .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
         .collect();
-    assert_eq!(blocks.len(), 1);
-    let snapshot = turnstile::config::parse(blocks[0], std::path::Path::new("docs/algorithms.md"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(blocks.len(), 2);
+    let parse = |block| {
+        turnstile::config::parse(block, std::path::Path::new("docs/algorithms.md"))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let snapshot = parse(blocks[0]);
     let route = &snapshot.routes[0];
     assert_eq!(route.max_waiting, 500);
     assert_eq!(route.policies[0].max_delay_us, Some(2_000_000));
+    // The quota's: a minute, waiting up to 5 s for the next.
+    let quota = parse(blocks[1]);
+    assert_eq!(quota.routes[0].policies[0].max_delay_us, Some(5_000_000));
     // What docs/benchmarks.md says a waiter's box holds.
     let wait = std::mem::size_of::<turnstile::admission::Wait>();
     assert!(wait < 200, "a waiter is {wait} bytes");

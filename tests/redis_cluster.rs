@@ -145,6 +145,7 @@ async fn a_fleet_on_a_redis_cluster() {
     overrides_follow_their_slot_when_it_moves(&cluster, &gateways).await;
     stamped_refunds_land_in_each_slot(&cluster).await;
     lease_waiters_are_handed_leases_in_each_slot(&cluster).await;
+    paced_checks_across_slots_are_never_delayed(&cluster).await;
     killing_a_master_fails_over_and_limiting_resumes(&mut cluster, &gateways).await;
     eprintln!("all scenarios in {:?}", started.elapsed());
 }
@@ -360,6 +361,67 @@ async fn stamped_refunds_land_in_each_slot(cluster: &RedisCluster) {
     let after = store.check(&checks(0)).await.expect("decision");
     let remaining: Vec<u64> = after.outcomes.iter().map(|o| o.remaining).collect();
     assert_eq!(remaining[..2], [70, 70], "the first admission's 30 stay");
+}
+
+/// Pacing on a Cluster (`docs/redis.md`): a request whose paced counters span slots is decided
+/// per slot, so it is never delayed: it is admitted when it needs no wait and otherwise refused
+/// at once, `retry_after` the wait it would have had; nothing is consumed by the refusal. The
+/// same counter alone (one slot) is delayed as on one server.
+async fn paced_checks_across_slots_are_never_delayed(cluster: &RedisCluster) {
+    use std::sync::Arc;
+    use turnstile::limiter::redis::{Auth, Target};
+    use turnstile::limiter::{Check, ManualClock, RedisStore, Rule, TokenBucket};
+    let nodes = cluster
+        .seeds()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .map(str::to_string)
+        .collect();
+    let target = Target::Cluster {
+        nodes,
+        auth: Auth::default(),
+    };
+    let clock = Arc::new(ManualClock::new(1_795_431_600_000_000));
+    let store =
+        RedisStore::connect_to_with_test_clock(&target, Duration::from_secs(2), "pc:", clock)
+            .expect("cluster store");
+    assert!(
+        store.wait_ready(READY).await,
+        "the cluster store never became ready"
+    );
+    let rule = Rule::TokenBucket(TokenBucket {
+        rate: 10.0,
+        burst: 1,
+    });
+    let keys = ["pace:a", "pace:b"];
+    assert_ne!(
+        cluster.slot(&format!("pc:{{{}}}:tb", keys[0])),
+        cluster.slot(&format!("pc:{{{}}}:tb", keys[1])),
+        "the test needs two slots"
+    );
+    let checks = |keys: &[&'static str]| -> Vec<Check<'_>> {
+        keys.iter()
+            .map(|key| Check {
+                key,
+                rule: &rule,
+                cost: 1,
+                shadow: false,
+                max_delay_us: Some(2_000_000),
+            })
+            .collect()
+    };
+    let first = store.check(&checks(&keys)).await.expect("decision");
+    assert!(first.allowed && first.delay_us == 0, "{first:?}");
+    // On one server: delayed 100 ms. Across slots: refused now, for the wait it would have had.
+    let second = store.check(&checks(&keys)).await.expect("decision");
+    assert!(!second.allowed, "{second:?}");
+    assert_eq!(second.delay_us, 0);
+    let waits: Vec<u64> = second.outcomes.iter().map(|o| o.retry_after_us).collect();
+    assert_eq!(waits, [100_000, 100_000], "{second:?}");
+    // The refusal consumed nothing: one counter alone, in one slot, is delayed 100 ms.
+    let alone = store.check(&checks(&keys[..1])).await.expect("decision");
+    assert!(alone.allowed, "{alone:?}");
+    assert_eq!(alone.delay_us, 100_000);
 }
 
 /// Writes every node of the cluster counted since it started (`rdb_changes_since_last_save`).

@@ -280,3 +280,35 @@ async fn the_envoy_service_continues_the_trace_in_its_calls_metadata() {
         );
     }
 }
+
+/// A delayed request's decision span says so: `turnstile.decision` is `delayed` and
+/// `turnstile.delay_ms` its wait for the slot; an admission without a wait carries no delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_request_names_its_wait_on_the_decision_span() {
+    let receiver = OtlpReceiver::start();
+    let upstream = Upstream::start().await;
+    let yaml = config(&receiver.addr.to_string(), "").replace(
+        "token_bucket: { rate: 1/h, burst: 1 }",
+        "token_bucket: { rate: 4/s, burst: 1 }\n        on_limit: delay\n        max_delay: 1s",
+    );
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    let client = Client::new();
+    for _ in 0..2 {
+        let reply = client.get_with(&gw.url("/api/a"), &[("x-key", "k")]).await;
+        assert_eq!(reply.status, 200);
+    }
+    gw.shutdown().await;
+    let spans = receiver.wait_spans(8).await;
+    let mut decisions: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"] == "turnstile.decision")
+        .collect();
+    decisions.sort_by_key(|s| s["start"].as_u64());
+    assert_eq!(decisions.len(), 2, "{spans:#?}");
+    let (first, second) = (&decisions[0]["attributes"], &decisions[1]["attributes"]);
+    assert_eq!(first["turnstile.decision"], "allowed");
+    assert_eq!(first["turnstile.delay_ms"], Value::Null);
+    assert_eq!(second["turnstile.decision"], "delayed");
+    let delay = second["turnstile.delay_ms"].as_f64().expect("a double");
+    assert!(delay > 0.0 && delay <= 250.0, "{second}");
+}

@@ -95,6 +95,7 @@ impl Formatter {
             LogField::Upstream => opt_str(r.upstream.as_ref().map(|u| u.name.as_str())),
             LogField::UpstreamMs => r.upstream_time.map_or(Value::None, Value::Ms),
             LogField::Decision => Value::Str(r.decided.decision.as_str()),
+            LogField::DelayMs => r.decided.delay.map_or(Value::None, Value::Ms),
             LogField::Policy => opt_str(r.decided.policy.as_deref()),
             LogField::Key => match r.decided.key.as_deref() {
                 None => Value::None,
@@ -278,6 +279,7 @@ mod tests {
             decision: Decision::Limited,
             policy: Some("per_key".into()),
             key: Some("api:per_key:k1".to_string()),
+            delay: None,
             store_call: None,
         };
         r
@@ -301,6 +303,7 @@ mod tests {
         assert_eq!(v["duration_ms"].as_f64(), Some(1234.567));
         assert_eq!(v["bytes_out"], serde_json::Value::Null);
         assert_eq!(v["decision"], "limited");
+        assert_eq!(v["delay_ms"], serde_json::Value::Null);
         // `printf %s api:per_key:k1 | sha256sum`
         assert_eq!(v["key"], "sha256:84bfacd985f0");
         assert_eq!(v.as_object().unwrap().len(), LogField::ALL.len());
@@ -316,6 +319,28 @@ mod tests {
         assert_eq!(
             text,
             "2001:db8::1 [2025-12-01T21:36:28.123Z] GET \"/a \\\"b\\\"\\\\\\u0001\" 429 - sha256:84bfacd985f0\n"
+        );
+    }
+
+    #[test]
+    fn a_delayed_request_shows_its_decision_and_wait_in_both_formats() {
+        use LogField::*;
+        let mut r = record();
+        r.status = 200;
+        r.decided.decision = crate::access_log::Decision::Delayed;
+        r.decided.delay = Some(Duration::from_micros(1_500_250));
+        let fields = [Status, Decision, DelayMs, Policy];
+        let mut json = Vec::new();
+        Formatter::new(&settings(LogFormat::Json, &fields)).line(&r, &mut json);
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            "{\"status\":200,\"decision\":\"delayed\",\"delay_ms\":1500.250,\"policy\":\"per_key\"}\n"
+        );
+        let mut text = Vec::new();
+        Formatter::new(&settings(LogFormat::Text, &fields)).line(&r, &mut text);
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            "200 delayed 1500.250 per_key\n"
         );
     }
 

@@ -60,6 +60,8 @@ pub enum Decision {
     #[default]
     None,
     Allowed,
+    /// Admitted for a later slot (`on_limit: delay`): held for [`Decided::delay`] first.
+    Delayed,
     Limited,
     /// Admitted, and a shadow policy would have refused it.
     Shadow,
@@ -74,6 +76,7 @@ impl Decision {
         match self {
             Decision::None => "none",
             Decision::Allowed => "allowed",
+            Decision::Delayed => "delayed",
             Decision::Limited => "limited",
             Decision::Shadow => "shadow",
             Decision::Exempt => "exempt",
@@ -92,6 +95,9 @@ pub struct Decided {
     pub decision: Decision,
     pub policy: Option<Arc<str>>,
     pub key: Option<String>,
+    /// Admitted for later: how long the request was to wait for its slot (`None`: it was not
+    /// delayed). Shown as `delay_ms`, also on a [`Decision::Shadow`] line.
+    pub delay: Option<Duration>,
     /// When the engine's store call began and ended (the trace's store span, `crate::otel`).
     pub store_call: Option<(SystemTime, SystemTime)>,
 }

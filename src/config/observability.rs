@@ -117,13 +117,15 @@ pub enum LogField {
     Upstream,
     UpstreamMs,
     Decision,
+    /// How long a delayed request waited for its slot (`on_limit: delay`).
+    DelayMs,
     Policy,
     Key,
 }
 
 impl LogField {
     /// Every field, in the default order.
-    pub const ALL: [LogField; 18] = [
+    pub const ALL: [LogField; 19] = [
         LogField::Time,
         LogField::Door,
         LogField::RequestId,
@@ -140,6 +142,7 @@ impl LogField {
         LogField::Upstream,
         LogField::UpstreamMs,
         LogField::Decision,
+        LogField::DelayMs,
         LogField::Policy,
         LogField::Key,
     ];
@@ -163,6 +166,7 @@ impl LogField {
             LogField::Upstream => "upstream",
             LogField::UpstreamMs => "upstream_ms",
             LogField::Decision => "decision",
+            LogField::DelayMs => "delay_ms",
             LogField::Policy => "policy",
             LogField::Key => "key",
         }

@@ -852,6 +852,13 @@ fn pacing_settings_are_checked_with_their_line() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ok.routes[0].policies[0].max_delay_us, Some(1_500_000));
     assert_eq!(ok.routes[0].max_waiting, 1000);
+    // A quota paces across its period boundary.
+    let quota = parse(
+        &policy("        quota: { limit: 2, per: minute }\n        on_limit: delay\n        max_delay: 5s\n"),
+        Path::new("p.yaml"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(quota.routes[0].policies[0].max_delay_us, Some(5_000_000));
     let cases = [
         (
             format!("{tb}        on_limit: wait\n"),
@@ -870,10 +877,9 @@ fn pacing_settings_are_checked_with_their_line() {
             "p.yaml:12:20: routes[0].policies[0].max_delay: must be more than 0ms and at most",
         ),
         (
-            "        quota: { limit: 2, per: day }\n        on_limit: delay\n        \
-             max_delay: 1s\n"
-                .to_string(),
-            "p.yaml:11:19: routes[0].policies[0].on_limit: `delay` is not supported for a quota",
+            "        quota: { limit: 2, per: fortnight }\n".to_string(),
+            "p.yaml:10:33: routes[0].policies[0].quota.per: `fortnight`: expected second, minute, \
+             hour, day, week or month",
         ),
         (
             format!(

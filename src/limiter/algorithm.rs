@@ -445,13 +445,18 @@ impl WindowBuckets {
     }
 }
 
-/// Calendar quota state (decide.lua's `q_*`): units used in one period. A store keeps one per
-/// counter, and a counter never goes back to an older period: when instances disagree on the
-/// time near a boundary, the first to reach the new period moves the counter for everyone.
+/// Calendar quota state (decide.lua's `q_*`): units used in one period, and units a paced
+/// decision reserved in the period after it (`pacing.rs`). A store keeps one per counter, and a
+/// counter never goes back to an older period: when instances disagree on the time near a
+/// boundary, the first to reach the new period moves the counter for everyone.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QuotaCount {
     pub period: Option<Period>,
     pub used: u64,
+    /// Units reserved in the period that starts at `period`'s end (decide.lua's field `x`).
+    pub next: u64,
+    /// That period's end while `next` holds units (decide.lua's `xe`), else 0.
+    pub next_end: u64,
 }
 
 /// What [`QuotaCount::eval`] learned (decide.lua's `q_eval`).
@@ -460,6 +465,9 @@ pub struct QuotaPlan {
     pub now: u64,
     pub period: Period,
     pub used: u64,
+    /// Units already reserved in the period after `period`, and its end (0 when none are).
+    pub next: u64,
+    pub next_end: u64,
     pub cost: u64,
     pub allowed: bool,
 }
@@ -467,16 +475,22 @@ pub struct QuotaPlan {
 impl QuotaCount {
     /// The period at `now` for `rule` and the check of `cost` in it, changing nothing. `period`
     /// is [`calendar::period`] at the caller's time (the gateway's, for Redis); `now` is the
-    /// store's, which only measures the time to the period's end.
+    /// store's, which only measures the time to the period's end. A counter whose period ended
+    /// where `period` starts brings the units reserved in it.
     pub fn eval(&self, rule: &Quota, period: Period, now: u64, cost: u64) -> QuotaPlan {
-        let (period, used) = match self.period {
-            Some(stored) if stored.start >= period.start => (stored, self.used),
-            _ => (period, 0),
+        let (period, used, next, next_end) = match self.period {
+            Some(stored) if stored.start >= period.start => {
+                (stored, self.used, self.next, self.next_end)
+            }
+            Some(stored) if stored.end == period.start => (period, self.next, 0, 0),
+            _ => (period, 0, 0, 0),
         };
         QuotaPlan {
             now,
             period,
             used,
+            next,
+            next_end,
             cost,
             allowed: used.saturating_add(cost) <= rule.limit,
         }
@@ -494,26 +508,34 @@ impl QuotaCount {
     pub fn commit(&mut self, plan: &QuotaPlan) {
         self.period = Some(plan.period);
         self.used = plan.used + plan.cost;
+        self.next = plan.next;
+        self.next_end = plan.next_end;
     }
 
     /// Gives back `units` charged in the period starting at `start` (the stamp of their
-    /// decision, its [`QuotaPlan::period`]'s start), at most what was used (decide.lua's `refund`
-    /// of a `q` key): once the counter has moved to a later period, the earlier one is over and
-    /// nothing is given back, so a refund never lends a new period units it did not count.
+    /// decision, its [`QuotaPlan::period`]'s start, or for a paced reservation the start of the
+    /// period after it), at most what was counted there (decide.lua's `refund` of a `q` key):
+    /// once the counter has moved past that period, it is over and nothing is given back, so a
+    /// refund never lends a new period units it did not count.
     pub fn refund(&mut self, start: u64, units: u64) {
-        if self.period.is_some_and(|p| p.start == start) {
-            self.used = self.used.saturating_sub(units);
+        match self.period {
+            Some(p) if p.start == start => self.used = self.used.saturating_sub(units),
+            Some(p) if p.end == start && self.next > 0 => {
+                self.next = self.next.saturating_sub(units)
+            }
+            _ => {}
         }
     }
 
-    /// A counter whose period is over holds no information.
+    /// A counter whose period is over, with nothing reserved after it, holds no information.
     pub fn is_idle(&self, now: u64) -> bool {
         self.idle_at() <= now
     }
 
-    /// The end of the counter's period (0 when it has none).
+    /// The end of the counter's period, or of the next one while units are reserved in it (0
+    /// when it has none).
     pub fn idle_at(&self) -> u64 {
-        self.period.map_or(0, |p| p.end)
+        self.period.map_or(0, |p| p.end).max(self.next_end)
     }
 }
 

@@ -1,12 +1,15 @@
-//! Calendar periods for quotas: which day, ISO week or month an instant falls in, in a named time
-//! zone, as a half-open interval of epoch microseconds.
+//! Calendar periods for quotas: which second, minute, hour, day, ISO week or month an instant
+//! falls in, in a named time zone, as a half-open interval of epoch microseconds.
 //!
 //! Both stores compute the period here, in Rust, from their own clock (the in-process store) or
 //! from the gateway's wall clock (Redis, whose script then keeps the newest period any instance
 //! reached): Lua has no time-zone database, and the script must stay deterministic. A period
 //! starts at local midnight of its first day; a DST change makes that day 23 or 25 hours long,
 //! and a midnight that does not exist (a zone that springs forward at 00:00) starts the period at
-//! the first instant that does.
+//! the first instant that does. A second, minute or hour is that of the local clock: it starts
+//! where the local time is a whole second, minute or hour, at the offset in force at the instant
+//! (a zone 5:45 ahead of UTC starts its hours at a quarter past the UTC hour), and lasts exactly
+//! that long.
 
 use chrono::{DateTime, Datelike, Days, LocalResult, Months, NaiveDate, TimeZone};
 use chrono_tz::Tz;
@@ -14,6 +17,9 @@ use chrono_tz::Tz;
 /// The length of a calendar quota's period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Per {
+    Second,
+    Minute,
+    Hour,
     Day,
     /// An ISO 8601 week: Monday 00:00 to the next Monday 00:00.
     Week,
@@ -24,6 +30,9 @@ impl Per {
     /// The config word, also the suffix of the Redis key (`docs/redis.md`).
     pub fn as_str(self) -> &'static str {
         match self {
+            Per::Second => "second",
+            Per::Minute => "minute",
+            Per::Hour => "hour",
             Per::Day => "day",
             Per::Week => "week",
             Per::Month => "month",
@@ -32,6 +41,9 @@ impl Per {
 
     pub fn parse(text: &str) -> Option<Per> {
         match text {
+            "second" => Some(Per::Second),
+            "minute" => Some(Per::Minute),
+            "hour" => Some(Per::Hour),
             "day" => Some(Per::Day),
             "week" => Some(Per::Week),
             "month" => Some(Per::Month),
@@ -44,9 +56,20 @@ impl Per {
 pub fn longest_us(per: Per) -> u64 {
     const HOUR: u64 = 3_600_000_000;
     match per {
+        Per::Second | Per::Minute | Per::Hour => fixed_us(per),
         Per::Day => 25 * HOUR,
         Per::Week => (7 * 24 + 1) * HOUR,
         Per::Month => (31 * 24 + 1) * HOUR,
+    }
+}
+
+/// The length of a second, minute or hour (0 for the calendar's days, weeks and months).
+fn fixed_us(per: Per) -> u64 {
+    match per {
+        Per::Second => 1_000_000,
+        Per::Minute => 60_000_000,
+        Per::Hour => 3_600_000_000,
+        Per::Day | Per::Week | Per::Month => 0,
     }
 }
 
@@ -61,14 +84,31 @@ pub struct Period {
 pub fn period(per: Per, tz: Tz, now_us: u64) -> Period {
     let now = DateTime::from_timestamp_micros(i64::try_from(now_us).unwrap_or(i64::MAX))
         .unwrap_or(DateTime::UNIX_EPOCH);
-    let today = now.with_timezone(&tz).date_naive();
+    let local = now.with_timezone(&tz);
+    let length = fixed_us(per);
+    if length > 0 {
+        use chrono::Offset;
+        // The local clock's reading in µs, cut to the length, back at the same offset.
+        let offset = i64::from(local.offset().fix().local_minus_utc()) * 1_000_000;
+        let local_us = i64::try_from(now_us)
+            .unwrap_or(i64::MAX)
+            .saturating_add(offset);
+        let into = local_us.rem_euclid(length as i64) as u64;
+        let start = now_us - into.min(now_us);
+        return Period {
+            start,
+            end: start.saturating_add(length),
+        };
+    }
+    let today = local.date_naive();
     let first = match per {
+        Per::Second | Per::Minute | Per::Hour => today,
         Per::Day => today,
         Per::Week => today - Days::new(u64::from(today.weekday().num_days_from_monday())),
         Per::Month => today.with_day(1).unwrap_or(today),
     };
     let next = match per {
-        Per::Day => first + Days::new(1),
+        Per::Second | Per::Minute | Per::Hour | Per::Day => first + Days::new(1),
         Per::Week => first + Days::new(7),
         Per::Month => first + Months::new(1),
     };
@@ -145,6 +185,34 @@ mod tests {
         // UTC 2026-11-30T23:30 is already December in Berlin.
         let p = period(Per::Month, tz, at("2026-11-30T23:30:00Z"));
         assert_eq!(p.start, at("2026-12-01T00:00:00+01:00"));
+    }
+
+    #[test]
+    fn seconds_minutes_and_hours_follow_the_local_clock() {
+        let p = period(Per::Second, chrono_tz::UTC, at("2026-12-02T05:30:00.250Z"));
+        assert_eq!(p.start, at("2026-12-02T05:30:00Z"));
+        assert_eq!(p.end, at("2026-12-02T05:30:01Z"));
+        let p = period(
+            Per::Minute,
+            chrono_tz::UTC,
+            at("2026-12-02T05:30:59.999999Z"),
+        );
+        assert_eq!(
+            (p.start, p.end),
+            (at("2026-12-02T05:30:00Z"), at("2026-12-02T05:31:00Z"))
+        );
+        // Kathmandu is 5:45 ahead: its hours start at a quarter past the UTC hour.
+        let tz = chrono_tz::Asia::Kathmandu;
+        let p = period(Per::Hour, tz, at("2026-12-02T05:20:00Z"));
+        assert_eq!(p.start, at("2026-12-02T05:15:00Z"));
+        assert_eq!(p.end - p.start, H);
+        // The next period starts where this one ends.
+        assert_eq!(period(Per::Hour, tz, p.end).start, p.end);
+        // Berlin's 02:00-03:00 that does not exist on 2026-03-29: 01:xx then 03:00 (+02:00).
+        let tz = chrono_tz::Europe::Berlin;
+        let p = period(Per::Hour, tz, at("2026-03-29T01:30:00+01:00"));
+        assert_eq!(p.end, at("2026-03-29T03:00:00+02:00"));
+        assert_eq!(period(Per::Hour, tz, p.end).start, p.end);
     }
 
     #[test]

@@ -336,12 +336,14 @@ impl<'a> Verdict<'a> {
             .store_checks()
             .iter()
             .zip(&self.decision.outcomes)
-            .filter(|(c, o)| !c.shadow || o.allowed)
-            .map(|(c, _)| Reserved {
+            .enumerate()
+            .filter(|(_, (c, o))| !c.shadow || o.allowed)
+            .map(|(i, (c, _))| Reserved {
                 key: c.key.into(),
                 rule: *c.rule,
                 cost: c.cost,
                 paced: c.max_delay_us.is_some(),
+                stamp: self.decision.stamp(i),
             })
             .collect::<Vec<_>>()
             .into_boxed_slice();
@@ -418,6 +420,8 @@ struct Reserved {
     rule: Rule,
     cost: u64,
     paced: bool,
+    /// Its stamp in the decision (a paced quota's is the period it counted in).
+    stamp: u64,
 }
 
 impl Reservation {
@@ -565,15 +569,18 @@ impl Engine {
     /// Gives back a delayed admission's reservation (its request went away before its slot). A
     /// failure is logged: the slot then stays taken, delaying later requests by at most it.
     pub async fn unreserve(&self, reservation: &Reservation) {
-        let checks: SmallVec<[Check<'_>; INLINE_CHECKS]> = reservation
+        let checks: SmallVec<[(Check<'_>, u64); INLINE_CHECKS]> = reservation
             .checks
             .iter()
-            .map(|c| Check {
-                key: &c.key,
-                rule: &c.rule,
-                cost: c.cost,
-                shadow: false,
-                max_delay_us: c.paced.then_some(0),
+            .map(|c| {
+                let check = Check {
+                    key: &c.key,
+                    rule: &c.rule,
+                    cost: c.cost,
+                    shadow: false,
+                    max_delay_us: c.paced.then_some(0),
+                };
+                (check, c.stamp)
             })
             .collect();
         if let Err(error) = self.store.unreserve(&checks, reservation.slot_us).await {

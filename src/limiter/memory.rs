@@ -447,7 +447,9 @@ impl MemoryStore {
                 continue;
             }
             let shard = shard_mut(&mut guards, shard);
-            let reserved = delayed && check.cost > 0 && {
+            // A paced quota refused in its period takes the next one, even with no delay.
+            let next_period = matches!(p, Pending::Quota(plan) if !plan.allowed);
+            let reserved = (delayed || next_period) && check.cost > 0 && {
                 let pace = paced[i].is_some();
                 match shard.table.find_mut(hash, |e| *e.key == *check.key) {
                     Some(entry) => reserve(entry, check, &p, pace, at).map(|(outcome, stamp)| {
@@ -573,10 +575,10 @@ impl MemoryStore {
     /// Gives back a delayed decision's reservation made at slot `at` (its request went away
     /// before the slot): the units every window recorded at `at`, every token bucket's cost
     /// (capped at the burst) but a paced bucket's only while no reservation was made behind it
-    /// (`docs/algorithms.md`, "Pacing"). Quotas and leases are not given back here (a lease goes with
-    /// its request's guard).
-    pub fn unreserve(&self, checks: &[Check<'_>], at: u64) {
-        for check in checks.iter().filter(|c| c.cost > 0) {
+    /// (`docs/algorithms.md`, "Pacing"), a paced quota's units in the period of its stamp. Other
+    /// quotas and leases are not given back here (a lease goes with its request's guard).
+    pub fn unreserve(&self, checks: &[(Check<'_>, u64)], at: u64) {
+        for (check, stamp) in checks.iter().filter(|(c, _)| c.cost > 0) {
             let hash = self.hasher.hash_one(check.key);
             let mut shard = lock(&self.shards[self.shard_index(hash)]);
             let Some(entry) = shard.table.find_mut(hash, |e| *e.key == *check.key) else {
@@ -594,6 +596,9 @@ impl MemoryStore {
                 (State::Buckets(buckets), Rule::SlidingWindow(sw)) => {
                     let width = sw.window_us / u64::from(sw.buckets);
                     buckets.unreserve(at / width, check.cost);
+                }
+                (State::Quota(count), Rule::Quota(_)) if check.max_delay_us.is_some() => {
+                    count.refund(*stamp, check.cost)
                 }
                 _ => {}
             }
@@ -1000,6 +1005,11 @@ fn slot_of(entry: &mut Entry, check: &Check<'_>, p: &Pending, now: u64) -> Optio
             let plan = buckets.eval(sw, now, check.cost);
             Some(pacing::buckets_slot(buckets, sw, &plan))
         }
+        (State::Quota(_), Rule::Quota(q), Pending::Quota(plan)) => Some(pacing::quota_slot(
+            q,
+            plan,
+            pacing::next_period(q, plan.period),
+        )),
         _ => None,
     }
 }
@@ -1014,9 +1024,11 @@ fn bucket_plan(refilled: &BucketState, cost: u64) -> BucketPlan {
     }
 }
 
-/// Reserves a delayed decision's check at its slot `at`: a token bucket that paces, and every
-/// window (a window counts the request when it passes), returning its outcome and refund stamp
-/// (as decide.lua stamps it). `None`: the check commits as usual.
+/// Reserves a delayed decision's check at its slot `at`: a token bucket that paces, every
+/// window (a window counts the request when it passes), and a paced quota whose slot is its next
+/// period (delayed or not: a store clock past the gateway's period end admits it at once),
+/// returning its outcome and refund stamp (as decide.lua stamps it). `None`: the check commits
+/// as usual.
 fn reserve(
     entry: &mut Entry,
     check: &Check<'_>,
@@ -1036,6 +1048,10 @@ fn reserve(
         }
         (State::Buckets(buckets), Rule::SlidingWindow(sw), Pending::Buckets(_)) => {
             Some(pacing::buckets_reserve(buckets, sw, check.cost, at))
+        }
+        (State::Quota(count), Rule::Quota(q), Pending::Quota(plan)) if paces && !plan.allowed => {
+            let next = pacing::next_period(q, plan.period)?;
+            Some(pacing::quota_reserve(count, q, plan, next, at))
         }
         _ => None,
     }

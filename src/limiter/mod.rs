@@ -351,9 +351,11 @@ impl Store {
     }
 
     /// Gives back a delayed decision's reservation made at slot `at` ([`Decision::slot_us`]):
-    /// its request went away before the slot. Token buckets get their cost back (capped at the
-    /// burst), windows the units recorded at the slot; quotas and leases are not given back here.
-    pub async fn unreserve(&self, checks: &[Check<'_>], at: u64) -> Result<(), StoreError> {
+    /// its request went away before the slot. Each check comes with its stamp in the decision
+    /// ([`Decision::stamps`]). Token buckets get their cost back (capped at the burst), windows
+    /// the units recorded at the slot, a paced quota the units counted in its stamp's period;
+    /// other quotas and leases are not given back here.
+    pub async fn unreserve(&self, checks: &[(Check<'_>, u64)], at: u64) -> Result<(), StoreError> {
         match self {
             Store::Memory(store) => {
                 store.unreserve(checks, at);

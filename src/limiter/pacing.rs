@@ -10,9 +10,11 @@
 //! outcome of the same request decided alone at the slot.
 
 use super::algorithm::{
-    ceil_us, BucketPlan, BucketState, BucketsPlan, LogPlan, WindowBuckets, WindowLog, MAX_US,
+    ceil_us, BucketPlan, BucketState, BucketsPlan, LogPlan, QuotaCount, QuotaPlan, WindowBuckets,
+    WindowLog, MAX_US,
 };
-use super::{Outcome, SlidingWindow, TokenBucket};
+use super::calendar::{self, Period};
+use super::{Outcome, Quota, SlidingWindow, TokenBucket};
 
 const MICROS: f64 = 1_000_000.0;
 
@@ -114,6 +116,59 @@ pub fn buckets_reserve(
     let outcome = buckets.outcome(rule, &plan, true);
     buckets.commit(&plan);
     (outcome, plan.current)
+}
+
+/// The period after `current`, as the gateway computes it (`calendar::period` at `current`'s
+/// end): what a paced quota reserves in. `None` where the local clock makes that period start
+/// elsewhere (an hour across a half-hour DST change): such a quota does not pace there.
+pub fn next_period(rule: &Quota, current: Period) -> Option<Period> {
+    let next = calendar::period(rule.per, rule.time_zone, current.end);
+    (next.start == current.end).then_some(next)
+}
+
+/// The earliest time a quota admits `plan`'s cost (decide.lua's `q_slot`): now when it fits,
+/// else the start of the next period (`next`, the gateway's) when the units already reserved
+/// there leave room for it. A quota paces only across one period boundary: `None` when the
+/// next period is full too, or the cost is above the limit.
+pub fn quota_slot(rule: &Quota, plan: &QuotaPlan, next: Option<Period>) -> Option<u64> {
+    if plan.allowed {
+        Some(plan.now)
+    } else if next.is_some() && plan.next.saturating_add(plan.cost) <= rule.limit {
+        Some(plan.period.end)
+    } else {
+        None
+    }
+}
+
+/// Reserves `plan`'s cost in the next period (`next`; decide.lua's `q_reserve`), for a quota
+/// whose slot was that period's start, and returns the outcome of the request decided at `at`
+/// in that period, with its refund stamp (the next period's start).
+pub fn quota_reserve(
+    count: &mut QuotaCount,
+    rule: &Quota,
+    plan: &QuotaPlan,
+    next: Period,
+    at: u64,
+) -> (Outcome, u64) {
+    let reserved = plan.next + plan.cost;
+    *count = QuotaCount {
+        period: Some(plan.period),
+        used: plan.used,
+        next: reserved,
+        next_end: next.end,
+    };
+    let outcome = Outcome {
+        allowed: true,
+        limit: rule.limit,
+        remaining: rule.limit.saturating_sub(reserved),
+        reset_us: if reserved > 0 {
+            next.end.saturating_sub(at)
+        } else {
+            0
+        },
+        retry_after_us: 0,
+    };
+    (outcome, next.start)
 }
 
 /// A paced check's own verdict once the decision's slot `at` is known (decide.lua's

@@ -175,12 +175,19 @@ impl RequestTrace {
             return;
         }
         let text = |v: &Option<Arc<str>>| v.as_deref().unwrap_or("").to_string();
-        let attributes = vec![
+        let mut attributes = vec![
             KeyValue::new("turnstile.route", text(&decided.route)),
             KeyValue::new("turnstile.policy", text(&decided.policy)),
             KeyValue::new("turnstile.decision", decided.decision.as_str()),
             KeyValue::new("turnstile.store", self.store),
         ];
+        // A delayed request's wait for its slot, in milliseconds (the access log's `delay_ms`).
+        if let Some(delay) = decided.delay {
+            attributes.push(KeyValue::new(
+                "turnstile.delay_ms",
+                delay.as_secs_f64() * 1000.0,
+            ));
+        }
         let parent = self.child_of(self.server.span_context());
         let mut decision = self.tracer.build_with_context(
             SpanBuilder::from_name("turnstile.decision")

@@ -5,7 +5,7 @@ use crate::support::Upstream;
 
 /// The example with the test's addresses: admin and listener on free ports (port 0), Turnstile's
 /// ext_authz listener and the upstream where they really are.
-fn bootstrap(grpc: std::net::SocketAddr, upstream: std::net::SocketAddr) -> String {
+pub(crate) fn bootstrap(grpc: std::net::SocketAddr, upstream: std::net::SocketAddr) -> String {
     crate::example("envoy-ext-authz.yaml", grpc, upstream)
         .replace("port_value: 9901", "port_value: 0")
         .replace(

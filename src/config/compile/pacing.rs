@@ -5,7 +5,6 @@ use super::Errors;
 use crate::config::raw::{RawPolicy, RawRoute};
 use crate::config::snapshot::Policy;
 use crate::config::units::parse_duration;
-use crate::limiter::Rule;
 
 /// The longest `max_delay`: an hour. A waiting request holds a connection and memory; anything
 /// longer is a queue, not a rate.
@@ -63,17 +62,9 @@ pub(super) fn on_limit(e: &mut Errors, path: &str, raw: &RawPolicy, policy: &mut
                 );
                 return;
             }
-            match policy.rule {
-                // A concurrency policy waits for a lease (`admission::wait_for_lease`).
-                Rule::TokenBucket(_) | Rule::SlidingWindow(_) | Rule::Concurrency(_) => {
-                    policy.max_delay_us = Some(max.as_micros() as u64);
-                }
-                Rule::Quota(_) => e.add(
-                    format!("{path}.on_limit"),
-                    "`delay` is not supported for a quota: its next free unit is at the next \
-                     period, not within a delay; use a token bucket or a sliding window",
-                ),
-            }
+            // Every algorithm paces: a bucket or window reserves its slot, a quota a unit of its
+            // next period, a concurrency policy waits for a lease (`admission::wait_for_lease`).
+            policy.max_delay_us = Some(max.as_micros() as u64);
         }
     }
 }

@@ -204,7 +204,7 @@ pub(super) fn shared_policies(e: &mut Errors, routes: &[RawRoute]) {
     }
 }
 
-/// A calendar quota: `{limit, per: day | week | month, time_zone}`.
+/// A calendar quota: `{limit, per: second | minute | hour | day | week | month, time_zone}`.
 fn quota(e: &mut Errors, path: &str, raw: &RawQuota, cost: u64) -> Option<Rule> {
     if raw.limit == 0 {
         e.add(format!("{path}.quota.limit"), "must be at least 1");
@@ -221,7 +221,10 @@ fn quota(e: &mut Errors, path: &str, raw: &RawQuota, cost: u64) -> Option<Rule> 
     if per.is_none() {
         e.add(
             format!("{path}.quota.per"),
-            format!("`{}`: expected day, week or month", raw.per),
+            format!(
+                "`{}`: expected second, minute, hour, day, week or month",
+                raw.per
+            ),
         );
     }
     let zone = raw.time_zone.as_deref().unwrap_or("UTC");

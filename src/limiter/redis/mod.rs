@@ -361,22 +361,16 @@ impl RedisStore {
 
     /// Gives back a delayed decision's reservation at slot `at` (decide.lua's refund): every
     /// token bucket's cost, and what every window recorded at the slot (an exact window's
-    /// member at `at`, a bucketed window's bucket of `at`). One call, or on a Cluster one per
-    /// check. See [`crate::limiter::Store::unreserve`].
-    pub async fn unreserve(&self, checks: &[Check<'_>], at: u64) -> Result<(), StoreError> {
-        let kept: Vec<Check<'_>> = checks
+    /// member at `at`, a bucketed window's bucket of `at`, a paced quota's units in the period
+    /// its stamp names). One call, or on a Cluster one per check. See
+    /// [`crate::limiter::Store::unreserve`].
+    pub async fn unreserve(&self, checks: &[(Check<'_>, u64)], at: u64) -> Result<(), StoreError> {
+        let due: Vec<(Check<'_>, [i64; 2])> = checks
             .iter()
-            .filter(|c| c.cost > 0 && wire::unreserve_stamp(c, at).is_some())
-            .copied()
+            .filter(|(c, _)| c.cost > 0)
+            .filter_map(|(c, stamp)| Some((*c, wire::unreserve_stamp(c, *stamp, at)?)))
             .collect();
-        self.per_slot(&kept, |subset| {
-            let entries: Vec<(Check<'_>, [i64; 2])> = subset
-                .iter()
-                .filter_map(|c| Some((*c, wire::unreserve_stamp(c, at)?)))
-                .collect();
-            wire::refund_args(&entries)
-        })
-        .await
+        self.per_slot_of(&due, |(c, _)| *c, wire::refund_args).await
     }
 
     /// Releases lease `lease` on every concurrency check of `checks`, or takes a waiter's

@@ -48,7 +48,8 @@ pub fn push_key(prefix: &str, check: &Check<'_>, out: &mut Vec<u8>) {
 /// The script's ARGV: `now` (`None`: the script reads Redis `TIME`), then
 /// `kind, p1, p2, p3, cost, shadow` per check; a concurrency check that commits takes `lease`.
 /// A calendar quota's period is computed here, at `now` or else at this gateway's wall clock
-/// (`docs/algorithms.md` on clock skew).
+/// (`docs/algorithms.md` on clock skew); a paced quota's kind is the negated end of the period
+/// after it ([`quota_kind`]).
 pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
     let mut wall = now;
     let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
@@ -81,7 +82,10 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
             Rule::Quota(q) => {
                 let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
                 let period = calendar::period(q.per, q.time_zone, at);
-                args.push(Value::from_static_str("q"));
+                args.push(match quota_kind(check, period) {
+                    Some(kind) => Value::Integer(kind),
+                    None => Value::from_static_str("q"),
+                });
                 args.push(int(q.limit));
                 args.push(int(period.start));
                 args.push(int(period.end));
@@ -91,6 +95,21 @@ pub fn args(now: Option<u64>, checks: &[Check<'_>], lease: u64) -> Vec<Value> {
         args.push(int(mode(check)));
     }
     args
+}
+
+/// A paced quota's kind on the wire (decide.lua's `q_eval`): the end of the period after
+/// `period` (epoch µs), negated, which the script needs to reserve there and no other argument
+/// has room for. `None` for a quota that does not pace, or whose next period does not start
+/// where this one ends (`pacing::next_period`): its kind is `q`.
+pub fn quota_kind(check: &Check<'_>, period: calendar::Period) -> Option<i64> {
+    let Rule::Quota(q) = check.rule else {
+        return None;
+    };
+    if check.max_delay_us.is_none() || check.shadow {
+        return None;
+    }
+    let next = crate::limiter::pacing::next_period(q, period)?;
+    Some(-i64::try_from(next.end).ok()?)
 }
 
 /// A check's last argument (decide.lua's `mode`): 0 enforced, 1 shadow, or for a paced check
@@ -111,8 +130,8 @@ pub const MAX_DELAY_US: u64 = 86_400_000_000;
 
 /// One decision of a packed batch (decide.lua, "Packed batch"): the numbers [`args`] would send
 /// after `"batch"`, each a little-endian double appended to `out`: `now` (-1 for Redis `TIME`), the
-/// number of checks, then per check its kind (1 tb, 2 sw, 3 cc, 4 q), `p1`, `p2`, `p3`, `cost`
-/// and `shadow` (1 or 0). A double is what the script makes of every number: an integer goes as
+/// number of checks, then per check its kind (1 tb, 2 sw, 3 cc, 4 q, or a paced quota's negated
+/// next period end, [`quota_kind`]), `p1`, `p2`, `p3`, `cost` and `shadow` (1 or 0). A double is what the script makes of every number: an integer goes as
 /// the double Lua's `tonumber` reads from its decimal (both round to nearest, ties to even), and
 /// a rate is its own double.
 pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut Vec<u8>) {
@@ -131,7 +150,8 @@ pub fn pack(now: Option<u64>, checks: &[Check<'_>], lease: u64, out: &mut Vec<u8
             Rule::Quota(q) => {
                 let at = *wall.get_or_insert_with(|| SystemClock::default().now_us());
                 let period = calendar::period(q.per, q.time_zone, at);
-                (4.0, int(q.limit), int(period.start), int(period.end))
+                let kind = quota_kind(check, period).map_or(4.0, |k| k as f64);
+                (kind, int(q.limit), int(period.start), int(period.end))
             }
         };
         for v in [kind, p1, p2, p3, int(check.cost), int(mode(check))] {
@@ -373,9 +393,10 @@ pub fn stamp(reply: &[i64], checks: usize, i: usize) -> [i64; 2] {
 }
 
 /// The refund stamp of check `check` in a decision delayed to slot `at` (decide.lua's
-/// `paced`): a bucket needs none, an exact window's member is at `at`, a bucketed window's
-/// bucket is the one `at` falls in. `None` for the kinds a delayed reservation does not give back.
-pub fn unreserve_stamp(check: &Check<'_>, at: u64) -> Option<[i64; 2]> {
+/// `paced`), `stamp` its own in the decision: a bucket needs none, an exact window's member is at
+/// `at`, a bucketed window's bucket is the one `at` falls in, a paced quota's period is its
+/// stamp's. `None` for the kinds a delayed reservation does not give back.
+pub fn unreserve_stamp(check: &Check<'_>, stamp: u64, at: u64) -> Option<[i64; 2]> {
     let at_i = i64::try_from(at).unwrap_or(i64::MAX);
     match check.rule {
         // A paced bucket only while its reservation is the latest (decide.lua's refund).
@@ -386,6 +407,9 @@ pub fn unreserve_stamp(check: &Check<'_>, at: u64) -> Option<[i64; 2]> {
         Rule::SlidingWindow(sw) => {
             let width = (sw.window_us / u64::from(sw.buckets)).max(1);
             Some([i64::try_from(at / width).unwrap_or(i64::MAX), 1])
+        }
+        Rule::Quota(_) if check.max_delay_us.is_some() => {
+            Some([i64::try_from(stamp).unwrap_or(i64::MAX), 0])
         }
         Rule::Concurrency(_) | Rule::Quota(_) => None,
     }
