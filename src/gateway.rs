@@ -31,16 +31,19 @@ use crate::state::{AppState, Live, RouteResources};
 
 /// Serves one request; never fails (refusals become responses).
 ///
+/// The state is borrowed: the lean HTTP/1.1 path awaits this future in place, so a request there
+/// takes no reference count on the state every worker shares (`crate::listener::Handler`).
+///
 /// An async block rather than an `async fn`: an `async fn` keeps its arguments in its state
 /// beside the locals they become, and the request is the largest of them. Inlined into its
 /// caller, so that the future is built where it is kept rather than built and then copied there.
 #[allow(clippy::manual_async_fn)]
 #[inline(always)]
 pub fn handle(
-    state: Arc<AppState>,
+    state: &Arc<AppState>,
     peer: SocketAddr,
     mut req: Request<ClientBody>,
-) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> {
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> + '_ {
     async move {
         let started = crate::now::read();
         let live = state.live.load_full();
@@ -69,7 +72,7 @@ pub fn handle(
             record.trace_id = Some(trace.trace_id());
         }
         let tag = Tag {
-            state: &state,
+            state,
             live: &live,
             id: request_id.as_ref(),
             started,
@@ -106,7 +109,7 @@ pub fn handle(
         // so the usual request's future does not carry its state.
         if !live.quota_routes.is_empty() {
             if let Some((index, params)) = crate::quota::endpoint_for(&live, &head) {
-                let answer = crate::quota::answer(&state, &live, index, &params, peer, &req, host);
+                let answer = crate::quota::answer(state, &live, index, &params, peer, &req, host);
                 let response = Box::pin(answer).await;
                 let metrics = live
                     .routes
@@ -171,7 +174,7 @@ pub fn handle(
             (None, None) => None,
         };
         let admitted = admit(
-            &state,
+            state,
             &live,
             route,
             resources,
@@ -204,7 +207,7 @@ pub fn handle(
                 wait,
             }) => {
                 // Held from here: a failure below, or the client going away, drops it (released).
-                let mut lease = after.lease(&state, resources.metrics.in_flight());
+                let mut lease = after.lease(state, resources.metrics.in_flight());
                 // Admitted for later: wait for the slot (boxed, so the usual request's future
                 // does not carry the wait's state). Gone before it, the reservation goes back.
                 let held = match wait {
@@ -212,7 +215,7 @@ pub fn handle(
                     None => Ok(()),
                 };
                 // Likewise settled from here at the latest (charged its fallback unread).
-                let meter = after.meter(&state, route, resources);
+                let meter = after.meter(state, route, resources);
                 // Bound before the await, so the step's result is not kept in this future's state.
                 if let (Some(trace), Action::Forward(upstream)) = (&mut trace, &route.action) {
                     let method = req.method().clone();
@@ -246,7 +249,7 @@ pub fn handle(
                 }
                 answered.map(|response| {
                     end_act(
-                        &state, route, resources, response, &limits, after, lease, meter,
+                        state, route, resources, response, &limits, after, lease, meter,
                     )
                 })
             }

@@ -117,6 +117,82 @@ impl Drop for Finished {
     }
 }
 
+/// What a listener answers each request with. The answer may borrow the handler: the lean
+/// HTTP/1.1 path awaits it in place, so a request there clones nothing the handler holds (an
+/// `Arc` cloned per request is a reference count every worker writes). hyper's path, whose
+/// answers are futures of their own, clones the handler per request.
+pub(crate) trait Handler: Clone + Send + Sync + 'static {
+    fn call(
+        &self,
+        peer: SocketAddr,
+        req: Request<ClientBody>,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + '_;
+}
+
+impl<H, F> Handler for H
+where
+    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
+{
+    fn call(
+        &self,
+        peer: SocketAddr,
+        req: Request<ClientBody>,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + '_ {
+        self(peer, req)
+    }
+}
+
+/// The inline gateway on the shared state.
+#[derive(Clone)]
+struct Gateway(Arc<AppState>);
+
+impl Handler for Gateway {
+    fn call(
+        &self,
+        peer: SocketAddr,
+        req: Request<ClientBody>,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + '_ {
+        crate::gateway::handle(&self.0, peer, req)
+    }
+}
+
+/// A handler on the TLS listener: each request marked as having come over HTTPS.
+#[derive(Clone)]
+struct Https<H>(H);
+
+impl<H: Handler> Handler for Https<H> {
+    fn call(
+        &self,
+        peer: SocketAddr,
+        mut req: Request<ClientBody>,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + '_ {
+        req.extensions_mut().insert(crate::tls::Https);
+        self.0.call(peer, req)
+    }
+}
+
+/// A handler on a TLS connection that sent a client certificate: the certificate on each
+/// request.
+#[derive(Clone)]
+struct WithCert<H> {
+    handler: H,
+    cert: Option<Arc<crate::client_cert::ClientCert>>,
+}
+
+impl<H: Handler> Handler for WithCert<H> {
+    fn call(
+        &self,
+        peer: SocketAddr,
+        mut req: Request<ClientBody>,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + '_ {
+        if let Some(cert) = &self.cert {
+            req.extensions_mut().insert(cert.clone());
+        }
+        self.handler.call(peer, req)
+    }
+}
+
 /// The public listener (unless `listen: off`), and the TLS one when configured: the inline
 /// gateway. Both count in `turnstile_open_connections{listener="public"}`.
 pub(crate) async fn serve_public(
@@ -126,14 +202,9 @@ pub(crate) async fn serve_public(
     shutdown: watch::Receiver<bool>,
 ) {
     let metrics = ListenerMetrics::register(&state.metrics, "public");
-    let app = state.clone();
-    let handler = move |peer, req| crate::gateway::handle(app.clone(), peer, req);
+    let handler = Gateway(state.clone());
     let tls_task = tls.map(|(listener, tls)| {
-        let handler = handler.clone();
-        let https = move |peer, mut req: Request<ClientBody>| {
-            req.extensions_mut().insert(crate::tls::Https);
-            handler(peer, req)
-        };
+        let https = Https(handler.clone());
         tokio::spawn(serve_http(
             listener,
             Some(tls),
@@ -153,33 +224,27 @@ pub(crate) async fn serve_public(
 
 /// The forward-auth check listener: the same bounds and drain as the public one (and TLS with
 /// `forward_auth.tls`), its connections in `turnstile_open_connections{listener="forward_auth"}`.
-pub(crate) async fn serve_check<H, F>(
+pub(crate) async fn serve_check<H: Handler>(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
     state: Arc<AppState>,
     shutdown: watch::Receiver<bool>,
     handler: H,
-) where
-    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
-{
+) {
     let metrics = ListenerMetrics::register(&state.metrics, "forward_auth");
     serve_http(listener, tls, state, shutdown, metrics, handler).await;
 }
 
 /// Serves HTTP/1.1 and h2c (or, with `tls`, HTTPS) on `listener` with `handler` until
 /// `shutdown`, then drains.
-async fn serve_http<H, F>(
+async fn serve_http<H: Handler>(
     listener: TcpListener,
     tls: Option<Arc<ServerTls>>,
     state: Arc<AppState>,
     mut shutdown: watch::Receiver<bool>,
     metrics: ListenerMetrics,
     handler: H,
-) where
-    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
-{
+) {
     let settings = state.live.load().config.server.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -286,7 +351,7 @@ impl Drop for Open {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn serve_connection<H, F>(
+async fn serve_connection<H: Handler>(
     stream: TcpStream,
     peer: SocketAddr,
     handler: H,
@@ -296,10 +361,7 @@ async fn serve_connection<H, F>(
     metrics: &ListenerMetrics,
     tls: Option<&ServerTls>,
     open: Open,
-) where
-    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
-{
+) {
     // A connection that has not said a byte when shutdown begins has no request to finish: close
     // it rather than hold the drain until its detection times out.
     if let Some(tls) = tls {
@@ -316,12 +378,7 @@ async fn serve_connection<H, F>(
         } else {
             None
         };
-        let handler = move |peer, mut req: Request<ClientBody>| {
-            if let Some(cert) = &cert {
-                req.extensions_mut().insert(cert.clone());
-            }
-            handler(peer, req)
-        };
+        let handler = WithCert { handler, cert };
         serve_io(
             Held::new(TokioIo::new(stream), open),
             peer,
@@ -370,7 +427,7 @@ enum Protocol {
 }
 
 /// Serves one connection whose protocol is known, until it ends, shutdown, or abuse.
-async fn serve_io<I, H, F>(
+async fn serve_io<I, H: Handler>(
     io: I,
     peer: SocketAddr,
     handler: H,
@@ -379,8 +436,6 @@ async fn serve_io<I, H, F>(
     metrics: &ListenerMetrics,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    H: Fn(SocketAddr, Request<ClientBody>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<ResponseBody>, Infallible>> + Send + 'static,
 {
     let connection = Arc::new(Connection {
         cancels: Mutex::new((Instant::now(), 0)),
@@ -392,9 +447,10 @@ async fn serve_io<I, H, F>(
             connection: state.clone(),
             done: false,
         };
-        let response = handler(peer, req.map(ClientBody::from));
+        // A future of its own: it holds its own handler.
+        let handler = handler.clone();
         async move {
-            let mut response = response.await;
+            let mut response = handler.call(peer, req.map(ClientBody::from)).await;
             finished.done();
             // hyper writes the response from its field map alone.
             if let Ok(response) = &mut response {

@@ -8,6 +8,7 @@
 pub mod ext_proc;
 pub mod rlqs;
 pub mod rls;
+pub mod striped;
 
 use std::sync::{Arc, OnceLock};
 
@@ -59,6 +60,8 @@ pub struct Families {
     goaways: IntCounterVec,
     tls_reloads: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
+    /// The hot path's striped handles, folded into their series by each render.
+    folds: striped::Folds,
 }
 
 /// How one attempt on an upstream target ended, as counted by
@@ -102,14 +105,14 @@ impl TargetOutcome {
 /// The series of one upstream target, resolved when the config loads.
 #[derive(Debug, Clone)]
 pub struct TargetMetrics {
-    by_outcome: [IntCounter; 5],
+    by_outcome: striped::Counters<5>,
     pub ejections: IntCounter,
-    pub in_flight: IntGauge,
+    pub in_flight: striped::Gauge,
 }
 
 impl TargetMetrics {
     pub fn record(&self, outcome: TargetOutcome) {
-        self.by_outcome[outcome as usize].inc();
+        self.by_outcome.inc(outcome as usize);
     }
 }
 
@@ -238,7 +241,7 @@ pub const TOKEN_KINDS: [&str; 4] = ["input", "cached_input", "output", "reasonin
 
 #[derive(Debug, Clone)]
 struct PolicySeries {
-    by_label: [IntCounter; 5],
+    by_label: striped::Counters<5>,
     cost_charged: IntCounter,
     quota_units: Option<IntCounter>,
 }
@@ -248,11 +251,16 @@ impl PolicyMetrics {
         self.series.get_or_init(|| {
             let labels = [&*self.route, &*self.policy];
             PolicySeries {
-                by_label: DecisionLabel::ALL.map(|l| {
-                    self.metrics
-                        .decisions
-                        .with_label_values(&[labels[0], labels[1], l.as_str()])
-                }),
+                by_label: striped::Counters::new(
+                    DecisionLabel::ALL.map(|l| {
+                        self.metrics.decisions.with_label_values(&[
+                            labels[0],
+                            labels[1],
+                            l.as_str(),
+                        ])
+                    }),
+                    &self.metrics.folds,
+                ),
                 cost_charged: self.metrics.cost_charged.with_label_values(&labels),
                 quota_units: self
                     .quota
@@ -271,13 +279,13 @@ impl PolicyMetrics {
     pub fn counts(&self) -> [(&'static str, u64); 5] {
         let series = self.series.get();
         DecisionLabel::ALL.map(|l| {
-            let n = series.map_or(0, |s| s.by_label[l as usize].get());
+            let n = series.map_or(0, |s| s.by_label.get(l as usize));
             (l.as_str(), n)
         })
     }
 
     pub fn record(&self, label: DecisionLabel) {
-        self.series().by_label[label as usize].inc();
+        self.series().by_label.inc(label as usize);
     }
 
     /// Units charged after responses (`cost: {response_header}`), beyond what admission took.
@@ -327,8 +335,8 @@ pub struct RouteMetrics {
 #[derive(Debug, Clone)]
 struct RouteSeries {
     /// 2xx, 3xx, 4xx (but 429), 429, 5xx.
-    by_code: [IntCounter; 5],
-    duration: Histogram,
+    by_code: striped::Counters<5>,
+    duration: striped::Observations,
     upstream_connect: IntCounter,
     upstream_timeout: IntCounter,
     upstream_busy: IntCounter,
@@ -381,14 +389,20 @@ impl RouteMetrics {
             let code = |c: &str| m.requests.with_label_values(&[route, c]);
             let upstream = |k: &str| m.upstream_errors.with_label_values(&[route, k]);
             RouteSeries {
-                by_code: [
-                    code("2xx"),
-                    code("3xx"),
-                    code("4xx"),
-                    code("429"),
-                    code("5xx"),
-                ],
-                duration: m.request_duration.with_label_values(&[route]),
+                by_code: striped::Counters::new(
+                    [
+                        code("2xx"),
+                        code("3xx"),
+                        code("4xx"),
+                        code("429"),
+                        code("5xx"),
+                    ],
+                    &m.folds,
+                ),
+                duration: striped::Observations::new(
+                    &m.request_duration.with_label_values(&[route]),
+                    &m.folds,
+                ),
                 upstream_connect: upstream("connect"),
                 upstream_timeout: upstream("timeout"),
                 upstream_busy: upstream("busy"),
@@ -442,7 +456,7 @@ impl RouteMetrics {
             400..=499 => 2,
             _ => 4,
         };
-        series.by_code[class].inc();
+        series.by_code.inc(class);
         series.duration.observe(seconds);
     }
 
@@ -710,6 +724,7 @@ impl Metrics {
                 keys
             },
             registry,
+            folds: striped::Folds::default(),
         };
         let build_info = IntGaugeVec::new(
             Opts::new("turnstile_build_info", "The running version; always 1."),
@@ -785,16 +800,21 @@ impl Metrics {
     /// The series of one target of `upstream` (labels from the config only), at 0 from the start.
     pub fn target(&self, upstream: &str, target: &str) -> TargetMetrics {
         TargetMetrics {
-            by_outcome: TargetOutcome::ALL.map(|o| {
-                self.upstream_requests
-                    .with_label_values(&[upstream, target, o.as_str()])
-            }),
+            by_outcome: striped::Counters::new(
+                TargetOutcome::ALL.map(|o| {
+                    self.upstream_requests
+                        .with_label_values(&[upstream, target, o.as_str()])
+                }),
+                &self.folds,
+            ),
             ejections: self
                 .upstream_ejections
                 .with_label_values(&[upstream, target]),
-            in_flight: self
-                .upstream_in_flight
-                .with_label_values(&[upstream, target]),
+            in_flight: striped::Gauge::new(
+                self.upstream_in_flight
+                    .with_label_values(&[upstream, target]),
+                &self.folds,
+            ),
         }
     }
 
@@ -809,8 +829,11 @@ impl Metrics {
     }
 
     /// The decision latency histogram of one store.
-    pub fn decision_duration(&self, store: &str) -> Histogram {
-        self.decision_duration.with_label_values(&[store])
+    pub fn decision_duration(&self, store: &str) -> striped::Observations {
+        striped::Observations::new(
+            &self.decision_duration.with_label_values(&[store]),
+            &self.folds,
+        )
     }
 
     /// Decisions of one store's engine answered by the deny cache.
@@ -842,6 +865,7 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
+        self.folds.fold_all();
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()

@@ -440,7 +440,7 @@ const LOG_EVERY_US: u64 = 1_000_000;
 pub struct Engine {
     store: Store,
     clock: Arc<dyn Clock>,
-    decision_seconds: prometheus::Histogram,
+    decision_seconds: crate::metrics::striped::Observations,
     errors: [prometheus::IntCounter; 4],
     /// Who is being limited, in bounded memory: `/debug/top-limited` on the admin listener.
     top_limited: TopLimited,

@@ -73,17 +73,13 @@ pub(super) struct Limits {
 
 /// Serves `stream`'s requests while they are the common kind; hands the connection to hyper at
 /// the first that is not.
-pub(super) async fn serve<H, F>(
+pub(super) async fn serve<H: super::Handler>(
     mut stream: TcpStream,
     peer: SocketAddr,
     handler: &H,
     limits: Limits,
     stopping: &watch::Receiver<bool>,
-) -> Ended
-where
-    H: Fn(SocketAddr, Request<ClientBody>) -> F,
-    F: Future<Output = Result<Response<ResponseBody>, std::convert::Infallible>>,
-{
+) -> Ended {
     let mut buf = BytesMut::with_capacity(READ_BUF);
     let mut out = BytesMut::with_capacity(READ_BUF);
     let mut idle = IdleTimer::new(limits.header_read_timeout);
@@ -122,7 +118,7 @@ where
         // meanwhile are the next requests (pipelining), kept up to the head size limit.
         // Scoped: the finished future's room is free for the write below to reuse.
         let response = {
-            let mut response = pin!(handler(peer, request));
+            let mut response = pin!(handler.call(peer, request));
             loop {
                 let watching = buf.len() < limits.max_header_size;
                 if watching {

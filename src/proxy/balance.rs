@@ -117,10 +117,18 @@ impl Balancer {
         })
     }
 
+    /// Whether `pick` reads the targets' in-flight counts: only `least_in_flight` over several
+    /// targets does, so only then does every request move a count all workers share.
+    fn counts_load(&self) -> bool {
+        self.mode == Balance::LeastInFlight && self.targets.len() > 1
+    }
+
     /// Counts a request on `index` as in flight until the returned guard drops.
     pub fn begin(self: &Arc<Self>, index: usize) -> InFlight {
         let target = &self.targets[index];
-        target.in_flight.fetch_add(1, Ordering::Relaxed);
+        if self.counts_load() {
+            target.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
         target.metrics.in_flight.inc();
         InFlight {
             balancer: self.clone(),
@@ -169,7 +177,9 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let target = &self.balancer.targets[self.index];
-        target.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.balancer.counts_load() {
+            target.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
         target.metrics.in_flight.dec();
     }
 }

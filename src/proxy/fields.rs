@@ -127,8 +127,9 @@ impl RawFields {
             Some((_, old)) => *old = value,
             None => {
                 if self.own.is_empty() {
-                    // The x-ratelimit dialect's three, or the IETF draft's two: one allocation.
-                    self.own.reserve_exact(3);
+                    // The x-ratelimit dialect's three (or the IETF draft's two) and the request
+                    // id: one allocation.
+                    self.own.reserve_exact(4);
                 }
                 self.own.push((name.clone(), value));
             }
