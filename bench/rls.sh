@@ -1,7 +1,7 @@
 # bench/run.sh section "rls": Turnstile's Envoy rate limit service against
 # Kuadrant's Limitador, in decisions per CPU-second of the server (target >= 2x). Sourced by run.sh.
 #
-# Needs a built limitador-server: LIMITADOR_BIN, or the one bench/limitador.sh built and cached;
+# Needs a limitador-server binary: LIMITADOR_BIN, or limitador-server on PATH;
 # without one the row is printed as NOT MEASURED and nothing runs.
 #
 # Every round, for each store (memory, then Redis: the same fresh redis-server, FLUSHALL before each
@@ -174,13 +174,10 @@ run_rls() {
 }
 
 section_rls_setup() {
-    if [[ -z "${LIMITADOR_BIN:-}" ]]; then
-        # The binary bench/limitador.sh built and cached, if it did.
-        LIMITADOR_BIN=$("$BENCH_DIR/limitador.sh" --print-only 2>/dev/null || true)
-    fi
+    LIMITADOR_BIN=${LIMITADOR_BIN:-$(command -v limitador-server || true)}
     if [[ -z "${LIMITADOR_BIN:-}" || ! -x "${LIMITADOR_BIN:-}" ]]; then
         echo "rls: Turnstile RLS / Limitador, decisions per CPU-second (target >= 2x): NOT MEASURED" \
-            "(no limitador-server: run bench/limitador.sh, which builds and caches it, or set LIMITADOR_BIN)" |
+            "(no limitador-server: set LIMITADOR_BIN or put it on PATH; docs/benchmarks.md, Limitador)" |
             tee -a "$OUT/setup.txt"
         return 0
     fi

@@ -14,8 +14,8 @@
 #           tls (Turnstile's TLS listener vs NGINX with TLS, wrk over https; see bench/tls.sh);
 #           flood (every request over its limit, on each store; see bench/flood.sh);
 #           rls (the Envoy rate limit service against Limitador, decisions per CPU-second: printed
-#           as not measured without a built limitador-server: bench/limitador.sh's or
-#           LIMITADOR_BIN; see bench/rls.sh);
+#           as not measured without a limitador-server binary: LIMITADOR_BIN or on PATH;
+#           see bench/rls.sh);
 #           rlqs (requests/s through Envoy with the rate limit quota service against Envoy with
 #           the RLS and Envoy alone, with Turnstile's CPU per admitted request; see bench/rlqs.sh);
 #           access_log (the memory row with the access log on, every request to a file, against
