@@ -1,12 +1,12 @@
 //! Pacing through the doors (`on_limit: delay`): forward-auth and ext_authz delay their answer,
-//! so NGINX `auth_request`, Traefik ForwardAuth and Envoy's ext_authz filter forward each request
-//! at its slot instead of refusing it. The `paced` route of [`crate::CONFIG`]: 5/s, burst 1,
+//! so NGINX `auth_request`, Traefik ForwardAuth, Caddy `forward_auth` and Envoy's ext_authz
+//! filter forward each request at its slot instead of refusing it. The `paced` route of [`crate::CONFIG`]: 5/s, burst 1,
 //! `max_delay: 2s`.
 
 use std::time::{Duration, Instant};
 
 use crate::support::envoy::Envoy;
-use crate::support::ingress::traefik;
+use crate::support::ingress::{caddy, traefik};
 use crate::support::{Client, Nginx, Upstream};
 
 /// How much later than its slot a request may reach the upstream through a proxy and the check,
@@ -74,6 +74,14 @@ async fn traefik_forward_auth_waits_for_the_delayed_answer() {
         "/ready",
     )
     .await;
+    five_at_once_are_paced(proxy.addr, &upstream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddy_forward_auth_waits_for_the_delayed_answer() {
+    let (_gw, check, _) = crate::turnstile_for(Some("caddy")).await;
+    let upstream = Upstream::start().await;
+    let proxy = caddy(&crate::example("Caddyfile.site", check, upstream.addr)).await;
     five_at_once_are_paced(proxy.addr, &upstream).await;
 }
 
