@@ -40,7 +40,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 CACHE=()
 if [[ "${1:-}" == --cache ]]; then
     CACHE=(--cache-sim=yes)
@@ -51,37 +51,10 @@ SECONDS_LOAD=${2:-5}
 CONNECTIONS=${3:-8}
 TURNSTILE_BIN=${TURNSTILE_BIN:-${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/turnstile}
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnstile-callgrind.XXXXXX")
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_workdir callgrind
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-render() {
-    local tmpl=$1 out=$2; shift 2
-    local args=() kv
-    for kv in "$@"; do args+=(-e "s|@${kv%%=*}@|${kv#*=}|g"); done
-    sed "${args[@]}" "$tmpl" >"$out"
-}
-free_ports() {
-    python3 -c 'import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
-}
 START_WAIT=${CALLGRIND_START_WAIT:-300}
-wait_http() {
+wait_http_slow() {
     local deadline=$((SECONDS + START_WAIT))
     while (( SECONDS < deadline )); do
         [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1" || true) == 200 ]] && return 0
@@ -90,7 +63,7 @@ wait_http() {
     echo "error: $1 did not answer 200 within $START_WAIT s" >&2
     return 1
 }
-wait_tcp() {
+wait_tcp_slow() {
     local deadline=$((SECONDS + START_WAIT))
     while (( SECONDS < deadline )); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -125,7 +98,7 @@ UP_PORT=$(free_port)
 render "$BENCH_DIR/nginx-upstream.conf.tmpl" "$WORK/up/nginx.conf" DIR="$WORK/up" PORT="$UP_PORT"
 (exec nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" -g 'daemon off;') >"$WORK/up/log" 2>&1 &
 PIDS+=($!)
-wait_http "http://127.0.0.1:$UP_PORT/"
+wait_http_slow "http://127.0.0.1:$UP_PORT/"
 
 REDIS_PORT=0
 if [[ $TARGET == turnstile && ${CALLGRIND_TEMPLATE:-} == *redis* || $TARGET == traefik-redis ||
@@ -228,7 +201,7 @@ case "$TARGET" in
         RLS_PORT=$(free_port)
         rls_service turnstile "$RLS_PORT"
         TURNSTILE_WORKERS=1 TURNSTILE_LOG=warn bg "$WORK/rls.log" "${RLS_CMD[@]}"
-        wait_tcp "$RLS_PORT"
+        wait_tcp_slow "$RLS_PORT"
         envoy_cmd envoy-rls.yaml.tmpl RLS_PORT="$RLS_PORT"
         (exec "${VG[@]}" "${ENVOY_CMD[@]}") >"$WORK/px/log" 2>&1 &
         ;;
@@ -239,7 +212,7 @@ case "$TARGET" in
             >"$WORK/px/log" 2>&1 &
         VG_PID=$!
         PIDS+=("$VG_PID")
-        wait_tcp "$RLS_PORT"
+        wait_tcp_slow "$RLS_PORT"
         envoy_cmd envoy-rls.yaml.tmpl RLS_PORT="$RLS_PORT"
         bg "$WORK/envoy.log" "${ENVOY_CMD[@]}"
         ;;
@@ -250,7 +223,7 @@ if [[ -z "${VG_PID:-}" ]]; then
     VG_PID=$!
     PIDS+=("$VG_PID")
 fi
-wait_http "http://127.0.0.1:$PORT/"
+wait_http_slow "http://127.0.0.1:$PORT/"
 # Warm the pools and caches, then count only the measured load.
 wrk -t1 -c"$CONNECTIONS" -d"${CALLGRIND_WARMUP:-2}s" "http://127.0.0.1:$PORT/" >/dev/null
 callgrind_control -i on "$VG_PID" >/dev/null 2>&1

@@ -48,7 +48,8 @@ render() {
     local tmpl=$1 out=$2; shift 2
     local text kv
     text=$(cat "$tmpl")
-    for kv in "$@"; do text=${text//@${kv%%=*}@/${kv#*=}}; done
+    # Quoted, so that a value's `&` and `\` stay as they are (bash 5.2's patsub_replacement).
+    for kv in "$@"; do text=${text//"@${kv%%=*}@"/"${kv#*=}"}; done
     printf '%s\n' "$text" >"$out"
 }
 

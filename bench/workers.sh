@@ -12,7 +12,7 @@
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 STRACE=0
 TURNSTILE_BIN=${TURNSTILE_BIN:-${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/turnstile}
 while [[ $# -gt 0 ]]; do
@@ -26,37 +26,7 @@ SECS=${1:-10}
 CONNECTIONS=${2:-64}
 [[ -x "$TURNSTILE_BIN" ]] || { echo "error: no turnstile binary at $TURNSTILE_BIN" >&2; exit 2; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnstile-workers.XXXXXX")
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-render() {
-    local tmpl=$1 out=$2; shift 2
-    local args=() kv
-    for kv in "$@"; do args+=(-e "s|@${kv%%=*}@|${kv#*=}|g"); done
-    sed "${args[@]}" "$tmpl" >"$out"
-}
-wait_http() {
-    for _ in $(seq 1 100); do
-        [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]] && return 0
-        sleep 0.1
-    done
-    echo "error: $1 did not answer 200" >&2
-    return 1
-}
+bench_workdir workers
 
 # threads PID...: one line per thread of these processes and their children:
 # tid utime stime voluntary_switches involuntary_switches
