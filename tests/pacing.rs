@@ -12,7 +12,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use support::fleet::{burst, count};
 use support::gateway::substitute;
@@ -265,30 +265,6 @@ async fn a_delayed_answer_says_how_long_it_waited() {
     assert_eq!(second.header("x-ratelimit-remaining"), Some("0"));
 }
 
-/// Sends a request head on a raw connection (so the test can drop it while it waits).
-async fn open_request(gw: &TestGateway) -> tokio::net::TcpStream {
-    let mut stream = tokio::net::TcpStream::connect(gw.public)
-        .await
-        .expect("connect");
-    stream
-        .write_all(b"GET /api HTTP/1.1\r\nhost: test\r\n\r\n")
-        .await
-        .expect("write");
-    stream
-}
-
-async fn wait_for_waiting(gw: &TestGateway, n: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while gw
-        .metric("turnstile_waiting_requests", &[("route", "api")])
-        .await
-        != n
-    {
-        assert!(Instant::now() < deadline, "never {n} waiting");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// A client that goes away while it waits: its request never reaches the upstream, its place
 /// among the waiters comes back, and the latest reservation of a bucket comes back too (the
 /// next request takes its slot). Checked to fail without the give-back: the next request then
@@ -302,12 +278,12 @@ async fn a_client_that_goes_away_gives_back_its_slot() {
     let first_at = Instant::now();
     assert_eq!(client.get(&gw.url("/api")).await.status, 200);
     // Two waiters: 500 ms and 1 s.
-    let mut middle = open_request(&gw).await;
-    wait_for_waiting(&gw, 1.0).await;
-    let last = open_request(&gw).await;
-    wait_for_waiting(&gw, 2.0).await;
+    let mut middle = gw.open_request("").await;
+    gw.wait_for_waiting(1.0).await;
+    let last = gw.open_request("").await;
+    gw.wait_for_waiting(2.0).await;
     drop(last);
-    wait_for_waiting(&gw, 1.0).await;
+    gw.wait_for_waiting(1.0).await;
     // The latest slot (1 s after the first) is free again: a new request takes it.
     let slot = 1.0 - first_at.elapsed().as_secs_f64();
     let reply = client.get(&gw.url("/api")).await;
@@ -333,7 +309,7 @@ async fn a_client_that_goes_away_gives_back_its_slot() {
         3,
         "the request that went away was never forwarded"
     );
-    wait_for_waiting(&gw, 0.0).await;
+    gw.wait_for_waiting(0.0).await;
 }
 
 /// Beyond `max_waiting`, a request is refused at once as without pacing, even with slots left.
@@ -357,7 +333,7 @@ async fn a_reload_keeps_the_waiters_slots() {
     let gw = TestGateway::with_upstream(&paced(policy, ""), upstream.addr).await;
     let urls = [gw.url("/api")];
     let waiting = tokio::spawn(async move { burst(&urls, 3).await });
-    wait_for_waiting(&gw, 2.0).await;
+    gw.wait_for_waiting(2.0).await;
     let reloaded = "token_bucket: { rate: 1/s, burst: 1 }, on_limit: delay, max_delay: 5s";
     gw.reload_with(&substitute(&paced(reloaded, ""), Some(upstream.addr)))
         .await

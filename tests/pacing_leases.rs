@@ -12,8 +12,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
-
 use support::gateway::substitute;
 use support::{Client, GatewayProcess, RedisServer, TestGateway, Upstream};
 
@@ -213,30 +211,6 @@ async fn three_instances_on_one_redis_share_one_queue() {
     nothing_left(&urls).await;
 }
 
-/// Sends a request head on a raw connection (so the test can drop it while it waits).
-async fn open_request(gw: &TestGateway) -> tokio::net::TcpStream {
-    let mut stream = tokio::net::TcpStream::connect(gw.public)
-        .await
-        .expect("connect");
-    stream
-        .write_all(b"GET /api HTTP/1.1\r\nhost: test\r\nx-test-tag: gone\r\n\r\n")
-        .await
-        .expect("write");
-    stream
-}
-
-async fn wait_for_waiting(gw: &TestGateway, n: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while gw
-        .metric("turnstile_waiting_requests", &[("route", "api")])
-        .await
-        != n
-    {
-        assert!(Instant::now() < deadline, "never {n} waiting");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// A client that goes away while it waits gives its place back: the lease released next goes
 /// to the waiter behind it, the request that went away never reaches the upstream, and no lease
 /// or ticket is left (a request afterwards passes without waiting).
@@ -281,15 +255,15 @@ async fn goes_away(store: &str) {
         })
     };
     upstream.wait_for_requests(1).await;
-    let gone = open_request(&gw).await;
-    wait_for_waiting(&gw, 1.0).await;
+    let gone = gw.open_request("x-test-tag: gone\r\n").await;
+    gw.wait_for_waiting(1.0).await;
     let next = {
         let (client, url) = (client.clone(), url.clone());
         tokio::spawn(async move { client.get_with(&url, &[("x-test-tag", "next")]).await })
     };
-    wait_for_waiting(&gw, 2.0).await;
+    gw.wait_for_waiting(2.0).await;
     drop(gone);
-    wait_for_waiting(&gw, 1.0).await;
+    gw.wait_for_waiting(1.0).await;
     upstream.release(1);
     assert_eq!(holding.await.expect("first"), 200);
     let reply = tokio::time::timeout(Duration::from_secs(3), next)
@@ -303,7 +277,7 @@ async fn goes_away(store: &str) {
         ["first", "next"],
         "the one that went away never went on"
     );
-    wait_for_waiting(&gw, 0.0).await;
+    gw.wait_for_waiting(0.0).await;
     let labels = [("route", "api")];
     wait_for_in_flight(|| gw.metric("turnstile_in_flight_requests", &labels)).await;
     let again = client.get(&url).await;

@@ -184,6 +184,31 @@ impl TestGateway {
         super::metric(&self.metrics().await, name, labels).unwrap_or(0.0)
     }
 
+    /// Sends `GET /api` with `extra` header lines on a raw connection and returns it unread,
+    /// so a test can drop it while the request waits (`on_limit: delay`).
+    pub async fn open_request(&self, extra: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = tokio::net::TcpStream::connect(self.public)
+            .await
+            .expect("connect");
+        let head = format!("GET /api HTTP/1.1\r\nhost: test\r\n{extra}\r\n");
+        stream.write_all(head.as_bytes()).await.expect("write");
+        stream
+    }
+
+    /// Waits (at most 10 s) until `turnstile_waiting_requests{route="api"}` is `n`.
+    pub async fn wait_for_waiting(&self, n: f64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self
+            .metric("turnstile_waiting_requests", &[("route", "api")])
+            .await
+            != n
+        {
+            assert!(std::time::Instant::now() < deadline, "never {n} waiting");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// The admin listener's `/metrics` text.
     pub async fn metrics(&self) -> String {
         let (status, text) = self.admin_get("/metrics").await;
