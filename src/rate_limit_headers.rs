@@ -67,18 +67,36 @@ pub fn number_value(n: u64) -> HeaderValue {
     HeaderValue::from_bytes(digits(n, &mut buf)).unwrap_or_else(|_| HeaderValue::from(n))
 }
 
-/// The decimal digits of `n`, written into the end of `buf`: a loop, where `fmt` would cost
-/// several times as much on every response.
+/// "00" to "99": two digits a step.
+const PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        pairs[2 * i] = b'0' + (i / 10) as u8;
+        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    pairs
+};
+
+/// The decimal digits of `n`, written into the end of `buf`, two a step: a loop, where `fmt`
+/// would cost several times as much on every response.
 pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut start = buf.len();
     let mut rest = n;
-    loop {
+    while rest >= 100 {
+        let pair = (rest % 100) as usize * 2;
+        rest /= 100;
+        start -= 2;
+        buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if rest >= 10 {
+        let pair = rest as usize * 2;
+        start -= 2;
+        buf[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         start -= 1;
-        buf[start] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
+        buf[start] = b'0' + rest as u8;
     }
     &buf[start..]
 }
@@ -382,6 +400,22 @@ fn window(rule: &Rule) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::limiter::{SlidingWindow, TokenBucket};
+
+    #[test]
+    fn digits_are_the_formatters_for_every_length() {
+        let mut n = 0u64;
+        let mut cases = vec![0, 9, 10, 99, 100, 101, 999, 1000, u64::MAX];
+        for _ in 0..2000 {
+            n = n
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            cases.push(n >> (n % 64));
+        }
+        for n in cases {
+            let mut buf = [0u8; 20];
+            assert_eq!(digits(n, &mut buf), n.to_string().as_bytes(), "{n}");
+        }
+    }
 
     fn outcome(remaining: u64, reset_us: u64) -> Outcome {
         Outcome {

@@ -61,28 +61,40 @@ pub fn generate() -> HeaderValue {
 }
 
 fn format_v7(ms: u64, a: u64, b: u64) -> HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut bytes = [0u8; 16];
     bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
     bytes[6..8].copy_from_slice(&(a as u16).to_be_bytes());
     bytes[6] = 0x70 | (bytes[6] & 0x0f);
     bytes[8..].copy_from_slice(&b.to_be_bytes());
     bytes[8] = 0x80 | (bytes[8] & 0x3f);
-    let mut text = [0u8; 36];
-    let mut at = 0;
-    for (i, byte) in bytes.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            text[at] = b'-';
-            at += 1;
-        }
-        text[at] = HEX[usize::from(byte >> 4)];
-        text[at + 1] = HEX[usize::from(byte & 0xf)];
-        at += 2;
+    let value = u128::from_be_bytes(bytes);
+    let mut hex = [0u8; 32];
+    for (i, eight) in hex.chunks_exact_mut(8).enumerate() {
+        eight.copy_from_slice(&hex8((value >> (96 - 32 * i)) as u32));
     }
+    // 8-4-4-4-12 (RFC 9562 §4).
+    let mut text = [b'-'; 36];
+    text[..8].copy_from_slice(&hex[..8]);
+    text[9..13].copy_from_slice(&hex[8..12]);
+    text[14..18].copy_from_slice(&hex[12..16]);
+    text[19..23].copy_from_slice(&hex[16..20]);
+    text[24..].copy_from_slice(&hex[20..]);
     // Only hex digits and dashes were written. Owned as it is, in one allocation that its
     // clones (the upstream's field, the response's) share.
     HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
         .unwrap_or(HeaderValue::from_static("-"))
+}
+
+/// `n` as eight lower-case hex digits, most significant first, a few operations for all eight:
+/// each nibble is spread into a byte of its own, then made a digit or a letter in place.
+fn hex8(n: u32) -> [u8; 8] {
+    let mut x = u64::from(n);
+    x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
+    x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
+    x = (x | (x << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    // A byte of 10 or more gets bit 4 from adding 6; no sum reaches the next byte.
+    let letters = ((x + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (x + 0x3030_3030_3030_3030 + letters * (b'a' - b'0' - 10) as u64).to_be_bytes()
 }
 
 /// Whether `value` is kept as an incoming id: 1 to [`MAX_LEN`] visible ASCII characters other
@@ -170,6 +182,18 @@ mod tests {
         assert_eq!(fresh.len(), 36);
         assert_eq!(&fresh[14..15], "7");
         assert_ne!(fresh, generate().to_str().unwrap());
+    }
+
+    #[test]
+    fn hex_digits_are_those_of_the_formatter() {
+        for n in [0, 1, 9, 10, 15, 16, 0x0123_4567, 0x89ab_cdef, u32::MAX] {
+            assert_eq!(hex8(n), *format!("{n:08x}").as_bytes(), "{n:#x}");
+        }
+        let mut n = 0x9e37_79b9u32;
+        for _ in 0..10_000 {
+            n = n.wrapping_mul(0x0101_0101).wrapping_add(0x7f4a_7c15);
+            assert_eq!(hex8(n), *format!("{n:08x}").as_bytes(), "{n:#x}");
+        }
     }
 
     #[test]

@@ -104,7 +104,15 @@ pub fn canonical_host(raw: &str) -> Result<Option<Cow<'_, str>>, HostError> {
     let port = match port {
         None => None,
         Some(p) => {
-            let n: u16 = p.parse().map_err(|_| HostError::Invalid)?;
+            // Digits only (`split_port`), at least one: `u16`'s range is all that is left to
+            // check, in the same loop that reads them.
+            let n = p
+                .bytes()
+                .try_fold(0u32, |n, d| {
+                    let n = n * 10 + u32::from(d - b'0');
+                    (n <= u32::from(u16::MAX)).then_some(n)
+                })
+                .ok_or(HostError::Invalid)? as u16;
             (n != 80).then_some((n, p))
         }
     };
@@ -130,7 +138,8 @@ fn split_port(raw: &str) -> Result<(&str, Option<&str>), HostError> {
         let end = raw.find(']').ok_or(HostError::Invalid)?;
         raw.split_at(end + 1)
     } else {
-        match raw.find(':') {
+        // A byte search: `str::find` sets up a pattern searcher, dearer than a host's length.
+        match raw.bytes().position(|b| b == b':') {
             Some(colon) => raw.split_at(colon),
             None => (raw, ""),
         }

@@ -158,6 +158,8 @@ fn hosts_are_lower_cased_without_trailing_dot_or_default_port() {
         ("[2001:DB8::1]:80", "[2001:db8::1]"),
         ("[::1]:9000", "[::1]:9000"),
         ("127.0.0.1:80", "127.0.0.1"),
+        ("a:65535", "a:65535"),
+        ("a:000000000000000000000080", "a"),
     ];
     for (raw, want) in cases {
         let got = canonical_host(raw).unwrap().unwrap();
@@ -165,7 +167,17 @@ fn hosts_are_lower_cased_without_trailing_dot_or_default_port() {
         assert_eq!(matches!(got, Cow::Borrowed(_)), raw == want, "{raw}");
     }
     for bad in [
-        "a b", "a@b", "a:b", "a:99999", "[::1", "[::1]x", "a/b", "a:1:2",
+        "a b",
+        "a@b",
+        "a:b",
+        "a:99999",
+        "a:65536",
+        "a:4294967376",
+        "[::1",
+        "[::1]x",
+        "a/b",
+        "a:1:2",
+        "a:+80",
     ] {
         assert_eq!(canonical_host(bad), Err(HostError::Invalid), "{bad}");
     }

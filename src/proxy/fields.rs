@@ -31,6 +31,9 @@ pub struct RawFields {
     /// The fields the gateway set on this response, in order; each replaces the upstream's of
     /// the same name. Numbers stay numbers until written: no `HeaderValue` is made for them.
     own: Vec<(HeaderName, OwnValue)>,
+    /// Bit `n` set: a name in `own` is `n` bytes long (63 for any longer). Most upstream fields
+    /// are ruled out by this one test, before any name is compared.
+    own_lengths: u64,
 }
 
 /// A value the gateway set.
@@ -48,6 +51,7 @@ impl RawFields {
             head,
             spans,
             own: Vec::new(),
+            own_lengths: 0,
         }
     }
 
@@ -57,6 +61,9 @@ impl RawFields {
 
     /// Whether the gateway set a field named `name` (any case).
     pub fn owns(&self, name: &[u8]) -> bool {
+        if self.own_lengths & length_bit(name.len()) == 0 {
+            return false;
+        }
         self.own.iter().any(|(own, _)| {
             let own = own.as_str().as_bytes();
             own.len() == name.len() && own.eq_ignore_ascii_case(name)
@@ -131,10 +138,16 @@ impl RawFields {
                     // id: one allocation.
                     self.own.reserve_exact(4);
                 }
+                self.own_lengths |= length_bit(name.as_str().len());
                 self.own.push((name.clone(), value));
             }
         }
     }
+}
+
+/// A name's length as a bit of [`RawFields::own_lengths`].
+fn length_bit(len: usize) -> u64 {
+    1 << len.min(63)
 }
 
 /// Whether `headers` has a field named `name` (any case). A linear look: the gateway sets a
@@ -200,6 +213,25 @@ mod tests {
                 "x-ratelimit-limit=5"
             ]
         );
+    }
+
+    #[test]
+    fn owns_matches_any_case_and_only_the_names_set() {
+        let mut raw = fields(b"HTTP/1.1 200 OK\r\nServer: up\r\n\r\n");
+        assert!(!raw.owns(b"x-request-id"));
+        let long = HeaderName::from_bytes(&[b'x'; 70]).unwrap();
+        raw.set(
+            &HeaderName::from_static("x-request-id"),
+            HeaderValue::from_static("a"),
+        );
+        raw.set_number(&long, 1);
+        assert!(raw.owns(b"X-Request-ID"));
+        // Same length, another name; a length no name has; a long name, and another as long.
+        assert!(!raw.owns(b"content-type"));
+        assert!(!raw.owns(b"server"));
+        assert!(raw.owns(&[b'X'; 70]));
+        assert!(!raw.owns(&[b'y'; 70]));
+        assert!(!raw.owns(&[b'x'; 64]));
     }
 
     #[test]

@@ -35,6 +35,8 @@ use super::fields::RawFields;
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most response fields accepted (hyper's client allows as many).
 const MAX_HEADERS: usize = 100;
+// Each field has a bit in `parse_head`'s `u128`.
+const _: () = assert!(MAX_HEADERS <= 128);
 /// Longest chunk-size line (with extensions), and most trailer bytes, accepted.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
 const MAX_TRAILERS: usize = 16 * 1024;
@@ -505,32 +507,42 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error
     let mut keep_alive = false;
     // Names a `Connection` field lists (besides its own options): hop-by-hop for this response.
     let mut named: SmallVec<[&[u8]; 4]> = SmallVec::new();
-    for field in parsed.headers.iter() {
-        let name = field.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
-            for part in field.value.split(|&b| b == b',') {
-                let n = content_length(part).ok_or(Error::Malformed("content-length"))?;
-                if length.is_some_and(|seen| seen != n) {
-                    return Err(Error::Malformed("conflicting content-length"));
-                }
-                length = Some(n);
-            }
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // The last coding decides (RFC 9112 §6.3 item 4).
-            if let Some(last) = field.value.rsplit(|&b| b == b',').next() {
-                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            }
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for token in field.value.split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive = true;
-                } else if !token.is_empty() {
-                    named.push(token);
+    // Bit `i`: field `i` is hop-by-hop by its own name. Each name is classified once, here.
+    let mut hop: u128 = 0;
+    for (i, field) in parsed.headers.iter().enumerate() {
+        let kind = classify(field.name.as_bytes());
+        if !matches!(kind, Field::EndToEnd | Field::ContentLength) {
+            hop |= 1 << i;
+        }
+        match kind {
+            Field::ContentLength => {
+                for part in field.value.split(|&b| b == b',') {
+                    let n = content_length(part).ok_or(Error::Malformed("content-length"))?;
+                    if length.is_some_and(|seen| seen != n) {
+                        return Err(Error::Malformed("conflicting content-length"));
+                    }
+                    length = Some(n);
                 }
             }
+            Field::TransferEncoding => {
+                // The last coding decides (RFC 9112 §6.3 item 4).
+                if let Some(last) = field.value.rsplit(|&b| b == b',').next() {
+                    chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                }
+            }
+            Field::Connection => {
+                for token in field.value.split(|&b| b == b',') {
+                    let token = token.trim_ascii();
+                    if token.eq_ignore_ascii_case(b"close") {
+                        close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        keep_alive = true;
+                    } else if !token.is_empty() {
+                        named.push(token);
+                    }
+                }
+            }
+            Field::OtherHop | Field::EndToEnd => {}
         }
     }
     // Every offset below is under `len`, so it fits the spans' `u32`.
@@ -539,9 +551,9 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error
     }
     let base = buf.as_ptr() as usize;
     let mut spans = Vec::with_capacity(parsed.headers.len());
-    for f in parsed.headers.iter() {
+    for (i, f) in parsed.headers.iter().enumerate() {
         let name = f.name.as_bytes();
-        if hop_by_hop(name) || named.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+        if hop & (1 << i) != 0 || named.iter().any(|n| name.eq_ignore_ascii_case(n)) {
             continue;
         }
         let name = f.name.as_ptr() as usize - base;
@@ -585,17 +597,38 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error
 
 /// The fields every proxy treats as hop-by-hop in a response (RFC 9110 §7.6.1), besides those a
 /// `Connection` field names. `Upgrade` is among them: this exchange never carries an upgrade.
-fn hop_by_hop(name: &[u8]) -> bool {
-    const FIXED: [&[u8]; 7] = [
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    ];
-    FIXED.iter().any(|fixed| fixed.eq_ignore_ascii_case(name))
+/// What a response field's name makes it, for framing and for forwarding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    /// Hop-by-hop, and nothing to read in it: `Keep-Alive`, `Proxy-Connection`, `TE`,
+    /// `Trailer`, `Upgrade`.
+    OtherHop,
+    EndToEnd,
+}
+
+/// A field name's kind: its length picks the one or two names it can be.
+fn classify(name: &[u8]) -> Field {
+    let is = |known: &[u8]| token_eq(name, known);
+    match name.len() {
+        2 if is(b"te") => Field::OtherHop,
+        7 if is(b"trailer") || is(b"upgrade") => Field::OtherHop,
+        10 if is(b"connection") => Field::Connection,
+        10 if is(b"keep-alive") => Field::OtherHop,
+        14 if is(b"content-length") => Field::ContentLength,
+        16 if is(b"proxy-connection") => Field::OtherHop,
+        17 if is(b"transfer-encoding") => Field::TransferEncoding,
+        _ => Field::EndToEnd,
+    }
+}
+
+/// Whether the token `name` is `known` (lower-case letters and `-`) in any case. A token has no
+/// byte that setting bit 5 makes a letter or `-` other than an upper-case letter, so one OR
+/// per byte compares it (RFC 9110 §5.6.2: `httparse` admits only tokens as names).
+fn token_eq(name: &[u8], known: &[u8]) -> bool {
+    name.len() == known.len() && name.iter().zip(known).all(|(&a, &b)| a | 0x20 == b)
 }
 
 fn content_length(digits: &[u8]) -> Option<u64> {

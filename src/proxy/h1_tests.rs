@@ -194,3 +194,27 @@ fn hop_by_hop_fields_are_never_kept() {
     assert!(matches!(framing, Framing::Chunked(_)));
     assert!(keep_alive);
 }
+
+#[test]
+fn field_names_are_classified_in_any_case_and_only_when_whole() {
+    for (name, kind) in [
+        (&b"Content-Length"[..], Field::ContentLength),
+        (b"CONTENT-LENGTH", Field::ContentLength),
+        (b"transfer-Encoding", Field::TransferEncoding),
+        (b"Connection", Field::Connection),
+        (b"KEEP-ALIVE", Field::OtherHop),
+        (b"Te", Field::OtherHop),
+        (b"Trailer", Field::OtherHop),
+        (b"upgradE", Field::OtherHop),
+        (b"Proxy-Connection", Field::OtherHop),
+        // The same lengths, other names.
+        (b"Content_Length", Field::EndToEnd),
+        (b"Contentxlength", Field::EndToEnd),
+        (b"X-Upgrd", Field::EndToEnd),
+        (b"Keep-Alivf", Field::EndToEnd),
+        (b"tf", Field::EndToEnd),
+        (b"Content-Type", Field::EndToEnd),
+    ] {
+        assert_eq!(classify(name), kind, "{}", String::from_utf8_lossy(name));
+    }
+}
