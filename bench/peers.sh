@@ -393,6 +393,21 @@ for line in open(bursts):
 for line in open(missing):
     row, why = line.rstrip("\n").split("\t", 1)
     print(f"{row}: NOT MEASURED ({why})")
+# CPU a request of each side's measured process, split into user space and the kernel (the
+# rows' CPU columns; on loopback, the kernel's share is most of a proxy's cost).
+cpu = {}
+for line in open(results):
+    f = line.rstrip("\n").split("\t")
+    if f[0] == "round" or len(f) < 12 or f[7] in ("-", "0") or f[11] == "-" or float(f[2]) <= 0:
+        continue
+    per = 1e4 / float(f[2])  # us a request for each percent of a core
+    cpu.setdefault(f[1], []).append((int(f[7]) * per, int(f[11]) * per))
+if cpu:
+    print("CPU a request of the measured process (median over rounds), user + system:")
+    for name, runs in cpu.items():
+        total = statistics.median(t for t, _ in runs)
+        user = statistics.median(u for _, u in runs)
+        print(f"  {name:<30} {total:6.1f} us = {user:5.1f} user + {total - user:5.1f} system")
 rows = {}
 for line in open(results):
     f = line.rstrip("\n").split("\t")

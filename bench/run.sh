@@ -308,15 +308,18 @@ stat_fields() { sed 's/.*) //' "$1" 2>/dev/null; }
 
 # pid_ticks PID...: CPU ticks (user + system) used so far by these processes and their children
 # (nginx's workers).
-pid_ticks() {
-    local total=0 pid p f
+pid_ticks() { local total _user; read -r total _user < <(pid_ticks_split "$@"); echo "$total"; }
+
+# pid_ticks_split PID...: the same, then the user ticks alone: "TOTAL USER".
+pid_ticks_split() {
+    local total=0 user=0 pid p f
     for pid in "$@"; do
         for p in $pid $(ps -o pid= --ppid "$pid" 2>/dev/null); do
             read -r -a f < <(stat_fields "/proc/$p/stat") || continue
-            [[ ${#f[@]} -gt 13 ]] && total=$((total + f[11] + f[12]))
+            [[ ${#f[@]} -gt 13 ]] && total=$((total + f[11] + f[12])) && user=$((user + f[11]))
         done
     done
-    echo "$total"
+    echo "$total $user"
 }
 
 # our_ticks: CPU ticks used so far by the servers we run and by the wrk runs this shell waited for.
@@ -407,20 +410,23 @@ run_pair() {
             -d"${WARMUP}s" "${urls[$i]}" >/dev/null
     done
     local raw="$OUT/raw/round$ROUND-${names[0]}+${names[1]}" attempt best_others=-1 others
-    local a0 o0 a1 o1 busy load k t0 t1 cpu_ticks=(0 0) best_cpu=(- -)
+    local a0 o0 a1 o1 busy load k t0 t1 u0 u1 cpu_ticks=(0 0) user_ticks=(0 0) best_cpu=(- -)
+    local best_user=(- -)
     for attempt in $(seq 1 "$RETRIES"); do
         wait_quiet
         rm -rf "$raw.try"; mkdir -p "$raw.try"
         cpu_ticks=(0 0)
+        user_ticks=(0 0)
         a0=$(all_ticks); o0=$(our_ticks)
         for k in $(seq 1 "$SLICES"); do
             for i in $( ((k % 2)) && echo 0 1 || echo 1 0); do
-                t0=$(pid_ticks "${pids[$i]}")
+                read -r t0 u0 < <(pid_ticks_split "${pids[$i]}")
                 WRK_HISTOGRAM="$raw.try/${names[$i]}.$k.hist" pin "$WRK_CPU" "$WRK" \
                     ${WRK_ARGS[@]+"${WRK_ARGS[@]}"} -t"$WRK_THREADS" -c"$CONNECTIONS" -d"${slice}s" --latency \
                     -s "$BENCH_DIR/wrk_histogram.lua" "${urls[$i]}" >"$raw.try/${names[$i]}.$k.txt"
-                t1=$(pid_ticks "${pids[$i]}")
+                read -r t1 u1 < <(pid_ticks_split "${pids[$i]}")
                 cpu_ticks[i]=$((cpu_ticks[i] + t1 - t0))
+                user_ticks[i]=$((user_ticks[i] + u1 - u0))
             done
         done
         a1=$(all_ticks); o1=$(our_ticks)
@@ -428,7 +434,10 @@ run_pair() {
         (( others < 0 )) && others=0
         if (( best_others < 0 || others < best_others )); then
             best_others=$others
-            for i in 0 1; do best_cpu[i]=$((cpu_ticks[i] * 100 / (SLICES * slice * TICKS))); done
+            for i in 0 1; do
+                best_cpu[i]=$((cpu_ticks[i] * 100 / (SLICES * slice * TICKS)))
+                best_user[i]=$((user_ticks[i] * 100 / (SLICES * slice * TICKS)))
+            done
             busy=$LAST_BUSY
             load=$LAST_LOAD
             rm -rf "$raw"; mv "$raw.try" "$raw"
@@ -439,9 +448,9 @@ run_pair() {
     rm -rf "$raw.try"
     for i in 0 1; do
         python3 - "$raw" "${names[$i]}" "$ROUND" "${best_cpu[$i]}" "$busy" "$best_others" "$load" \
-            >>"$OUT/results.tsv" <<'PY'
+            "${best_user[$i]}" >>"$OUT/results.tsv" <<'PY'
 import glob, sys
-raw, name, rnd, cpu, busy, others, load = sys.argv[1:]
+raw, name, rnd, cpu, busy, others, load, user = sys.argv[1:]
 requests = duration = non2xx = errors = 0
 hist = {}
 for path in glob.glob(f"{raw}/{name}.*.hist"):
@@ -463,9 +472,9 @@ def percentile(p):
     return 0.0
 rps = requests / (duration / 1e6) if duration else 0
 print(f"{rnd}\t{name}\t{rps:.2f}\t{percentile(50):.3f}\t{percentile(99):.3f}\t{non2xx}\t{errors}"
-      f"\t{cpu}\t{busy}\t{others}\t{load}")
+      f"\t{cpu}\t{busy}\t{others}\t{load}\t{user}")
 PY
-        tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "  %-22s %9s req/s  p50 %6s ms  p99 %7s ms  cpu %4s%%  (others: %s%% before, %s%% during)\n", $2, $3, $4, $5, $8, $9, $10;
+        tail -1 "$OUT/results.tsv" | awk -F'\t' '{printf "  %-22s %9s req/s  p50 %6s ms  p99 %7s ms  cpu %4s%% (user %s%%)  (others: %s%% before, %s%% during)\n", $2, $3, $4, $5, $8, $12, $9, $10;
             if ($6 != 0 || $7 != 0) printf "  warning: %s had %s non-2xx responses and %s socket errors\n", $2, $6, $7 > "/dev/stderr"}'
     done
 }
