@@ -5,19 +5,27 @@
 # slept, e.g. parked for want of work; involuntary: the kernel took the core away), and how the CPU
 # splits over the threads. With --strace, a second load with `strace -f -c` attached counts the
 # system calls per request (strace slows the server, so only the counts are read, not the rates).
+# With --perf, a third load with `perf record -e cpu-clock` (a software clock: no hardware counters
+# needed) attached samples where the server's CPU goes: its time a request in user space and in
+# the kernel, and the functions that take most of it, in microseconds a request. Sampling slows
+# the server (on a 2-vCPU guest, a single-threaded one by up to 40%), and in a guest the kernel's
+# samples pile up where interrupts are enabled again (`_raw_spin_unlock_irqrestore`): read the
+# ranking of the user-space functions, and take the CPU a request from the unsampled load above.
 #
-# Usage: bench/workers.sh [--strace] [--turnstile BIN] [SECONDS] [CONNECTIONS]
-# Needs nginx, wrk, python3 (and strace for --strace). Servers on free loopback ports, stopped by
-# PID on exit.
+# Usage: bench/workers.sh [--strace] [--perf] [--turnstile BIN] [SECONDS] [CONNECTIONS]
+# Needs nginx, wrk, python3 (strace for --strace; perf, Debian linux-perf, for --perf). Servers on
+# free loopback ports, stopped by PID on exit.
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$BENCH_DIR/common.sh"
 STRACE=0
+PERF=0
 TURNSTILE_BIN=${TURNSTILE_BIN:-${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/turnstile}
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --strace) STRACE=1; shift ;;
+        --perf) PERF=1; shift ;;
         --turnstile) TURNSTILE_BIN=$2; shift 2 ;;
         *) break ;;
     esac
@@ -25,6 +33,10 @@ done
 SECS=${1:-10}
 CONNECTIONS=${2:-64}
 [[ -x "$TURNSTILE_BIN" ]] || { echo "error: no turnstile binary at $TURNSTILE_BIN" >&2; exit 2; }
+if (( PERF )) && ! command -v perf >/dev/null; then
+    echo "perf: NOT MEASURED (no perf on PATH; Debian package linux-perf)" >&2
+    PERF=0
+fi
 
 bench_workdir workers
 
@@ -137,6 +149,37 @@ for line in open(trace):
 top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
 print(f"{name:<20} system calls a request under strace ({requests} requests): "
       + ", ".join(f"{k} {v / requests:.3f}" for k, v in top))
+PY
+    fi
+    if (( PERF )); then
+        local_pids=("$SERVER_PID" $(ps -o pid= --ppid "$SERVER_PID" 2>/dev/null || true))
+        perf record -F 999 -e cpu-clock -p "$(IFS=,; echo "${local_pids[*]}")" \
+            -o "$WORK/$name.perf" -- sleep "$SECS" >/dev/null 2>&1 &
+        PERF_PID=$!
+        wrk -t1 -c"$CONNECTIONS" -d"${SECS}s" "http://127.0.0.1:$SERVER_PORT/" >"$WORK/wrk.txt"
+        wait "$PERF_PID" 2>/dev/null || true
+        perf report -i "$WORK/$name.perf" --stdio -n --no-children --sort dso,sym 2>/dev/null \
+            >"$WORK/$name.perf.txt" || true
+        python3 - "$name" "$WORK/$name.perf.txt" "$WORK/wrk.txt" <<'PY'
+import re, sys
+name, report, wrk = sys.argv[1:]
+requests = int(re.search(r"(\d+) requests in", open(wrk).read()).group(1))
+us = 1e6 / 999 / requests  # one sample's share of a request, in microseconds
+rows, kernel, user = [], 0.0, 0.0
+for line in open(report):
+    m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[(.)\]\s+(.*)", line)
+    if not m:
+        continue
+    t = int(m.group(1)) * us
+    if m.group(3) == "k":
+        kernel += t
+    else:
+        user += t
+    rows.append((t, m.group(3), m.group(4).strip()[:80]))
+print(f"{name:<20} sampled ({requests} requests): {user + kernel:.1f} us a request = "
+      f"{user:.1f} user + {kernel:.1f} kernel; the most:")
+for t, kind, sym in sorted(rows, reverse=True)[:12]:
+    print(f"    {t:6.2f} us  [{kind}] {sym}")
 PY
     fi
     stop
