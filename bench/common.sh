@@ -63,13 +63,13 @@ wait_port() {
     exit 1
 }
 
-# wait_http URL: waits (at most 10 s) until URL answers 200.
+# wait_http URL [NAME]: waits (at most 10 s) until URL answers 200; NAME names it in the error.
 wait_http() {
     for _ in $(seq 1 100); do
         [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]] && return 0
         sleep 0.1
     done
-    echo "error: $1 did not answer 200" >&2
+    echo "error: ${2:-$1} did not answer 200 at $1 within 10 s" >&2
     return 1
 }
 

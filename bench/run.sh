@@ -42,7 +42,7 @@ set -euo pipefail
 ORIGINAL_ARGS=("$@")
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO_DIR=$(dirname "$BENCH_DIR")
+. "$BENCH_DIR/common.sh"
 
 # ---- settings (flags override) -------------------------------------------------------------------
 SECTIONS_ALL=(memory redis tls flood rls rlqs access_log tracing jwt peers hotpath pacing)
@@ -98,26 +98,9 @@ else
 fi
 
 # ---- process bookkeeping: everything we start is stopped by PID on exit --------------------------
-PIDS=()
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/turnstile-bench.XXXXXX")
-
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        # Bounded wait for a clean exit, then force.
-        for _ in $(seq 1 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -9 "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# bench/common.sh: PIDS, $WORK and the exit trap that stops them; free_port, free_ports, render
+# and wait_http are its too.
+bench_workdir bench
 
 stop_pid() {
     local pid=$1
@@ -131,19 +114,6 @@ stop_pid() {
     local kept=()
     for p in "${PIDS[@]}"; do [[ "$p" == "$pid" ]] || kept+=("$p"); done
     PIDS=("${kept[@]}")
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
-# free_ports N: N distinct free ports on one line (held open together while chosen, so two calls
-# of free_port cannot hand the same port to a listener and its admin listener).
-free_ports() {
-    python3 -c 'import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 }
 
 # pin CPU CMD...: run a command in the foreground, pinned to CPU (unpinned when CPU is empty).
@@ -163,18 +133,6 @@ spawn() {
     fi
     LAST_PID=$!
     PIDS+=("$LAST_PID")
-}
-
-# wait_http URL NAME: bounded wait (10 s) until URL answers 200 with a body.
-wait_http() {
-    local url=$1 name=$2 code
-    for _ in $(seq 1 100); do
-        code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true)
-        [[ "$code" == 200 ]] && return 0
-        sleep 0.1
-    done
-    echo "error: $name did not answer 200 at $url within 10 s" >&2
-    return 1
 }
 
 # check_ok URL NAME: the target must answer 200 "ok" (not a 429, 404 or 502 that would inflate req/s).
@@ -197,14 +155,6 @@ check_status() {
         echo "error: $name answered $code at $url, expected $want" >&2
         return 1
     fi
-}
-
-# render TEMPLATE OUT KEY=VALUE...: fill @KEY@ placeholders.
-render() {
-    local tmpl=$1 out=$2; shift 2
-    local args=() kv
-    for kv in "$@"; do args+=(-e "s|@${kv%%=*}@|${kv#*=}|g"); done
-    sed "${args[@]}" "$tmpl" >"$out"
 }
 
 # ---- servers -------------------------------------------------------------------------------------
