@@ -595,9 +595,10 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Head>, Error
     }))
 }
 
-/// The fields every proxy treats as hop-by-hop in a response (RFC 9110 §7.6.1), besides those a
-/// `Connection` field names. `Upgrade` is among them: this exchange never carries an upgrade.
-/// What a response field's name makes it, for framing and for forwarding.
+/// What a response field's name makes it, for framing and for forwarding. Every kind but
+/// `EndToEnd` and `ContentLength` is hop-by-hop: the fields every proxy treats so in a response
+/// (RFC 9110 §7.6.1), besides those a `Connection` field names. `Upgrade` is among them: this
+/// exchange never carries an upgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     ContentLength,
