@@ -155,7 +155,7 @@ envoy_cmd() {  # TEMPLATE KEY=VALUE...: the command in ENVOY_CMD
 }
 traefik_cmd() {  # STORE
     local block=""
-    [[ $1 == redis ]] && block='        redis:\n          endpoints: ["127.0.0.1:'"$REDIS_PORT"'"]'
+    [[ $1 == redis ]] && block=$'        redis:\n          endpoints: ["127.0.0.1:'"$REDIS_PORT"'"]'
     render "$BENCH_DIR/traefik-ratelimit.yaml.tmpl" "$WORK/px/dynamic.yaml" UPSTREAM_PORT="$UP_PORT" \
         AVERAGE="$BIG" PERIOD=1s BURST="$BIG" STORE="$block"
     TRAEFIK_CMD=("$(real_bin traefik)" "--entrypoints.web.address=127.0.0.1:$PORT"

@@ -139,7 +139,7 @@ peers_start_traefik() {  # MODE CPU STORE(memory|redis)
     local mode=$1 cpu=$2 store=$3 average=$PEERS_BIG period=1s burst=$PEERS_BIG block=""
     [[ "$mode" == probe ]] && { average=20; period=1m; burst=20; }
     [[ "$store" == redis ]] &&
-        block='        redis:\n          endpoints: ["127.0.0.1:'"$REDIS_PORT"'"]'
+        block=$'        redis:\n          endpoints: ["127.0.0.1:'"$REDIS_PORT"'"]'
     local dir="$WORK/traefik-$store-$mode" port
     mkdir -p "$dir"
     port=$(free_port)
