@@ -68,6 +68,8 @@
 //!   [`shutdown::Shutdown`] owns and awaits; [`watch`] applies edits of
 //!   the config file (Kubernetes ConfigMap swaps included) without a signal; [`log_throttle`]:
 //!   one warning line per period for repeated events;
+//! - [`workers`]: with several workers, one single-threaded runtime per worker thread, on which
+//!   each accepted connection lives its whole life;
 //! - [`probe`]: `turnstile healthcheck`, for images without a shell;
 //! - [`import`]: `turnstile import ingress-nginx`, Ingress manifests to a policies file.
 
@@ -112,5 +114,6 @@ pub mod top_limited;
 pub mod units;
 pub mod usage;
 pub mod watch;
+pub mod workers;
 
 pub use server::{start, Running};

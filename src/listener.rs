@@ -55,6 +55,8 @@ static ABUSE_LOG: Throttle = Throttle::new(Duration::from_secs(10));
 #[derive(Debug, Clone)]
 struct ListenerMetrics {
     open: IntGauge,
+    /// Per connection worker, the first at 0 (`crate::workers::index` 1); empty without them.
+    workers: Arc<[IntGauge]>,
     goaway_cancelled: IntCounter,
     goaway_resets: IntCounter,
 }
@@ -64,6 +66,9 @@ impl ListenerMetrics {
     fn register(metrics: &Metrics, listener: &str) -> Self {
         ListenerMetrics {
             open: metrics.open_connections(listener),
+            workers: (1..=crate::workers::count())
+                .map(|worker| metrics.worker_connections(worker))
+                .collect(),
             goaway_cancelled: metrics.goaways("cancelled_streams"),
             goaway_resets: metrics.goaways("rapid_reset"),
         }
@@ -299,8 +304,9 @@ async fn serve_http<H: Handler>(
         let stopping = shutdown.clone();
         let metrics = metrics.clone();
         let tls = tls.clone();
-        tokio::spawn(async move {
-            let open = Open::new(slot, &metrics.open);
+        // On a connection worker of its own when there are several (`crate::workers`).
+        crate::workers::spawn_connection(stream, move |stream| async move {
+            let open = Open::new(slot, &metrics);
             serve_connection(
                 stream,
                 peer,
@@ -326,20 +332,31 @@ async fn serve_http<H: Handler>(
     }
 }
 
-/// A connection's `max_connections` slot and its count in the open-connections gauge, released
-/// together when it is dropped: when the connection ends, or, for one that upgraded (a
-/// WebSocket), when its tunnel closes (it rides on the stream: `crate::proxy::held`).
+/// A connection's `max_connections` slot and its count in the open-connections gauges (its
+/// listener's, and its worker's), released together when it is dropped: when the connection
+/// ends, or, for one that upgraded (a WebSocket), when its tunnel closes (it rides on the stream:
+/// `crate::proxy::held`).
 struct Open {
     _slot: OwnedSemaphorePermit,
     gauge: IntGauge,
+    worker: Option<IntGauge>,
 }
 
 impl Open {
-    fn new(slot: OwnedSemaphorePermit, gauge: &IntGauge) -> Self {
-        gauge.inc();
+    /// Counts a connection on the thread that serves it.
+    fn new(slot: OwnedSemaphorePermit, metrics: &ListenerMetrics) -> Self {
+        metrics.open.inc();
+        let worker = crate::workers::index()
+            .checked_sub(1)
+            .and_then(|i| metrics.workers.get(i))
+            .cloned();
+        if let Some(worker) = &worker {
+            worker.inc();
+        }
         Open {
             _slot: slot,
-            gauge: gauge.clone(),
+            gauge: metrics.open.clone(),
+            worker,
         }
     }
 }
@@ -347,6 +364,9 @@ impl Open {
 impl Drop for Open {
     fn drop(&mut self) {
         self.gauge.dec();
+        if let Some(worker) = &self.worker {
+            worker.dec();
+        }
     }
 }
 

@@ -207,6 +207,13 @@ fn serve(config: PathBuf, workers: Option<NonZeroUsize>, level: &str) -> ExitCod
             return ExitCode::FAILURE;
         }
     };
+    // Several workers: each connection lives on one thread of its own (`turnstile::workers`).
+    if workers.get() > 1 {
+        if let Err(e) = turnstile::workers::start(workers.get(), read_clock) {
+            eprintln!("turnstile: cannot start the connection workers: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     match runtime.block_on(run(config, workers)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -260,13 +267,12 @@ fn runtime(workers: NonZeroUsize) -> std::io::Result<tokio::runtime::Runtime> {
         builder.worker_threads(workers.get());
         builder
     };
-    // A thread that wakes reads the clock once for whatever it runs next (`turnstile::now`).
-    builder
-        .on_thread_unpark(|| {
-            turnstile::now::read();
-        })
-        .enable_all()
-        .build()
+    builder.on_thread_unpark(read_clock).enable_all().build()
+}
+
+/// A thread that wakes reads the clock once for whatever it runs next (`turnstile::now`).
+fn read_clock() {
+    turnstile::now::read();
 }
 
 async fn run(path: PathBuf, workers: NonZeroUsize) -> anyhow::Result<()> {

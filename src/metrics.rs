@@ -57,6 +57,7 @@ pub struct Families {
     upstream_ejections: IntCounterVec,
     upstream_in_flight: IntGaugeVec,
     open_connections: IntGaugeVec,
+    worker_connections: IntGaugeVec,
     goaways: IntCounterVec,
     tls_reloads: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
@@ -692,6 +693,22 @@ impl Metrics {
                     .unwrap_or_else(|e| panic!("metric {name}: {e}"));
                 g
             },
+            worker_connections: {
+                let name = "turnstile_worker_connections";
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        name,
+                        "Connections of the public and forward-auth listeners open on each \
+                         connection worker (with several workers only).",
+                    ),
+                    &["worker"],
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                registry
+                    .register(Box::new(g.clone()))
+                    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                g
+            },
             goaways: counter(
                 "turnstile_connection_goaways_total",
                 "Client connections shut down for abuse, by reason.",
@@ -757,6 +774,12 @@ impl Metrics {
     /// exported from now.
     pub fn open_connections(&self, listener: &str) -> IntGauge {
         self.open_connections.with_label_values(&[listener])
+    }
+
+    /// The connections open on connection worker `worker` (`crate::workers`), exported from now.
+    pub fn worker_connections(&self, worker: usize) -> IntGauge {
+        self.worker_connections
+            .with_label_values(&[worker.to_string().as_str()])
     }
 
     /// Certificate reloads of one TLS listener (`public`, `rls`, `ext_authz`, `forward_auth`,

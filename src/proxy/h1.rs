@@ -63,6 +63,8 @@ pub struct State {
     /// deadline costs no wheel insertion and removal, as a timer per request did (1-2% of a
     /// proxied request: docs/benchmarks.md, issue 14's tenth pass).
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The connection worker whose runtime the socket was opened on (`crate::workers::index`).
+    home: usize,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -158,8 +160,14 @@ impl Conn {
             write: Vec::new(),
             drained: false,
             timer: None,
+            home: crate::workers::index(),
             _slot: slot,
         }))
+    }
+
+    /// The connection worker it was opened on.
+    pub fn home(&self) -> usize {
+        self.0.home
     }
 
     /// Whether an idle connection can carry a request: the upstream has not closed it and sent

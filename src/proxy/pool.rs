@@ -65,7 +65,11 @@ struct Shared {
     target: Uri,
     /// The `Host` of a request that arrives without one: the authority, minus a default port.
     default_host: Option<HeaderValue>,
-    idle: Mutex<IdleSet>,
+    /// One per connection worker (`crate::workers`), and one for every other thread: a
+    /// connection idles on the worker whose runtime it was opened on (its socket's events and
+    /// timers are that runtime's), and is borrowed by another worker only when that one has none
+    /// idle and none may be opened.
+    idle: Box<[PerWorker]>,
     /// Whether bodiless requests take the lean exchange: only to a plain-TCP upstream.
     lean: bool,
     /// One permit per connection that may be open.
@@ -89,6 +93,11 @@ struct Idle<C> {
     conn: C,
     since: Instant,
 }
+
+/// One worker's idle connections, on a cache line of its own: each worker locks only its own.
+#[derive(Default)]
+#[repr(align(128))]
+struct PerWorker(Mutex<IdleSet>);
 
 /// The idle connections of each kind, most recently idle last.
 #[derive(Default)]
@@ -201,7 +210,9 @@ impl UpstreamClient {
                 connector,
                 target,
                 default_host,
-                idle: Mutex::new(IdleSet::default()),
+                idle: (0..=crate::workers::count())
+                    .map(|_| PerWorker::default())
+                    .collect(),
                 lean: *scheme == Scheme::HTTP && !h2,
                 slots: Arc::new(Semaphore::new(limits.max_connections)),
                 idled: Notify::new(),
@@ -410,11 +421,15 @@ impl UpstreamClient {
         evict: fn(&mut IdleSet) -> bool,
         deadline: tokio::time::Instant,
     ) -> Result<Got<C>, ClientError> {
-        if let Some(conn) = take(&mut lock(&self.shared.idle)) {
+        let shared = &*self.shared;
+        if let Some(conn) = take(&mut lock(shared.own())) {
             return Ok(Got::Idle(conn));
         }
-        if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
+        if let Ok(slot) = shared.slots.clone().try_acquire_owned() {
             return Ok(Got::Slot(slot));
+        }
+        if let Some(conn) = shared.others().find_map(|idle| take(&mut lock(idle))) {
+            return Ok(Got::Idle(conn));
         }
         // Boxed: waiting is rare, and its timer and wait lists would otherwise be part of every
         // request's future, which is moved (copied) several times per request.
@@ -439,8 +454,8 @@ impl UpstreamClient {
             let idled = self.shared.idled.notified();
             tokio::pin!(idled);
             idled.as_mut().enable();
-            {
-                let mut idle = lock(&self.shared.idle);
+            for idle in std::iter::once(self.shared.own()).chain(self.shared.others()) {
+                let mut idle = lock(idle);
                 if let Some(conn) = take(&mut idle) {
                     return Ok(Got::Idle(conn));
                 }
@@ -503,6 +518,17 @@ impl UpstreamClient {
 }
 
 impl Shared {
+    /// This thread's idle connections.
+    fn own(&self) -> &PerWorker {
+        &self.idle[crate::workers::index() % self.idle.len()]
+    }
+
+    /// Every other worker's, in turn from the next one.
+    fn others(&self) -> impl Iterator<Item = &PerWorker> {
+        let own = crate::workers::index() % self.idle.len();
+        (1..self.idle.len()).map(move |step| &self.idle[(own + step) % self.idle.len()])
+    }
+
     /// Takes back a connection whose exchange is over.
     fn put(self: Arc<Self>, sender: SendRequest<RequestBody>) {
         if sender.is_ready() {
@@ -521,13 +547,15 @@ impl Shared {
     }
 
     fn push(&self, sender: SendRequest<RequestBody>) {
-        let evicted = push_idle(&mut lock(&self.idle).hyper, sender);
+        let evicted = push_idle(&mut lock(self.own()).hyper, sender);
         drop(evicted);
         self.idled.notify_one();
     }
 
     fn push_lean(&self, conn: h1::Conn) {
-        let evicted = push_idle(&mut lock(&self.idle).lean, conn);
+        // Home to the worker whose runtime it was opened on, even after another borrowed it.
+        let home = &self.idle[conn.home() % self.idle.len()];
+        let evicted = push_idle(&mut lock(home).lean, conn);
         drop(evicted);
         self.idled.notify_one();
     }
@@ -553,8 +581,10 @@ fn push_idle<C>(list: &mut VecDeque<Idle<C>>, conn: C) -> Vec<Idle<C>> {
 }
 
 /// A poisoned pool only means a panic elsewhere while it was locked; the lists are still valid.
-fn lock(idle: &Mutex<IdleSet>) -> MutexGuard<'_, IdleSet> {
-    idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn lock(idle: &PerWorker) -> MutexGuard<'_, IdleSet> {
+    idle.0
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// An upstream response body. When it has been read to the end, its connection goes back to the

@@ -48,3 +48,4 @@ mod status;
 mod status_browser;
 mod targets;
 mod tls;
+mod workers;
