@@ -7,7 +7,7 @@
 # Usage: bench/callgrind.sh [--cache] [TARGET] [SECONDS] [CONNECTIONS]
 # TARGET (default turnstile):
 #   turnstile        Turnstile, memory store, never-tripping policy keyed by client IP, 1 worker
-#                    (CALLGRIND_WORKERS=2: two, on the work-stealing runtime)
+#                    (CALLGRIND_WORKERS=2: two, each connection on one worker thread)
 #   nginx            NGINX as a plain proxy, one worker process
 #   nginx-limit-req  NGINX with limit_req keyed per client (bench/nginx-limit-req.conf.tmpl)
 #   haproxy          HAProxy, a stick table keyed by src, 1 thread (bench/haproxy-stick.cfg.tmpl)
