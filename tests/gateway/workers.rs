@@ -43,12 +43,17 @@ async fn wait_worker_connections(gw: &GatewayProcess, want: [f64; 2]) {
     }
 }
 
+/// A gateway of `workers` workers forwarding everything to a fresh upstream.
+async fn forwarding(workers: usize) -> (Upstream, GatewayProcess) {
+    let upstream = Upstream::start().await;
+    let yaml = substitute(crate::FORWARD_ALL, Some(upstream.addr));
+    let gw = GatewayProcess::spawn_with_workers(&yaml, workers).await;
+    (upstream, gw)
+}
+
 #[tokio::test]
 async fn connections_are_spread_over_the_workers_and_each_keeps_its_own_upstream_connections() {
-    let upstream = Upstream::start().await;
-    let gw =
-        GatewayProcess::spawn_with_workers(&substitute(crate::FORWARD_ALL, Some(upstream.addr)), 2)
-            .await;
+    let (upstream, gw) = forwarding(2).await;
     wait_worker_connections(&gw, [0.0, 0.0]).await;
     let (requests, dialled) = (upstream.requests(), upstream.connections());
 
@@ -77,10 +82,7 @@ async fn connections_are_spread_over_the_workers_and_each_keeps_its_own_upstream
 
 #[tokio::test]
 async fn one_worker_serves_on_the_main_runtime_with_no_worker_series() {
-    let upstream = Upstream::start().await;
-    let gw =
-        GatewayProcess::spawn_with_workers(&substitute(crate::FORWARD_ALL, Some(upstream.addr)), 1)
-            .await;
+    let (_upstream, gw) = forwarding(1).await;
     let mut stream = raw_connect(gw.public, GET).await;
     let (head, _, _) = read_response(&mut stream, Vec::new()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
