@@ -65,10 +65,11 @@ struct Shared {
     target: Uri,
     /// The `Host` of a request that arrives without one: the authority, minus a default port.
     default_host: Option<HeaderValue>,
-    /// One per connection worker (`crate::workers`), and one for every other thread: a
-    /// connection idles on the worker whose runtime it was opened on (its socket's events and
-    /// timers are that runtime's), and is borrowed by another worker only when that one has none
-    /// idle and none may be opened.
+    /// One per connection worker (`crate::workers`), and one for every other thread. A worker
+    /// takes from its own, and borrows another's connection only when it has none idle and may
+    /// open none. A lean connection idles on the worker whose runtime opened it (its socket's
+    /// events and timer are that runtime's), even after a borrow; a hyper one, whose I/O runs in
+    /// a task of its own, idles where it was last used.
     idle: Box<[PerWorker]>,
     /// Whether bodiless requests take the lean exchange: only to a plain-TCP upstream.
     lean: bool,
