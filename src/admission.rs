@@ -16,7 +16,7 @@ use crate::config::Route;
 use crate::inflight::AfterAdmission;
 use crate::keys::RequestView;
 use crate::limiter::{Checks, FailureMode, Kind, Outcome, Reservation, Rule, Tally};
-use crate::metrics::RouteMetrics;
+use crate::metrics::{DecisionLabel, RouteMetrics};
 use crate::normalize;
 use crate::respond::headers::MAX_POLICIES;
 use crate::respond::{Limits, Refusal};
@@ -121,19 +121,33 @@ async fn admit_with<'l>(
         Err(Once::Refused(refusal)) => return Err(refusal),
         Err(Once::Queue(queue)) => queue,
     };
+    let started = tokio::time::Instant::now();
+    let waited_for = wait_for_lease(
+        state,
+        resources,
+        queue.key.clone(),
+        queue.rule,
+        queue.max_delay_us,
+    )
+    .await;
+    let Some(held) = waited_for else {
+        queue.count_refused(state, route, resources);
+        return Err(queue.refusal);
+    };
     let Queue {
-        refusal,
         policy,
-        key,
-        rule,
-        max_delay_us,
         place,
         outcome,
+        ..
     } = *queue;
-    let started = tokio::time::Instant::now();
-    let Some(held) = wait_for_lease(state, resources, key, rule, max_delay_us).await else {
-        return Err(refusal);
-    };
+    // It holds a lease: the policy allowed it, whatever the decision now taken of the others
+    // (which counts them).
+    if let (Some(metrics), Some(leased)) =
+        (resources.policies.get(policy), route.policies.get(policy))
+    {
+        metrics.record(DecisionLabel::Allowed);
+        metrics.record_units(leased.cost);
+    }
     let waited = started.elapsed();
     let lease = held.lease;
     let again = Held {
@@ -197,6 +211,35 @@ struct Queue<'l> {
     max_delay_us: u64,
     place: crate::pacing::Place,
     outcome: Outcome,
+    /// The decision was not counted ([`Checks::count_later`]): how each of the other policies
+    /// that applied counts if no lease comes (allowed, or shadow), by policy index. With a
+    /// lease, the decision taken then counts them.
+    others: Vec<(usize, DecisionLabel)>,
+}
+
+impl Queue<'_> {
+    /// No lease came: the request counts as its first decision refused it, once per policy.
+    fn count_refused(&self, state: &AppState, route: &Route, resources: &RouteResources) {
+        for &(p, label) in &self.others {
+            if let Some(metrics) = resources.policies.get(p) {
+                metrics.record(label);
+            }
+        }
+        if let (Some(metrics), Some(policy)) = (
+            resources.policies.get(self.policy),
+            route.policies.get(self.policy),
+        ) {
+            metrics.record(DecisionLabel::Limited);
+            let value = self
+                .key
+                .strip_prefix(policy.key_prefix())
+                .unwrap_or(&self.key);
+            state
+                .engine
+                .top_limited()
+                .record(&route.name, &policy.name, value);
+        }
+    }
 }
 
 /// One decision of the request's policies (all but a `held` one).
@@ -352,6 +395,17 @@ async fn admit_once<'l>(
         route.failure_mode
     };
     let pushed_len = checks.len();
+    // A request that may wait for a lease is counted once it is known whether it waits.
+    let may_queue = inline
+        && held.is_none()
+        && place.is_some()
+        && route
+            .policies
+            .iter()
+            .any(|p| matches!(p.rule, Rule::Concurrency(_)) && p.max_delay_us.is_some());
+    if may_queue {
+        checks.count_later();
+    }
     let store_began = note.is_some().then(std::time::SystemTime::now);
     let mut verdict = state.engine.decide(checks, failure_mode).await;
     let store_call = store_began.map(|began| (began, std::time::SystemTime::now()));
@@ -395,6 +449,9 @@ async fn admit_once<'l>(
         }
         _ => None,
     };
+    if may_queue && queue_on.is_none() {
+        state.engine.count_verdict(&verdict);
+    }
     match (verdict.kind, governing) {
         (Kind::Limited, Some((_, outcome))) => Err(Refusal::RateLimited {
             route: &route.name,
@@ -417,6 +474,23 @@ async fn admit_once<'l>(
                 max_delay_us,
                 place,
                 outcome: verdict.outcome(i).copied().unwrap_or(outcome),
+                // Every other enforced check allowed (`waits_for_lease`); a shadow one may not.
+                others: (0..pushed_len)
+                    .filter(|&j| j != i)
+                    .filter_map(|j| {
+                        let p = policy_of(j)?;
+                        let shadow = route.policies.get(p)?.shadow;
+                        let allowed = verdict.outcome(j)?.allowed;
+                        Some((
+                            p,
+                            if shadow && !allowed {
+                                DecisionLabel::Shadow
+                            } else {
+                                DecisionLabel::Allowed
+                            },
+                        ))
+                    })
+                    .collect(),
             })),
             _ => Once::Refused(refusal),
         }),

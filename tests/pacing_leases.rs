@@ -375,3 +375,35 @@ fn the_documented_example_loads() {
     assert_eq!(policy.rule.limit(), 2);
     assert_eq!(policy.max_delay_us, Some(5_000_000));
 }
+
+/// Regression: a request that waited for a lease was counted in `turnstile_decisions_total` by
+/// both of its decisions (before and after the wait), so every other policy of its route counted
+/// it twice, and the concurrency policy counted it `limited` although it was admitted. Now each
+/// request counts once per policy: the ten of the burst are 10 `allowed` for a token bucket that
+/// never trips, and 6 `allowed` (2 at once, 4 after a wait) and 4 `limited` (refused after
+/// `max_delay`) for the concurrency policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_for_a_lease_counts_once_per_policy() {
+    let _timed = TIMED.lock().await;
+    let upstream = Upstream::start().await;
+    let yaml = leased(TWO).replace(
+        "      - { name: c,",
+        "      - { name: b, key: [method], token_bucket: { rate: 1000/s, burst: 1000 } }\n      - { name: c,",
+    );
+    let gw = TestGateway::with_upstream(&yaml, upstream.addr).await;
+    ten_in_a_row(&[gw.url("/api")], &upstream).await;
+    let count = |policy: &'static str, decision: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.metric(
+                "turnstile_decisions_total",
+                &[("route", "api"), ("policy", policy), ("decision", decision)],
+            )
+            .await
+        }
+    };
+    assert_eq!(count("b", "allowed").await, 10.0);
+    assert_eq!(count("b", "limited").await, 0.0);
+    assert_eq!(count("c", "allowed").await, 6.0);
+    assert_eq!(count("c", "limited").await, 4.0);
+}

@@ -99,6 +99,9 @@ pub struct Checks<'a> {
     /// The lease id the concurrency checks take (0: a new one): the id of a lease the request
     /// holds already, so that all of its leases are released together ([`Checks::hold_lease`]).
     lease: u64,
+    /// The caller counts the verdict itself, once it knows how the request ends
+    /// ([`Checks::count_later`]).
+    count_later: bool,
 }
 
 impl<'a> Checks<'a> {
@@ -110,7 +113,16 @@ impl<'a> Checks<'a> {
             refundable: false,
             capacity: n,
             lease: 0,
+            count_later: false,
         }
+    }
+
+    /// The decision is not counted in the decision metrics: the caller counts its verdict with
+    /// [`Engine::count_verdict`], or counts how the request ended otherwise. A request refused
+    /// only by a concurrency policy that delays is decided again once it holds a lease, and one
+    /// request must count once per policy.
+    pub fn count_later(&mut self) {
+        self.count_later = true;
     }
 
     /// The request holds lease `lease` already (handed to it after a wait,
@@ -837,8 +849,19 @@ impl Engine {
         }
     }
 
-    /// Counts each check's part in the verdict.
+    /// Counts the verdict of checks marked [`Checks::count_later`], as `decide` counts others.
+    pub fn count_verdict(&self, verdict: &Verdict<'_>) {
+        self.record(verdict);
+    }
+
+    /// Counts each check's part in the verdict, unless its caller counts it later.
     fn count(&self, verdict: &Verdict<'_>) {
+        if !verdict.checks.count_later {
+            self.record(verdict);
+        }
+    }
+
+    fn record(&self, verdict: &Verdict<'_>) {
         for item in &verdict.checks.items {
             let outcome = verdict.decision.outcomes.get(item.check);
             match (item.tally, outcome) {
