@@ -186,14 +186,24 @@ async fn three_instances_on_one_redis_share_one_queue() {
     ten_in_a_row(&urls, &upstream).await;
     let labels = [("route", "api")];
     let mut delayed = 0.0;
+    let (mut allowed, mut limited) = (0.0, 0.0);
     for gw in &gateways {
         delayed += gw.metric("turnstile_delayed_requests_total", &labels).await;
         assert_eq!(gw.metric("turnstile_waiting_requests", &labels).await, 0.0);
+        let decided = |decision| [("route", "api"), ("policy", "c"), ("decision", decision)];
+        allowed += gw
+            .metric("turnstile_decisions_total", &decided("allowed"))
+            .await;
+        limited += gw
+            .metric("turnstile_decisions_total", &decided("limited"))
+            .await;
     }
     assert_eq!(
         delayed, 4.0,
         "the four that waited, over the three instances"
     );
+    // Once per request: 2 at once and 4 after a wait, 4 refused after `max_delay`.
+    assert_eq!((allowed, limited), (6.0, 4.0));
     // Released in spawned calls as each response ends: gone within a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
