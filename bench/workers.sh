@@ -125,10 +125,11 @@ split = " ".join(f"{(r[1] + r[2]) / ticks * 1e6 / requests:.1f}" for r in sorted
 print(f"{name:<20} {rps:>9.0f} req/s  cpu {cpu_us:5.1f} us a request (user {user_us:4.1f})  "
       f"switches a request: voluntary {vol:.3f}, involuntary {inv:.3f}  busy threads (us a request): {split}")
 PY
+    # The server's processes (its own, and NGINX's workers), for strace and perf to attach to.
+    local_pids=("$SERVER_PID" $(ps -o pid= --ppid "$SERVER_PID" 2>/dev/null || true))
     if (( STRACE )); then
         # Attached to the running server (all its threads, and NGINX's worker processes), then
         # detached with SIGINT, which makes strace print its counts; the server stays ours.
-        local_pids=("$SERVER_PID" $(ps -o pid= --ppid "$SERVER_PID" 2>/dev/null || true))
         strace_args=()
         for p in "${local_pids[@]}"; do strace_args+=(-p "$p"); done
         strace -f -c -o "$WORK/$name.strace" "${strace_args[@]}" 2>/dev/null &
@@ -152,7 +153,6 @@ print(f"{name:<20} system calls a request under strace ({requests} requests): "
 PY
     fi
     if (( PERF )); then
-        local_pids=("$SERVER_PID" $(ps -o pid= --ppid "$SERVER_PID" 2>/dev/null || true))
         perf record -F 999 -e cpu-clock -p "$(IFS=,; echo "${local_pids[*]}")" \
             -o "$WORK/$name.perf" -- sleep "$SECS" >/dev/null 2>&1 &
         PERF_PID=$!
