@@ -93,18 +93,38 @@ where
         return;
     };
     // Deregistered from the accepting runtime; registered again on the worker's.
-    let stream = match stream.into_std() {
-        Ok(stream) => stream,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot hand an accepted connection to a worker");
-            return;
-        }
-    };
+    let stream = Detached::from(stream);
     let turn = workers.next.fetch_add(1, Ordering::Relaxed) % workers.handles.len();
     workers.handles[turn].spawn(async move {
-        match TcpStream::from_std(stream) {
+        match stream.into_tokio() {
             Ok(stream) => serve(stream).await,
             Err(e) => tracing::debug!(error = %e, "a worker cannot take a connection"),
         }
     });
+}
+
+/// A connection as it travels to the runtime that serves it.
+pub(crate) trait IntoTokio: Send + 'static {
+    fn into_tokio(self) -> std::io::Result<TcpStream>;
+}
+
+impl IntoTokio for TcpStream {
+    fn into_tokio(self) -> std::io::Result<TcpStream> {
+        Ok(self)
+    }
+}
+
+/// Between runtimes a socket travels as a std one and is registered with the receiving runtime.
+pub(crate) struct Detached(std::io::Result<std::net::TcpStream>);
+
+impl From<TcpStream> for Detached {
+    fn from(stream: TcpStream) -> Self {
+        Detached(stream.into_std())
+    }
+}
+
+impl IntoTokio for Detached {
+    fn into_tokio(self) -> std::io::Result<TcpStream> {
+        TcpStream::from_std(self.0?)
+    }
 }

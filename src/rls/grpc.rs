@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 use super::balance::{Balancer, ThreadLoad, SAMPLE_EVERY};
 use super::decide::{RlsError, RlsService};
 use crate::tls::ServerTls;
+use crate::workers::{Detached, IntoTokio};
 
 /// The service name health checks ask about.
 pub const HEALTH_SERVICE_NAME: &str = "ratelimit";
@@ -182,32 +183,6 @@ async fn serve_connections<T: IntoTokio>(
         while tasks.try_join_next().is_some() {}
     }
     while tasks.join_next().await.is_some() {}
-}
-
-/// A connection as it travels to the runtime that serves it.
-trait IntoTokio: Send + 'static {
-    fn into_tokio(self) -> std::io::Result<TcpStream>;
-}
-
-impl IntoTokio for TcpStream {
-    fn into_tokio(self) -> std::io::Result<TcpStream> {
-        Ok(self)
-    }
-}
-
-/// Between runtimes a socket travels as a std one and is registered with the receiving runtime.
-struct Detached(std::io::Result<std::net::TcpStream>);
-
-impl From<TcpStream> for Detached {
-    fn from(stream: TcpStream) -> Self {
-        Detached(stream.into_std())
-    }
-}
-
-impl IntoTokio for Detached {
-    fn into_tokio(self) -> std::io::Result<TcpStream> {
-        TcpStream::from_std(self.0?)
-    }
 }
 
 /// Several workers: each of `threads` threads runs a single-threaded runtime serving the
